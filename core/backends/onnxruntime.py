@@ -1,0 +1,161 @@
+"""The embedded default backend: ONNX Runtime on the CPU.
+
+"Build" compiles the policy (target ``ort``: U8S8 Q/DQ, simulated FP16), creates a session
+with full graph optimization and keeps the optimized model as the run's engine artifact.
+Per-layer time comes from ORT's profiler; Q/DQ and Cast nodes left after optimization are
+the CPU analogue of TensorRT's Reformat layers."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..compile import CONVERSION_OPS, compile_policy
+from ..errors import MixprecError
+from ..workspace import atomic_write_bytes
+from .base import PER_LAYER_COLUMNS, Backend, Engine, Latency, Runner, latency_from_pairs
+
+
+def session_options(optimized_path: Path | None = None, profile_prefix: str | None = None):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.log_severity_level = 3
+    threads = int(os.environ.get("MIXPREC_THREADS", "0"))
+    if threads:
+        so.intra_op_num_threads = threads
+    if optimized_path is not None:
+        so.optimized_model_filepath = str(optimized_path)
+    if profile_prefix is not None:
+        so.enable_profiling = True
+        so.profile_file_prefix = profile_prefix
+    return so
+
+
+def make_session(model_path: Path, **kw):
+    import onnxruntime as ort
+
+    try:
+        return ort.InferenceSession(str(model_path), sess_options=session_options(**kw),
+                                    providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
+        raise MixprecError(f"ONNX Runtime cannot create a session for {Path(model_path).name}: {str(e)[:300]}",
+                           "set the layers named in the message to fp32, or check the model runs in onnxruntime") from e
+
+
+class OnnxrtRunner(Runner):
+    def __init__(self, model_path: Path):
+        self.model_path = Path(model_path)
+        self.session = None
+
+    def activate(self):
+        self.session = make_session(self.model_path)
+
+    def infer(self, feed):
+        if self.session is None:
+            raise MixprecError("the runner is not active", "call activate() or use it as a context manager")
+        names = [o.name for o in self.session.get_outputs()]
+        return dict(zip(names, self.session.run(names, feed)))
+
+    def deactivate(self):
+        self.session = None
+
+
+class OnnxRuntimeBackend(Backend):
+    name = "onnxruntime"
+
+    @classmethod
+    def available(cls):
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            return False, "onnxruntime is not installed"
+        return True, f"ONNX Runtime {ort.__version__} on the CPU (the embedded default backend)"
+
+    def _engine(self, compiled: bytes, out_dir: Path, stem: str, shapes) -> Engine:
+        t0 = time.perf_counter()
+        compiled_path = atomic_write_bytes(out_dir / f"{stem}.onnx", compiled)
+        artifact = out_dir / f"{stem}.ort-optimized.onnx"
+        make_session(compiled_path, optimized_path=artifact)
+        return Engine(self.name, compiled_path, artifact, time.perf_counter() - t0, shapes)
+
+    def build(self, model, policy, calib, out_dir, input_shapes):
+        t0 = time.perf_counter()
+        compiled = compile_policy(model, policy, calib, target="ort")
+        eng = self._engine(compiled.serialized(), Path(out_dir), "compiled", input_shapes)
+        eng.build_seconds = time.perf_counter() - t0
+        return eng
+
+    def reference(self, model, out_dir, input_shapes):
+        return self._engine(model.serialized(), Path(out_dir), "reference-fp32", input_shapes)
+
+    def runner(self, engine):
+        return OnnxrtRunner(engine.compiled_path)
+
+    def time_interleaved(self, candidate, reference, feed, warmup=10, iterations=100) -> Latency:
+        sc, sr = make_session(candidate.compiled_path), make_session(reference.compiled_path)
+        for _ in range(warmup):
+            sc.run(None, feed)
+            sr.run(None, feed)
+        tc, tr = [], []
+        for _ in range(iterations):  # A B A B …: both see the same machine state
+            t0 = time.perf_counter()
+            sc.run(None, feed)
+            t1 = time.perf_counter()
+            sr.run(None, feed)
+            t2 = time.perf_counter()
+            tc.append(t1 - t0)
+            tr.append(t2 - t1)
+        return latency_from_pairs(tc, tr)
+
+    def profile(self, engine, feed, iterations, layers, policy) -> pd.DataFrame:
+        prefix = str(Path(engine.compiled_path).parent / "ort-profile")
+        sess = make_session(engine.compiled_path, profile_prefix=prefix)
+        for _ in range(3):
+            sess.run(None, feed)
+        for _ in range(iterations):
+            sess.run(None, feed)
+        trace = Path(sess.end_profiling())
+        try:
+            events = json.loads(trace.read_text())
+        finally:
+            final = Path(engine.compiled_path).parent / "ort-profile.json"
+            os.replace(trace, final)
+        return per_layer_table(events, iterations + 3, layers, policy)
+
+
+def per_layer_table(events: list, runs: int, layers, policy) -> pd.DataFrame:
+    """Aggregate ORT profiler node events into mean ms per node per run, mapped back to layers."""
+    totals: dict[str, float] = {}
+    ops: dict[str, str] = {}
+    for ev in events:
+        if ev.get("cat") != "Node" or not str(ev.get("name", "")).endswith("_kernel_time"):
+            continue
+        node = ev["name"][: -len("_kernel_time")]
+        totals[node] = totals.get(node, 0.0) + ev.get("dur", 0) / 1e3
+        ops[node] = ev.get("args", {}).get("op_name", "?")
+    names = sorted((l.name for l in layers), key=len, reverse=True)
+    rows = []
+    for node, ms in totals.items():
+        layer = _owner(node, names)
+        prec = policy.layers.get(layer, "") if layer else ""
+        rows.append((node, ops[node], layer or "", prec, ms / runs, ops[node] in CONVERSION_OPS))
+    df = pd.DataFrame(rows, columns=[c for c in PER_LAYER_COLUMNS if c != "pct"])
+    total = df["ms"].sum()
+    df["pct"] = 100.0 * df["ms"] / total if total > 0 else 0.0
+    return df[PER_LAYER_COLUMNS].sort_values("ms", ascending=False, ignore_index=True)
+
+
+def _owner(node: str, names_longest_first: list[str]) -> str | None:
+    """The inventory layer an optimized node came from: compiled node names start with
+    their layer's name (``<layer>/x0/QuantizeLinear``); ORT's fusions keep or extend them."""
+    for n in names_longest_first:
+        if node == n or node.startswith(n + "/") or node.startswith(n + "_"):
+            return n
+    return None
+

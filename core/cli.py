@@ -1,0 +1,256 @@
+"""``python -m core``: the headless twin of the dashboard.
+
+Every command has ``--json`` (one JSON document on stdout). Long work shows a progress bar
+on stderr. A :class:`MixprecError` prints one line and exits 2, with no traceback."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from .errors import MixprecError
+
+EXPORT_FORMATS = ("json", "trtexec", "trtexec-typed", "polygraphy", "onnx", "calib-cache")
+
+
+class Progress:
+    """A one-line progress bar on stderr (silent when stderr is not a terminal, except the final line)."""
+
+    def __init__(self, label: str):
+        self.label = label
+        self.tty = sys.stderr.isatty()
+        self.last = ""
+
+    def __call__(self, fraction: float, text: str = ""):
+        n = int(30 * max(0.0, min(1.0, fraction)))
+        line = f"\r{self.label} [{'#' * n}{'.' * (30 - n)}] {int(100 * fraction):3d}% {text}"[:120]
+        if self.tty:
+            sys.stderr.write(line.ljust(len(self.last)))
+            sys.stderr.flush()
+        elif text != self.last:
+            sys.stderr.write(line.strip() + "\n")
+        self.last = text if not self.tty else line
+
+    def done(self):
+        if self.tty:
+            sys.stderr.write("\n")
+
+
+def _clean(obj):
+    """JSON-safe: NaN/inf become null."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
+        return _clean(obj.item())
+    return obj
+
+
+def _emit(args, doc: dict, text: str):
+    if args.json:
+        print(json.dumps(_clean(doc), indent=2))
+    else:
+        print(text)
+
+
+def _shape_overrides(items: list[str] | None) -> dict[str, int]:
+    out = {}
+    for item in items or []:
+        name, _, value = item.partition("=")
+        if not value.isdigit():
+            raise MixprecError(f"bad --dim {item!r}", "write --dim NAME=VALUE, e.g. --dim seq=128")
+        out[name] = int(value)
+    return out
+
+
+def _project(args, progress=None):
+    from .project import open_project
+
+    return open_project(args.model, data=getattr(args, "data", None), eval_data=getattr(args, "eval", None),
+                        batch=getattr(args, "batch", 1), shape_overrides=_shape_overrides(getattr(args, "dim", None)),
+                        progress=progress)
+
+
+def _policy(args, project):
+    from .policy import load_policy
+
+    if getattr(args, "policy", None):
+        return load_policy(args.policy, project.model, project.layers)
+    return project.default_policy(getattr(args, "network_default", "fp32"), getattr(args, "calibration", "minmax"))
+
+
+def cmd_inspect(args):
+    p = _project(args)
+    m, inv = p.model, p.inventory()
+    doc = {
+        "model": {"name": m.name, "path": str(m.path), "sha256": m.sha256, "opset": m.opset, "size_bytes": m.size_bytes,
+                  "inputs": [{"name": s.name, "dtype": s.dtype, "shape": list(s.shape)} for s in m.inputs],
+                  "outputs": [{"name": s.name, "dtype": s.dtype, "shape": list(s.shape)} for s in m.outputs],
+                  "input_shapes": {k: list(v) for k, v in p.input_shapes.items()},
+                  "generated_names": m.generated_names},
+        "layers": inv.drop(columns=["inputs", "outputs"]).to_dict(orient="records"),
+    }
+    counts = inv.groupby(["op_type", "default_precision"]).size().to_string()
+    _emit(args, doc, f"{m.name}  sha256 {m.sha256[:12]}…  opset {m.opset}  {len(inv)} layers "
+                     f"({int(inv.eligible.sum())} INT8-eligible)\n{counts}")
+
+
+def cmd_rank(args):
+    from .compare import rank_layers
+
+    bar = Progress("rank")
+    p = _project(args, bar)
+    r = rank_layers(p, method=args.calibration, metric=args.metric, max_samples=args.samples, progress=bar)
+    bar.done()
+    table = r.table
+    doc = {"metric": r.metric, "samples": r.samples, "seconds": r.seconds,
+           "calibration_cache_hit": r.calibration_cache_hit, "layers": table.to_dict(orient="records")}
+    shown = table[table.eligible] if not args.all else table
+    _emit(args, doc, shown.head(args.top).to_string(index=False))
+
+
+def cmd_build(args):
+    from .runs import build_and_measure
+
+    bar = Progress("build")
+    p = _project(args, bar)
+    policy = _policy(args, p)
+    r = build_and_measure(p, policy, backend=args.backend, progress=bar, iterations=args.iterations)
+    bar.done()
+    doc = r.to_json()
+    q = r.quality
+    text = (f"run {r.run_id} on {r.backend} ({r.backend_reason})\n"
+            f"latency median {r.latency.median_ms:.3f} ms  p95 {r.latency.p95_ms:.3f} ms  "
+            f"fp32 {r.latency.ref_median_ms:.3f} ms  speedup {r.latency.speedup:.2f}x\n"
+            f"reformat {r.reformat.count} nodes  {r.reformat.ms:.3f} ms  {r.reformat.pct:.1f}%\n"
+            f"quality cosine mean {q.cosine_mean:.4f} min {q.cosine_min:.4f}  SNR {q.snr_db:.1f} dB  "
+            f"max abs {q.max_abs:.3g}" + (f"  top1 {q.top1_agreement:.3f}" if q.top1_agreement is not None else "")
+            + (f"  knn5 {q.knn5_overlap:.3f}" if q.knn5_overlap is not None else "") + "\n"
+            f"precision {r.precision_counts}  INT8 MAC share {100 * r.int8_mac_fraction:.1f}%\n"
+            f"run dir {r.run_dir}")
+    _emit(args, doc, text)
+
+
+def cmd_export(args):
+    from .calibration import calibrate, trt_calibration_cache
+    from .compile import compile_policy
+    from .policy import polygraphy_command, trtexec_legacy_command, trtexec_typed_command
+    from .workspace import atomic_write_bytes, atomic_write_text
+
+    p = _project(args)
+    policy = _policy(args, p)
+    out = Path(args.out)
+    fmt = args.format
+    needs_calib = fmt in ("onnx", "calib-cache", "trtexec") and "int8" in policy.layers.values()
+    calib = calibrate(p.model, p.calib_data, policy.calibration, p.ws) if needs_calib else None
+    if fmt == "json":
+        atomic_write_text(out, policy.to_json())
+    elif fmt == "onnx":
+        atomic_write_bytes(out, compile_policy(p.model, policy, calib, target=args.target).serialized())
+    elif fmt == "calib-cache":
+        atomic_write_text(out, trt_calibration_cache(calib))
+    elif fmt == "trtexec":
+        named = out.with_name(out.stem + ".named.onnx")
+        atomic_write_bytes(named, p.model.serialized())
+        cache = out.with_name(out.stem + ".calib.cache")
+        if calib is not None:
+            atomic_write_text(cache, trt_calibration_cache(calib))
+        atomic_write_text(out, "# TensorRT <= 10.11 (per-layer precision constraints; deprecated in 10.12, removed in 11)\n"
+                          + trtexec_legacy_command(p.model, policy, named.name, cache.name, p.input_shapes) + "\n")
+    elif fmt in ("trtexec-typed", "polygraphy"):
+        compiled = out.with_name(out.stem + ".mixprec.onnx")
+        calib = calibrate(p.model, p.calib_data, policy.calibration, p.ws) if "int8" in policy.layers.values() else None
+        atomic_write_bytes(compiled, compile_policy(p.model, policy, calib, target="trt").serialized())
+        cmd = (trtexec_typed_command(p.model, compiled.name, p.input_shapes) if fmt == "trtexec-typed"
+               else polygraphy_command(p.model, compiled.name, p.input_shapes))
+        atomic_write_text(out, f"# TensorRT >= 10.12 / 11: strongly typed build of the explicit-precision ONNX\n{cmd}\n")
+    _emit(args, {"format": fmt, "out": str(out), "policy_sha256": policy.sha256},
+          f"wrote {out} ({fmt})")
+
+
+def cmd_sample(args):
+    from .samples import write_sample
+
+    paths = write_sample(args.name, Path(args.out))
+    _emit(args, {"name": paths.name, "model": str(paths.model), "calib": str(paths.calib), "eval": str(paths.eval)},
+          f"wrote {paths.model}, {paths.calib}, {paths.eval}")
+
+
+def cmd_report(args):
+    from .reports import load_engine_report
+
+    rep = load_engine_report(args.graph, args.profile)
+    doc = rep.to_json()
+    rf = doc["reformat"]
+    _emit(args, doc, f"{doc['layers']} layers; reformat {rf['count']} layers, {rf['ms']:.4f} ms of "
+                     f"{rf['total_ms']:.4f} ms ({rf['pct']:.1f}% of the per-layer sum)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m core", description="mixprec: sensitivity-guided mixed precision "
+                                 "for ONNX models headed to TensorRT")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    def add(name, fn, help_, model=True, data=True):
+        sp = sub.add_parser(name, help=help_)
+        if model:
+            sp.add_argument("model", help="path to a .onnx file or sample:minilm|tiny-cnn|tiny-transformer")
+        if data:
+            sp.add_argument("--data", help="calibration data .npz (one array per input, samples on axis 0)")
+            sp.add_argument("--eval", help="held-out evaluation data .npz (default: the sample's, or the last "
+                                           "quarter of --data)")
+            sp.add_argument("--batch", type=int, default=1, help="batch size for dynamic batch dims (default 1)")
+            sp.add_argument("--dim", action="append", metavar="NAME=VALUE", help="value of a named dynamic dim")
+        sp.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+        sp.set_defaults(func=fn)
+        return sp
+
+    add("inspect", cmd_inspect, "model summary and layer inventory")
+    sp = add("rank", cmd_rank, "Polygraphy layer-wise FP32-vs-INT8 ranking")
+    sp.add_argument("--calibration", default="minmax", choices=("minmax", "entropy", "percentile"))
+    sp.add_argument("--metric", default="cos_drop", choices=("cos_drop", "added_cos_drop", "snr_db", "max_abs"))
+    sp.add_argument("--samples", type=int, default=16, help="evaluation samples to compare (default 16)")
+    sp.add_argument("--top", type=int, default=20)
+    sp.add_argument("--all", action="store_true", help="show all layers, not only INT8-eligible ones")
+    sp = add("build", cmd_build, "build a policy and measure latency, reformat overhead and quality")
+    sp.add_argument("--policy", help="policy JSON (default: the default policy)")
+    sp.add_argument("--backend", default="auto", choices=("auto", "onnxruntime", "tensorrt"))
+    sp.add_argument("--calibration", default="minmax", choices=("minmax", "entropy", "percentile"))
+    sp.add_argument("--network-default", default="fp32", choices=("fp32", "fp16"))
+    sp.add_argument("--iterations", type=int, default=100, help="interleaved timing pairs (default 100)")
+    sp = add("export", cmd_export, "export a policy as JSON, trtexec/Polygraphy commands or compiled ONNX")
+    sp.add_argument("--policy", help="policy JSON (default: the default policy)")
+    sp.add_argument("--format", required=True, choices=EXPORT_FORMATS)
+    sp.add_argument("--target", default="trt", choices=("trt", "ort"), help="int8 encoding of --format onnx")
+    sp.add_argument("--calibration", default="minmax", choices=("minmax", "entropy", "percentile"))
+    sp.add_argument("--network-default", default="fp32", choices=("fp32", "fp16"))
+    sp.add_argument("--out", required=True)
+    sp = sub.add_parser("sample", help="write a bundled sample: model.onnx, calib.npz, eval.npz")
+    sp.add_argument("name", choices=("minilm", "tiny-cnn", "tiny-transformer"))
+    sp.add_argument("--out", required=True)
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=cmd_sample)
+    sp = sub.add_parser("report", help="read trtexec --exportLayerInfo / --exportProfile JSON")
+    sp.add_argument("graph")
+    sp.add_argument("profile", nargs="?")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=cmd_report)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except MixprecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    return 0

@@ -1,0 +1,113 @@
+"""Layer-wise comparison with Polygraphy: FP32 against a candidate policy, with the output
+of every layer marked as a graph output (``OnnxrtRunner`` + ``Comparator``).
+
+The comparison is *cumulative*: a layer's output error includes the error of every
+quantized layer before it. ``added_cos_drop`` (this layer's cosine drop minus the worst
+drop among its inputs) separates the error a layer adds from the error it inherits."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from .calibration import calibrate
+from .compile import compile_policy
+from .errors import MixprecError
+from .policy import Policy, uniform_policy
+from .project import Project
+
+RANK_COLUMNS = ["rank", "name", "op_type", "precision", "eligible", "macs", "cosine", "cos_drop",
+                "added_cos_drop", "snr_db", "max_abs"]
+RANK_METRICS = ("cos_drop", "added_cos_drop", "snr_db", "max_abs")
+
+
+@dataclass
+class Ranking:
+    table: pd.DataFrame  # RANK_COLUMNS, most sensitive first
+    metric: str
+    samples: int
+    seconds: float
+    calibration_cache_hit: bool | None
+
+
+class _Acc:
+    """Streaming per-tensor accumulators: cosine per sample, signal, noise, max abs."""
+
+    def __init__(self):
+        self.cos_sum, self.n, self.signal, self.noise, self.max_abs = 0.0, 0, 0.0, 0.0, 0.0
+
+    def add(self, ref: np.ndarray, cand: np.ndarray):
+        r = ref.astype(np.float64).reshape(ref.shape[0] if ref.ndim else 1, -1)
+        c = cand.astype(np.float64).reshape(r.shape)
+        nr, nc = np.linalg.norm(r, axis=1), np.linalg.norm(c, axis=1)
+        cos = np.where((nr == 0) & (nc == 0), 1.0, np.sum(r * c, axis=1) / np.maximum(nr * nc, 1e-30))
+        self.cos_sum += float(cos.sum())
+        self.n += len(cos)
+        self.signal += float(np.sum(r * r))
+        self.noise += float(np.sum((r - c) ** 2))
+        self.max_abs = max(self.max_abs, float(np.max(np.abs(r - c))) if r.size else 0.0)
+
+    @property
+    def cosine(self):
+        return self.cos_sum / max(self.n, 1)
+
+    @property
+    def snr_db(self):
+        return float("inf") if self.noise == 0 else 10 * np.log10(max(self.signal, 1e-30) / self.noise)
+
+
+def rank_layers(project: Project, policy: Policy | None = None, method: str = "minmax",
+                metric: str = "cos_drop", max_samples: int = 16, progress=None) -> Ranking:
+    """Rank layers by how far their outputs drift from FP32 under ``policy`` (default: every
+    INT8-eligible layer INT8, everything else FP32)."""
+    from polygraphy.backend.onnx import BytesFromOnnx, ModifyOutputs
+    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+    from polygraphy.comparator import Comparator
+
+    if metric not in RANK_METRICS:
+        raise MixprecError(f"unknown ranking metric {metric!r}", f"use one of {', '.join(RANK_METRICS)}")
+    step = progress or (lambda f, t: None)
+    t0 = time.perf_counter()
+    model, layers = project.model, project.layers
+    if policy is None:
+        policy = uniform_policy(model, layers, "int8").with_calibration(project.default_policy(method=method).calibration)
+    calib = None
+    if "int8" in policy.layers.values():
+        step(0.05, f"calibrating ({policy.calibration.method})")
+        calib = calibrate(model, project.calib_data, policy.calibration, project.ws)
+    step(0.2, "compiling candidate")
+    compiled = compile_policy(model, policy, calib, target="ort")
+    float_out = {o for l in layers for o in l.outputs}
+    types = model.tensor_types()
+    marked = sorted(t for t in float_out if types.get(t) in (1, 10, 11))
+    runners = [
+        OnnxrtRunner(SessionFromOnnx(BytesFromOnnx(ModifyOutputs(model.proto, outputs=marked, copy=True)),
+                                     providers=["cpu"]), name="fp32"),
+        OnnxrtRunner(SessionFromOnnx(BytesFromOnnx(ModifyOutputs(compiled.proto, outputs=marked, copy=True)),
+                                     providers=["cpu"]), name="candidate"),
+    ]
+    feeds = project.eval_data.batches(1)[:max_samples]
+    acc = {t: _Acc() for t in marked}
+    for i, results in enumerate(Comparator.run(runners, data_loader=feeds, streaming=True)):
+        step(0.3 + 0.65 * i / len(feeds), f"comparing sample {i + 1}/{len(feeds)}")
+        ref, cand = results["fp32"][0], results["candidate"][0]
+        for t in marked:
+            acc[t].add(np.asarray(ref[t]), np.asarray(cand[t]))
+    drop = {t: 1.0 - a.cosine for t, a in acc.items()}
+    rows = []
+    for l in layers:
+        outs = [o for o in l.outputs if o in acc]
+        if not outs:
+            continue
+        a = acc[outs[0]]
+        inherited = max((drop[i] for i in l.inputs if i in drop), default=0.0)
+        rows.append((l.name, l.op_type, policy.layers.get(l.name, ""), l.eligible, l.macs, a.cosine,
+                     drop[outs[0]], drop[outs[0]] - inherited, a.snr_db, a.max_abs))
+    df = pd.DataFrame(rows, columns=RANK_COLUMNS[1:])
+    ascending = metric == "snr_db"
+    df = df.sort_values(metric, ascending=ascending, kind="stable", ignore_index=True)
+    df.insert(0, "rank", np.arange(1, len(df) + 1))
+    step(1.0, "done")
+    return Ranking(df, metric, len(feeds), time.perf_counter() - t0, calib.cache_hit if calib else None)

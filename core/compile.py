@@ -1,0 +1,287 @@
+"""Compiler: precision policy → explicit-precision ONNX, with onnx-graphsurgeon.
+
+* INT8 layers get QuantizeLinear/DequantizeLinear on their activation inputs (per-tensor,
+  symmetric, scale = amax/127 from calibration) and DequantizeLinear on int8 weights
+  (per-channel, symmetric). This is TensorRT's explicit-quantization format.
+* FP16 layers get float16 inputs and weights, with Casts at the precision boundaries.
+* Ops that do no arithmetic (Reshape, Transpose, Gather…) follow their inputs' precision.
+
+Two targets:
+
+``trt``  int8 with zero point 0; FP16 layers really typed float16. TensorRT ≥ 10.12 builds
+         this file strongly typed (``trtexec --stronglyTyped``).
+``ort``  the ONNX Runtime CPU encoding. Activations are uint8 with zero point 128 — the
+         same grid as symmetric int8 (q_u8 = q_s8 + 128), but ORT's CPU kernels run U8S8
+         much faster than S8S8. ORT's CPU provider has no float16 kernels for these ops
+         (it upcasts to float32 internally), so every FP16 layer is *simulated*: its
+         inputs, weights and outputs are rounded to float16 (Cast→float16→Cast) and the
+         math runs in float32. The numerics match an FP16 layer with FP32 accumulation.
+
+An all-FP32 policy leaves the graph's computation untouched.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from .calibration import CalibrationResult
+from .errors import MixprecError
+from .inventory import NON_COMPUTE, Layer
+from .model import LoadedModel
+from .policy import Policy
+
+TARGETS = ("ort", "trt")
+FLOAT_DTYPES = (np.float32, np.float16, np.float64)
+WEIGHT_INPUT = {"MatMul": 1, "Gemm": 1, "Conv": 1, "ConvTranspose": 1}
+QUANT_INPUTS = (0, 1)
+CONVERSION_OPS = ("QuantizeLinear", "DequantizeLinear", "Cast")
+
+
+@dataclass
+class CompiledModel:
+    proto: onnx.ModelProto
+    target: str
+    op_counts: dict[str, int]
+
+    @property
+    def conversion_nodes(self) -> int:
+        return sum(self.op_counts.get(op, 0) for op in CONVERSION_OPS)
+
+    def serialized(self) -> bytes:
+        return self.proto.SerializeToString()
+
+
+def _is_float(t) -> bool:
+    dt = t.values.dtype if isinstance(t, gs.Constant) else t.dtype
+    try:
+        return dt is not None and np.dtype(dt) in [np.dtype(d) for d in FLOAT_DTYPES]
+    except TypeError:
+        return False
+
+
+def _type_vars(node: gs.Node, opset: int):
+    """Formal type strings of each input and output (None where the schema is unknown)."""
+    try:
+        schema = onnx.defs.get_schema(node.op, opset, node.domain or "")
+    except onnx.defs.SchemaError:
+        return None, None
+
+    def formal(params, i):
+        return params[min(i, len(params) - 1)].type_str if params else None
+
+    return ([formal(schema.inputs, i) for i in range(len(node.inputs))],
+            [formal(schema.outputs, i) for i in range(len(node.outputs))])
+
+
+def _weight_quant(w: np.ndarray, axis: int | None):
+    """Symmetric int8: per-channel along ``axis`` (None: per-tensor)."""
+    w = w.astype(np.float32)
+    if axis is None:
+        amax = np.array(np.abs(w).max(), dtype=np.float32)
+    else:
+        amax = np.abs(w).max(axis=tuple(i for i in range(w.ndim) if i != axis)).astype(np.float32)
+    scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
+    shape = [1] * w.ndim
+    if axis is not None:
+        shape[axis] = -1
+    q = np.clip(np.rint(w / scale.reshape(shape)), -127, 127).astype(np.int8)
+    return q, scale
+
+
+def _weight_axis(node: gs.Node, w: np.ndarray) -> int | None:
+    if w.ndim < 2:
+        return None
+    if node.op == "MatMul":
+        return w.ndim - 1
+    if node.op == "Gemm":
+        return 0 if node.attrs.get("transB", 0) else 1
+    if node.op == "Conv":
+        return 0
+    if node.op == "ConvTranspose":
+        return 1
+    return None
+
+
+class _Compiler:
+    def __init__(self, model: LoadedModel, policy: Policy, calib: CalibrationResult | None, target: str):
+        if target not in TARGETS:
+            raise MixprecError(f"unknown compile target {target!r}", f"use one of {', '.join(TARGETS)}")
+        self.model, self.policy, self.calib, self.target = model, policy, calib, target
+        self.graph = gs.import_onnx(model.proto)
+        self.opset = model.opset
+        self.versions: dict[tuple[str, str], gs.Variable] = {}  # (tensor, "fp16"/"fp32"/"r16") -> variable
+        self.is16: set[str] = set()  # typed: tensors that are float16 now
+        self.rep: set[str] = set()   # ort: float32 tensors whose values are exactly float16 values
+        self.new_nodes: list[gs.Node] = []
+        self.const_copies: dict[tuple[str, str], gs.Constant] = {}
+
+    # --- helpers ------------------------------------------------------------------------
+    def _node(self, op, inputs, name, attrs=None, dtype=np.float32, shape=None):
+        out = gs.Variable(f"{name}_output", dtype=dtype, shape=shape)
+        self.new_nodes.append(gs.Node(op=op, name=name, inputs=inputs, outputs=[out], attrs=attrs or {}))
+        return out
+
+    def _cast(self, var, to, tag):
+        key = (var.name, tag)
+        if key not in self.versions:
+            to_onnx = onnx.TensorProto.FLOAT16 if to == np.float16 else onnx.TensorProto.FLOAT
+            self.versions[key] = self._node("Cast", [var], f"{var.name}/Cast_{tag}", {"to": to_onnx}, to, var.shape)
+        return self.versions[key]
+
+    def _fp32(self, var):
+        if self.target == "trt" and var.name in self.is16:
+            return self._cast(var, np.float32, "fp32")
+        return var
+
+    def _fp16(self, var):
+        if isinstance(var, gs.Constant):
+            key = (var.name, "fp16")
+            if key not in self.const_copies:
+                vals = var.values.astype(np.float16)
+                if self.target == "ort":
+                    vals = vals.astype(np.float32)
+                self.const_copies[key] = gs.Constant(f"{var.name}__fp16", vals)
+            return self.const_copies[key]
+        if self.target == "trt":
+            return var if var.name in self.is16 else self._cast(var, np.float16, "fp16")
+        if var.name in self.rep:
+            return var
+        key = (var.name, "r16")
+        if key not in self.versions:
+            h = self._cast(var, np.float16, "fp16")
+            back = self._node("Cast", [h], f"{var.name}/Cast_r16", {"to": onnx.TensorProto.FLOAT}, np.float32, var.shape)
+            self.versions[key] = back
+            self.rep.add(back.name)
+        return self.versions[key]
+
+    # --- per-node rewrites --------------------------------------------------------------
+    def _as_fp32(self, node):
+        for i, t in enumerate(node.inputs):
+            if isinstance(t, gs.Variable) and _is_float(t):
+                node.inputs[i] = self._fp32(t)
+
+    def _as_fp16(self, node, follow: bool):
+        in_types, out_types = _type_vars(node, self.opset)
+        if in_types is None:
+            self._as_fp32(node)
+            return
+        castable = {i for i, t in enumerate(node.inputs) if _is_float(t) and in_types[i] and not in_types[i].startswith("tensor(")}
+        tvars = {in_types[i] for i in castable}
+        for i in castable:
+            node.inputs[i] = self._fp16(node.inputs[i])
+        for i, t in enumerate(node.inputs):  # float inputs of a fixed type (e.g. Resize scales) stay fp32
+            if i not in castable and isinstance(t, gs.Variable) and _is_float(t):
+                node.inputs[i] = self._fp32(t)
+        outs = [o for i, o in enumerate(node.outputs) if out_types[i] in tvars and _is_float(o)]
+        if self.target == "trt":
+            for o in outs:
+                o.dtype = np.float16
+                self.is16.add(o.name)
+        elif follow or node.op in NON_COMPUTE:
+            self.rep.update(o.name for o in outs)  # data movement keeps fp16 values exact
+        else:
+            for o in outs:  # round the fp32 result to fp16: op -> raw -> Cast fp16 -> Cast fp32 -> o
+                raw = gs.Variable(f"{o.name}__acc", dtype=np.float32, shape=o.shape)
+                node.outputs[node.outputs.index(o)] = raw
+                h = self._cast(raw, np.float16, "fp16")
+                self.new_nodes.append(gs.Node("Cast", f"{o.name}/Cast_r16", {"to": onnx.TensorProto.FLOAT}, [h], [o]))
+                self.rep.add(o.name)
+
+    def _as_int8(self, node):
+        self._as_fp32(node)
+        u8 = self.target == "ort"
+        w_idx = WEIGHT_INPUT.get(node.op)
+        for i in QUANT_INPUTS:
+            if i >= len(node.inputs):
+                continue
+            t = node.inputs[i]
+            if isinstance(t, gs.Constant):
+                axis = _weight_axis(node, t.values) if i == w_idx else None
+                q, scale = _weight_quant(t.values, axis)
+                zp = np.zeros_like(scale, dtype=np.int8)
+                attrs = {"axis": axis} if axis is not None else {}
+                node.inputs[i] = self._node(
+                    "DequantizeLinear",
+                    [gs.Constant(f"{t.name}__int8", q), gs.Constant(f"{node.name}/w{i}_scale", scale),
+                     gs.Constant(f"{node.name}/w{i}_zero_point", zp)],
+                    f"{node.name}/w{i}/DequantizeLinear", attrs, np.float32, t.shape)
+            elif _is_float(t):
+                src = self._original_name(t)
+                if self.calib is None or src not in self.calib.ranges:
+                    raise MixprecError(
+                        f"no calibration range for tensor {src!r} (input {i} of INT8 layer {node.name})",
+                        "calibrate with this model and data again (mixprec calibrates the inputs of every "
+                        "MatMul/Gemm/Conv/ConvTranspose), or set this layer to fp16/fp32")
+                scale = np.array(max(self.calib.amax(src), 1e-8) / 127.0, dtype=np.float32)
+                zp = np.array(128, dtype=np.uint8) if u8 else np.array(0, dtype=np.int8)
+                sc = gs.Constant(f"{node.name}/x{i}_scale", scale)
+                zc = gs.Constant(f"{node.name}/x{i}_zero_point", zp)
+                qv = self._node("QuantizeLinear", [t, sc, zc], f"{node.name}/x{i}/QuantizeLinear",
+                                dtype=np.uint8 if u8 else np.int8, shape=t.shape)
+                node.inputs[i] = self._node("DequantizeLinear", [qv, sc, zc], f"{node.name}/x{i}/DequantizeLinear",
+                                            dtype=np.float32, shape=t.shape)
+
+    def _original_name(self, var) -> str:
+        for (name, _), v in self.versions.items():
+            if v is var:
+                return name
+        return var.name
+
+    # --- driver -------------------------------------------------------------------------
+    def run(self) -> CompiledModel:
+        policy = self.policy.layers
+        for node in list(self.graph.nodes):
+            prec = policy.get(node.name)
+            if prec is None:  # not a layer: follow the inputs' precision
+                float_vars = [t for t in node.inputs if isinstance(t, gs.Variable) and _is_float(t)]
+                flag = self.is16 if self.target == "trt" else self.rep
+                if float_vars and all(t.name in flag for t in float_vars) and node.op in NON_COMPUTE:
+                    self._as_fp16(node, follow=True)
+                else:
+                    self._as_fp32(node)
+            elif prec == "fp32":
+                self._as_fp32(node)
+            elif prec == "fp16":
+                self._as_fp16(node, follow=False)
+            elif prec == "int8":
+                self._as_int8(node)
+        # graph outputs keep their original float32 type and name
+        for k, out in enumerate(self.graph.outputs):
+            if self.target == "trt" and out.name in self.is16:
+                producer = out.inputs[0]
+                h = gs.Variable(f"{out.name}__fp16", dtype=np.float16, shape=out.shape)
+                producer.outputs[producer.outputs.index(out)] = h
+                out.dtype = np.float32
+                self.new_nodes.append(gs.Node("Cast", f"{out.name}/Cast_out", {"to": onnx.TensorProto.FLOAT}, [h], [out]))
+        self.graph.nodes.extend(self.new_nodes)
+        self.graph.cleanup(remove_unused_graph_inputs=False).toposort()
+        proto = gs.export_onnx(self.graph, do_type_check=True)
+        proto.ir_version = self.model.proto.ir_version
+        del proto.graph.value_info[:]
+        proto.doc_string = f"mixprec explicit-precision model (target={self.target}, policy sha256={self.policy.sha256})"
+        try:
+            onnx.checker.check_model(proto)
+        except onnx.checker.ValidationError as e:
+            raise MixprecError(f"the compiled model fails onnx's checker: {str(e).splitlines()[0]}",
+                               "report this with the model and policy; meanwhile set the offending layer to fp32") from e
+        return CompiledModel(proto, self.target, dict(Counter(n.op_type for n in proto.graph.node)))
+
+
+def compile_policy(model: LoadedModel, policy: Policy, calib: CalibrationResult | None = None,
+                   target: str = "ort") -> CompiledModel:
+    """Compile ``policy`` for ``model`` into an explicit-precision ONNX."""
+    if policy.model_sha256 != model.sha256:
+        raise MixprecError(f"the policy was made for another model ({policy.model_name}, sha256 {policy.model_sha256[:12]}…)",
+                           f"load the policy with the model it was made for, or make a new policy for {model.name}")
+    if "int8" in policy.layers.values() and calib is None:
+        raise MixprecError("the policy has INT8 layers but no calibration was given",
+                           "calibrate first (mixprec calibrates automatically in `build`), or set those layers to fp16/fp32")
+    return _Compiler(model, policy, calib, target).run()
+
+
+def layer_names(layers: list[Layer]) -> list[str]:
+    return [l.name for l in layers]

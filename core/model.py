@@ -1,0 +1,311 @@
+"""Model loading and validation (``ModelFromPath``), in Polygraphy's loader style.
+
+A model is given as a path or a bundled sample (``sample:minilm``,
+``sample:tiny-cnn``, ``sample:tiny-transformer``). Loading validates the file
+with onnx's checker and shape inference, refuses external data outside the
+model's folder, gives every node a stable unique name, and resolves dynamic
+dimensions to defaults the user can override.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import TensorProto, helper, numpy_helper
+
+from .errors import MixprecError
+from .workspace import Workspace, sha256_bytes
+
+FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
+SAMPLE_PREFIX = "sample:"
+DEFAULT_BATCH = 1
+DEFAULT_SEQ = 64
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """An input or output: name, numpy dtype name and shape (ints, or str for symbolic dims)."""
+
+    name: str
+    dtype: str
+    shape: tuple
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype in ("float32", "float16", "float64", "bfloat16")
+
+    @property
+    def dynamic_axes(self) -> list[int]:
+        return [i for i, d in enumerate(self.shape) if not isinstance(d, int) or d <= 0]
+
+
+@dataclass
+class LoadedModel:
+    """A validated model. ``proto`` has stable node names and inferred shapes."""
+
+    path: Path
+    name: str
+    sha256: str
+    proto: onnx.ModelProto
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    opset: int
+    size_bytes: int
+    sample: str | None = None
+    generated_names: list[str] = field(default_factory=list)
+
+    @property
+    def nodes(self):
+        return self.proto.graph.node
+
+    def initializer_names(self) -> set[str]:
+        return {i.name for i in self.proto.graph.initializer}
+
+    def tensor_types(self) -> dict[str, int]:
+        """Element type of every tensor known to shape inference."""
+        g = self.proto.graph
+        types = {}
+        for vi in list(g.input) + list(g.value_info) + list(g.output):
+            if vi.type.HasField("tensor_type"):
+                types[vi.name] = vi.type.tensor_type.elem_type
+        for init in g.initializer:
+            types[init.name] = init.data_type
+        return types
+
+    def serialized(self) -> bytes:
+        return self.proto.SerializeToString()
+
+
+def _dtype_name(elem_type: int) -> str:
+    if elem_type == TensorProto.BFLOAT16:
+        return "bfloat16"
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
+    except Exception:  # noqa: BLE001 - exotic types
+        return TensorProto.DataType.Name(elem_type).lower()
+
+
+def _spec(vi: onnx.ValueInfoProto) -> TensorSpec:
+    tt = vi.type.tensor_type
+    dims = []
+    for d in tt.shape.dim:
+        if d.HasField("dim_value"):
+            dims.append(int(d.dim_value))
+        else:
+            dims.append(d.dim_param or "?")
+    return TensorSpec(vi.name, _dtype_name(tt.elem_type), tuple(dims))
+
+
+def _check_external_data(model: onnx.ModelProto, base_dir: Path) -> None:
+    """Refuse external data outside the model's folder (never read it); report missing files."""
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    outside, missing = [], []
+    base = base_dir.resolve()
+    for t in _get_all_tensors(model):
+        if not uses_external_data(t):
+            continue
+        loc = {e.key: e.value for e in t.external_data}.get("location", "")
+        target = (base / loc).resolve()
+        if os.path.isabs(loc) or (target != base and base not in target.parents):
+            outside.append(f"{t.name} -> {loc}")
+        elif not target.is_file():
+            missing.append(f"{t.name} -> {loc}")
+    if outside:
+        raise MixprecError(
+            "the model references external data outside its folder; mixprec refuses to read it",
+            f"move the data files into {base} and re-save the model with relative locations "
+            "(onnx.save_model(..., save_as_external_data=True, location='weights.bin'))",
+            details=outside,
+        )
+    if missing:
+        raise MixprecError(
+            "the model's external data files are missing",
+            f"put the data files next to the model in {base}, or re-export the model with its weights embedded",
+            details=missing,
+        )
+
+
+def _parse(data: bytes, path: Path) -> onnx.ModelProto:
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except DecodeError as e:
+        if data[:1] == b"\x08" and len(data) > 16:
+            raise MixprecError(
+                f"{path.name} looks like an ONNX file but is truncated or corrupt ({e})",
+                "copy or export the model again; check the file size against the original",
+            ) from e
+        raise MixprecError(
+            f"{path.name} is not an ONNX model (its bytes do not parse as an ONNX protobuf)",
+            "give the path of a .onnx file exported with torch.onnx.export, tf2onnx or similar",
+        ) from e
+    if model.ir_version == 0 or not model.HasField("graph") or not model.graph.node:
+        if data[:1] == b"\x08" and model.ir_version:
+            raise MixprecError(
+                f"{path.name} looks like an ONNX file but is truncated (its graph is missing)",
+                "copy or export the model again; check the file size against the original",
+            )
+        raise MixprecError(
+            f"{path.name} is not an ONNX model (no IR version or graph found)",
+            "give the path of a .onnx file exported with torch.onnx.export, tf2onnx or similar",
+        )
+    return model
+
+
+def assign_stable_names(model: onnx.ModelProto) -> list[str]:
+    """Name every unnamed node ``node_of_<first output>`` (TensorRT's parser convention) and
+    make duplicates unique. Names depend only on the graph, so policies stay valid on reload."""
+    generated = []
+    seen: set[str] = set()
+    for node in model.graph.node:
+        if not node.name:
+            node.name = f"node_of_{node.output[0]}" if node.output else f"{node.op_type}_unnamed"
+            generated.append(node.name)
+        base, k = node.name, 1
+        while node.name in seen:
+            node.name = f"{base}__{k}"
+            k += 1
+        seen.add(node.name)
+    return generated
+
+
+def resolve_sample(spec: str, ws: Workspace | None = None, progress=None):
+    from .samples import materialize_sample
+
+    return materialize_sample(spec[len(SAMPLE_PREFIX):], ws or Workspace.default(), progress=progress)
+
+
+def model_from_bytes(data: bytes, path: Path, name: str | None = None, sample: str | None = None) -> LoadedModel:
+    model = _parse(data, path)
+    _check_external_data(model, path.parent)
+    if any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer):
+        from onnx.external_data_helper import load_external_data_for_model
+
+        load_external_data_for_model(model, str(path.parent))
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as e:
+        first = str(e).strip().splitlines()[0]
+        raise MixprecError(
+            f"{path.name} fails onnx's checker: {first}",
+            "re-export the model with a current exporter, or repair it (onnx.checker.check_model shows details)",
+        ) from e
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    except Exception as e:  # noqa: BLE001 - InferenceError and friends
+        first = str(e).strip().splitlines()[0][:300]
+        raise MixprecError(
+            f"shape inference fails on {path.name}: {first}",
+            "fix the offending node's shapes/types (onnx.shape_inference.infer_shapes(model, strict_mode=True) "
+            "reproduces it), or re-export the model",
+        ) from e
+    generated = assign_stable_names(inferred)
+    outputs = [_spec(o) for o in inferred.graph.output]
+    if not any(o.is_float for o in outputs):
+        raise MixprecError(
+            f"{path.name} has no floating-point outputs ({', '.join(f'{o.name}: {o.dtype}' for o in outputs)}); "
+            "precision effects cannot be measured on it",
+            "export the model so it returns its float logits/embeddings (before argmax or other integer post-processing)",
+        )
+    init_names = {i.name for i in inferred.graph.initializer}
+    inputs = [_spec(i) for i in inferred.graph.input if i.name not in init_names]
+    opset = next((o.version for o in inferred.opset_import if o.domain in ("", "ai.onnx")), 0)
+    return LoadedModel(
+        path=path,
+        name=name or (sample if sample else path.stem),
+        sha256=sha256_bytes(data),
+        proto=inferred,
+        inputs=inputs,
+        outputs=outputs,
+        opset=opset,
+        size_bytes=len(data),
+        sample=sample,
+        generated_names=generated,
+    )
+
+
+def load_model(spec: str | os.PathLike, ws: Workspace | None = None, progress=None) -> LoadedModel:
+    """``ModelFromPath``: load a model from a path or ``sample:NAME`` and validate it."""
+    spec_s = str(spec)
+    sample = None
+    if spec_s.startswith(SAMPLE_PREFIX):
+        sample = spec_s[len(SAMPLE_PREFIX):]
+        path = resolve_sample(spec_s, ws, progress).model
+    else:
+        path = Path(spec_s).expanduser()
+        if not path.exists():
+            raise MixprecError(
+                f"the model path {path} does not exist",
+                "check the path, or use a bundled sample: sample:minilm, sample:tiny-cnn, sample:tiny-transformer",
+            )
+        if path.is_dir():
+            onnx_files = sorted(p.name for p in path.glob("*.onnx"))
+            raise MixprecError(
+                f"{path} is a folder, not a model file",
+                "give the .onnx file itself" + (f", e.g. {path / onnx_files[0]}" if onnx_files else ""),
+            )
+    data = path.read_bytes()
+    return model_from_bytes(data, path, name=f"sample:{sample}" if sample else None, sample=sample)
+
+
+ModelFromPath = load_model
+
+
+def resolve_input_shapes(
+    model: LoadedModel,
+    data: dict[str, np.ndarray] | None = None,
+    batch: int = DEFAULT_BATCH,
+    overrides: dict[str, int] | None = None,
+) -> dict[str, tuple[int, ...]]:
+    """Concrete shapes for every input. Dynamic dims: axis 0 is the batch (default 1); other
+    dims come from ``overrides`` (by dim name), then from the data (whose axis 0 is the sample
+    axis), then a default of 64."""
+    overrides = dict(overrides or {})
+    shapes = {}
+    for spec in model.inputs:
+        dims = []
+        for axis, d in enumerate(spec.shape):
+            if isinstance(d, int) and d > 0:
+                dims.append(d)
+            elif isinstance(d, str) and d in overrides:
+                dims.append(int(overrides[d]))
+            elif axis == 0:
+                dims.append(int(overrides.get("batch", batch)))
+            elif data is not None and spec.name in data and data[spec.name].ndim == len(spec.shape):
+                dims.append(int(data[spec.name].shape[axis]))
+            else:
+                dims.append(DEFAULT_SEQ)
+        shapes[spec.name] = tuple(dims)
+    return shapes
+
+
+def with_static_shapes(model: LoadedModel, shapes: dict[str, tuple[int, ...]]) -> onnx.ModelProto:
+    """A copy of the model with concrete input dims and re-inferred shapes (for MAC counts)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model.proto)
+    del m.graph.value_info[:]
+    for inp in m.graph.input:
+        if inp.name in shapes:
+            dims = inp.type.tensor_type.shape.dim
+            for d, v in zip(dims, shapes[inp.name]):
+                d.Clear()
+                d.dim_value = int(v)
+    for out in m.graph.output:
+        for d in out.type.tensor_type.shape.dim:
+            d.Clear()
+    try:
+        return onnx.shape_inference.infer_shapes(m, data_prop=True)
+    except Exception:  # noqa: BLE001 - fall back to the symbolic shapes
+        return model.proto
+
+
+def initializer_array(model: onnx.ModelProto, name: str) -> np.ndarray | None:
+    for init in model.graph.initializer:
+        if init.name == name:
+            return numpy_helper.to_array(init)
+    return None

