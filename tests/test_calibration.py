@@ -1,0 +1,55 @@
+"""Calibration: ORT calibrators, cache reuse and invalidation, TensorRT cache format."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from core.calibration import calibrate, trt_calibration_cache
+from core.data import Dataset
+from core.workspace import Workspace
+
+
+def test_cache_reused_and_invalidated(tmp_path, tiny_transformer):
+    ws = Workspace(tmp_path)
+    ds = tiny_transformer.calib_data
+    first = calibrate(tiny_transformer.model, ds, "minmax", ws)
+    assert not first.cache_hit and first.path.is_file()
+    mm_inputs = {i for l in tiny_transformer.layers if l.eligible for i in l.inputs}
+    assert mm_inputs & set(first.ranges)
+    second = calibrate(tiny_transformer.model, ds, "minmax", ws)
+    assert second.cache_hit and second.ranges == first.ranges and second.key == first.key
+    changed = Dataset({k: v.copy() for k, v in ds.arrays.items()}, "changed")
+    changed.arrays["input_ids"][0, 0] = (changed.arrays["input_ids"][0, 0] + 1) % 128
+    third = calibrate(tiny_transformer.model, changed, "minmax", ws)
+    assert not third.cache_hit and third.key != first.key
+    other_method = calibrate(tiny_transformer.model, ds, "percentile", ws)
+    assert not other_method.cache_hit and other_method.key != first.key
+
+
+def test_corrupt_cache_is_recomputed(tmp_path, tiny_cnn):
+    ws = Workspace(tmp_path)
+    r = calibrate(tiny_cnn.model, tiny_cnn.calib_data, "minmax", ws)
+    r.path.write_text("{ truncated")
+    again = calibrate(tiny_cnn.model, tiny_cnn.calib_data, "minmax", ws)
+    assert not again.cache_hit and again.ranges == r.ranges
+    assert json.loads(again.path.read_text())["model_sha256"] == tiny_cnn.model.sha256
+
+
+def test_methods_differ_and_percentile_clips(tmp_path, minilm):
+    ws = Workspace(tmp_path)
+    ds = minilm.calib_data.take(16)
+    mm = calibrate(minilm.model, ds, "minmax", ws)
+    pc = calibrate(minilm.model, ds, "percentile", ws)
+    t = "/encoder/layer.0/intermediate/intermediate_act_fn/Mul_1_output_0"
+    assert t in mm.ranges and t in pc.ranges
+    assert pc.amax(t) < mm.amax(t)  # percentile clips the GELU outliers that min-max keeps
+
+
+def test_trt_cache_format(tmp_path, tiny_cnn):
+    r = calibrate(tiny_cnn.model, tiny_cnn.calib_data, "minmax", Workspace(tmp_path))
+    lines = trt_calibration_cache(r).splitlines()
+    assert lines[0].startswith("TRT-") and len(lines) == len(r.ranges) + 1
+    name, hexval = lines[1].split(": ")
+    scale = np.array([int(hexval, 16)], dtype=np.uint32).view(np.float32)[0]
+    assert np.isclose(scale, r.amax(name) / 127.0, rtol=1e-6)

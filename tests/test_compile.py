@@ -1,0 +1,93 @@
+"""Compiler: exact FP32, FP16 numerics, TensorRT's explicit-quantization format, ORT encoding."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from conftest import run_model
+from core.calibration import calibrate
+from core.compile import compile_policy
+from core.errors import MixprecError
+from core.metrics import cosine_rows
+from core.policy import uniform_policy
+
+
+def _outputs(project, policy, target="ort", n=16):
+    calib = calibrate(project.model, project.calib_data, policy.calibration, project.ws) \
+        if "int8" in policy.layers.values() else None
+    compiled = compile_policy(project.model, policy, calib, target=target)
+    feeds = project.eval_data.batches(1)[:n]
+    return run_model(project.model.proto, feeds), run_model(compiled.proto, feeds), compiled
+
+
+@pytest.mark.parametrize("name", ["minilm", "tiny_cnn", "tiny_transformer"])
+def test_all_fp32_is_exact(name, request):
+    project = request.getfixturevalue(name)
+    ref, out, compiled = _outputs(project, uniform_policy(project.model, project.layers, "fp32"))
+    assert np.max(np.abs(ref - out)) <= 1e-5
+    original = sum(n.op_type in ("Cast", "QuantizeLinear", "DequantizeLinear") for n in project.model.nodes)
+    assert compiled.conversion_nodes == original  # nothing added
+
+
+def test_all_fp16_minilm(minilm):
+    ref, out, compiled = _outputs(minilm, uniform_policy(minilm.model, minilm.layers, "fp16"))
+    cos = cosine_rows(ref.astype(np.float64), out.astype(np.float64))
+    assert cos.mean() >= 0.999
+    assert np.max(np.abs(ref - out)) > 0  # the fp16 rounding really happens
+    assert compiled.op_counts["Cast"] > 0
+
+
+def test_trt_target_is_explicit_quantization(tiny_cnn):
+    pol = tiny_cnn.default_policy().with_layers({"/conv3/Conv": "fp16"})
+    calib = calibrate(tiny_cnn.model, tiny_cnn.calib_data, pol.calibration, tiny_cnn.ws)
+    proto = compile_policy(tiny_cnn.model, pol, calib, target="trt").proto
+    onnx.checker.check_model(proto, full_check=True)
+    inits = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
+    nodes = {n.name: n for n in proto.graph.node}
+    q = nodes["/conv1/Conv/x0/QuantizeLinear"]
+    assert inits[q.input[2]].dtype == np.int8 and inits[q.input[2]] == 0  # symmetric int8, zero point 0
+    dq_w = nodes["/conv1/Conv/w1/DequantizeLinear"]
+    w_q, w_scale = inits[dq_w.input[0]], inits[dq_w.input[1]]
+    assert w_q.dtype == np.int8 and w_scale.shape == (8,)  # per output channel
+    assert next(a.i for a in dq_w.attribute if a.name == "axis") == 0
+    assert np.abs(w_q).max() == 127
+    w = numpy_helper.to_array(next(i for i in tiny_cnn.model.proto.graph.initializer
+                                   if i.name == dq_w.input[0].replace("__int8", "")))
+    assert np.allclose(w_q * w_scale[:, None, None, None], w, atol=w_scale.max() / 2 + 1e-7)
+    conv3 = nodes["/conv3/Conv"]
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in proto.graph.value_info}
+    assert inits[conv3.input[1]].dtype == np.float16  # fp16 weights
+    assert any(n.op_type == "Cast" and n.output[0] == conv3.input[0] for n in proto.graph.node)
+    assert proto.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert types.get(conv3.output[0], onnx.TensorProto.FLOAT16) == onnx.TensorProto.FLOAT16
+
+
+def test_ort_target_uses_uint8_128_and_matches_int8_grid(tiny_cnn):
+    pol = tiny_cnn.default_policy()
+    calib = calibrate(tiny_cnn.model, tiny_cnn.calib_data, pol.calibration, tiny_cnn.ws)
+    ort_p = compile_policy(tiny_cnn.model, pol, calib, target="ort").proto
+    trt_p = compile_policy(tiny_cnn.model, pol, calib, target="trt").proto
+    zp = next(numpy_helper.to_array(i) for i in ort_p.graph.initializer if i.name == "/conv1/Conv/x0_zero_point")
+    assert zp.dtype == np.uint8 and int(zp) == 128
+    feeds = tiny_cnn.eval_data.batches(1)[:8]
+    a, b = run_model(ort_p, feeds), run_model(trt_p, feeds)
+    assert np.max(np.abs(a - b)) < 1e-4  # same grid: uint8 zp 128 == int8 zp 0
+
+
+def test_int8_requires_calibration_range(tiny_cnn):
+    pol = tiny_cnn.default_policy()
+    with pytest.raises(MixprecError, match="no calibration was given"):
+        compile_policy(tiny_cnn.model, pol, None)
+
+
+def test_policy_for_other_model_refused(tiny_cnn, tiny_transformer):
+    with pytest.raises(MixprecError, match="made for another model"):
+        compile_policy(tiny_cnn.model, tiny_transformer.default_policy())
+
+
+def test_trt_target_runs_and_is_close(minilm):
+    ref, out, compiled = _outputs(minilm, minilm.default_policy(), target="trt", n=8)
+    assert cosine_rows(ref.astype(np.float64), out.astype(np.float64)).mean() > 0.95
+    assert compiled.op_counts["QuantizeLinear"] == 48 + 12  # one per activation input of 48 MatMuls

@@ -1,0 +1,54 @@
+"""Data: .npz loading (no pickles), checks against the inputs, generated data."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from core.data import generate_dataset, load_npz
+from core.errors import MixprecError
+
+
+def test_pickled_npz_refused(tmp_path, tiny_cnn):
+    p = tmp_path / "evil.npz"
+    np.savez(p, image=np.array([{"a": 1}], dtype=object))
+    with pytest.raises(MixprecError, match="object \\(pickled\\) arrays.*Fix: save plain numeric arrays"):
+        load_npz(p, tiny_cnn.model)
+
+
+def test_not_npz_and_wrong_inputs(tmp_path, tiny_cnn):
+    with pytest.raises(MixprecError, match="not a .npz"):
+        load_npz(b"plain text", tiny_cnn.model)
+    p = tmp_path / "wrong.npz"
+    np.savez(p, pixels=np.zeros((2, 3, 32, 32), np.float32))
+    with pytest.raises(MixprecError, match="missing inputs: image"):
+        load_npz(p, tiny_cnn.model)
+    np.savez(p, image=np.zeros((2, 3, 16, 16), np.float32))
+    with pytest.raises(MixprecError, match="axis 2 is 16, model wants 32"):
+        load_npz(p, tiny_cnn.model)
+
+
+def test_int32_ids_are_cast(tmp_path, tiny_transformer):
+    p = tmp_path / "ids.npz"
+    np.savez(p, input_ids=np.ones((3, 16), np.int32), attention_mask=np.ones((3, 16), np.int32))
+    ds = load_npz(p, tiny_transformer.model)
+    assert ds.arrays["input_ids"].dtype == np.int64 and ds.num_samples == 3
+
+
+def test_generated_data_fits_inputs(minilm):
+    ds = generate_dataset(minilm.model, 8, seed=3, shapes=minilm.input_shapes)
+    ids = ds.arrays["input_ids"]
+    assert ids.shape == (8, minilm.input_shapes["input_ids"][1]) and ids.dtype == np.int64
+    assert ids.min() >= 0 and ids.max() < 30522 and len(np.unique(ids)) > 50
+    assert (ds.arrays["attention_mask"] == 1).all() and (ds.arrays["token_type_ids"] == 0).all()
+
+
+def test_generated_floats_in_range(tiny_cnn):
+    ds = generate_dataset(tiny_cnn.model, 4)
+    x = ds.arrays["image"]
+    assert x.shape == (4, 3, 32, 32) and x.dtype == np.float32 and np.abs(x).max() <= 3.0 and x.std() > 0.5
+
+
+def test_dataset_hash_changes_with_content(tiny_cnn):
+    a = generate_dataset(tiny_cnn.model, 4, seed=0)
+    b = generate_dataset(tiny_cnn.model, 4, seed=1)
+    assert a.sha256 != b.sha256 and a.sha256 == generate_dataset(tiny_cnn.model, 4, seed=0).sha256

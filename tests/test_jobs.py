@@ -1,0 +1,111 @@
+"""Background jobs: real child processes on the tiny samples, crashes, cancel, queue order, restart."""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import time
+
+import pytest
+
+from core.jobs import Job, JobManager, build_params, load_ranking, project_ranking_key, rank_params
+from core.project import open_project
+from core.workspace import Workspace, atomic_write_json
+
+
+@pytest.fixture
+def ws(tmp_path):
+    return Workspace(tmp_path)
+
+
+@pytest.fixture
+def mgr(ws):
+    return JobManager(ws)
+
+
+def test_build_job_done_with_metrics(ws, mgr):
+    project = open_project("sample:tiny-cnn", ws=ws)
+    policy = project.default_policy()
+    job = mgr.submit("build", build_params("sample:tiny-cnn", policy.to_json(), backend="onnxruntime"),
+                     label="default")
+    assert job.queue == "build-onnxruntime"
+    done = mgr.wait(job.id, 120)
+    assert done.status == "done", done.error
+    metrics = json.loads(open(done.result_path).read())
+    assert metrics["policy_sha256"] == policy.sha256
+    assert done.progress == 1.0 and done.started and done.finished >= done.started
+    assert done.child_pid and done.child_pid != done.server_pid
+
+
+def test_rank_job_stores_ranking_by_model_data_and_method(ws, mgr):
+    project = open_project("sample:tiny-cnn", ws=ws)
+    key = project_ranking_key(project, "minmax")
+    assert load_ranking(ws, key) is None
+    done = mgr.wait(mgr.submit("rank", rank_params("sample:tiny-cnn")).id, 120)
+    assert done.status == "done", done.error
+    table = load_ranking(ws, key)
+    assert table is not None and len(table) > 0 and "cos_drop" in table.columns
+    assert load_ranking(ws, project_ranking_key(project, "entropy")) is None
+
+
+def test_user_error_in_job_carries_message(ws, mgr):
+    other = open_project("sample:tiny-transformer", ws=ws).default_policy().to_json()
+    done = mgr.wait(mgr.submit("build", build_params("sample:tiny-cnn", other)).id, 120)
+    assert done.status == "failed"
+    assert "does not fit the model" in done.error and "Fix:" in done.error
+
+
+@pytest.mark.parametrize("how,expect", [("abort", "signal 6"), ("kill9", "likely out of memory"),
+                                        ("exit", "exited with code 7")])
+def test_native_crash_fails_job_and_manager_survives(mgr, how, expect):
+    crashed = mgr.wait(mgr.submit("crash", {"how": how}, queue="test").id, 60)
+    assert crashed.status == "failed" and expect in crashed.error
+    after = mgr.wait(mgr.submit("sleep", {"seconds": 0.1, "steps": 2}, queue="test").id, 60)
+    assert after.status == "done"
+
+
+def test_cancel_running_and_queued(mgr):
+    running = mgr.submit("sleep", {"seconds": 60, "steps": 60}, queue="test")
+    queued = mgr.submit("sleep", {"seconds": 60, "steps": 60}, queue="test")
+    deadline = time.monotonic() + 60
+    while mgr.get(running.id).status != "running" or mgr.get(running.id).progress == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert mgr.queue_position(queued.id) == 0
+    assert mgr.cancel(queued.id).status == "cancelled"
+    t0 = time.monotonic()
+    mgr.cancel(running.id)
+    job = mgr.wait(running.id, 30)
+    assert job.status == "cancelled" and time.monotonic() - t0 < 10
+    assert mgr.get(queued.id).started is None
+
+
+def test_queue_is_fifo_one_at_a_time(mgr):
+    ids = [mgr.submit("sleep", {"seconds": 0.3, "steps": 3, "tag": str(i)}, queue="test").id for i in range(4)]
+    other = mgr.submit("sleep", {"seconds": 0.3, "steps": 3}, queue="other")
+    jobs = [mgr.wait(i, 120) for i in ids]
+    assert all(j.status == "done" for j in jobs)
+    for a, b in zip(jobs, jobs[1:]):
+        assert a.finished <= b.started  # one at a time, in submission order
+    assert mgr.wait(other.id, 60).status == "done"
+    assert mgr.wait(other.id).started < jobs[-1].finished  # another queue runs alongside
+    assert [j.id for j in mgr.jobs()][:5] == [other.id, *reversed(ids)]
+
+
+def _dead_pid() -> int:
+    p = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(0,))
+    p.start()
+    p.join()
+    return p.pid
+
+
+def test_restart_marks_orphaned_jobs_interrupted(ws):
+    pid = _dead_pid()
+    for status in ("running", "queued"):
+        job = Job(id=f"old-{status}", kind="build", label="x", queue="build-onnxruntime", params={},
+                  status=status, stage="building", server_pid=pid)
+        atomic_write_json(ws.jobs / f"{job.id}.json", job.__dict__)
+    mgr = JobManager(ws)
+    for status in ("running", "queued"):
+        job = mgr.get(f"old-{status}")
+        assert job.status == "interrupted" and job.finished and str(pid) in job.error
+    assert not any(j.active for j in mgr.jobs())
