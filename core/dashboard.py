@@ -108,3 +108,24 @@ def compiled_onnx(project: Project, policy: Policy) -> bytes:
 def policy_filename(policy: Policy, suffix: str = ".policy.json") -> str:
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", policy.model_name).strip("_") or "model"
     return stem + suffix
+
+
+def store_upload(ws, data: bytes, filename: str, kind: str, model=None) -> Path:
+    """Validate an uploaded ``model`` (ONNX) or ``data`` (.npz, checked against ``model``) and
+    store it in the workspace by content hash: ``models/<sha256>.onnx`` or ``data/<sha256>.npz``."""
+    from .data import load_npz
+    from .model import model_from_bytes
+    from .workspace import atomic_write_bytes, sha256_bytes
+
+    sha = sha256_bytes(data)
+    if kind == "model":
+        path = ws.models / f"{sha}.onnx"
+        model_from_bytes(data, path, name=Path(filename).stem)
+    elif kind == "data":
+        load_npz(data, model, name=filename)
+        path = ws.sub("data") / f"{sha}.npz"
+    else:
+        raise ValueError(kind)
+    if not path.exists():
+        atomic_write_bytes(path, data)
+    return path

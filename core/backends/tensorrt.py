@@ -1,0 +1,546 @@
+"""The TensorRT backend (NVIDIA GPUs), built on Polygraphy's TensorRT loaders.
+
+Two build paths, picked by the installed TensorRT version (:func:`build_mode`):
+
+``strongly-typed`` (TensorRT >= 10.12, and 11 where it is the only mode)
+    The policy compiled to explicit precision (``compile_policy(..., target="trt")``: int8 Q/DQ
+    with zero point 0, real float16 Casts) is parsed as a strongly typed network, so the graph's
+    types are the precisions.
+``legacy`` (TensorRT 10.0-10.11)
+    The original ONNX (the loaded model's proto, with its stable node names) is built with FP16
+    and INT8 enabled, per-layer precisions and output types obeyed (``SetLayerPrecisions``,
+    ``precision_constraints="obey"``) and INT8 ranges from mixprec's calibration set as tensor
+    dynamic ranges: implicit quantization without running a calibrator. The ONNX parser names
+    each layer after its node and writes ``[ONNX Layer: <node>]`` into the layer's metadata, so
+    every layer TensorRT makes for a policy node gets that node's precision. Layers of nodes the
+    policy does not list (Relu, Add, Reshape, ...) are left to TensorRT.
+
+Engines are bound to the GPU model and the TensorRT version: they are cached in
+``engines/tensorrt/`` under a key of everything they depend on (:func:`engine_cache_key`).
+Importing this module needs neither TensorRT nor a GPU; ``tensorrt`` and Polygraphy's TensorRT
+loaders are imported inside the functions that use them.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+import os
+import re
+import shutil
+import time
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..compile import compile_policy
+from ..errors import MixprecError
+from ..reports import parse_layers
+from ..workspace import Workspace, atomic_write_bytes, atomic_write_json, sha256_bytes
+from .base import PER_LAYER_COLUMNS, Backend, Engine, Latency, Runner, latency_from_pairs
+from .onnxruntime import _owner
+
+MODES = ("auto", "strongly-typed", "legacy")
+MIN_VERSION = (10, 0)          # TensorRT 10 API: execute_async_v3, ILayer.metadata, named tensors
+STRONG_TYPING_FROM = (10, 12)  # per-layer precision APIs deprecated, superseded by strong typing
+LEGACY_REMOVED_IN = (11, 0)    # ... and removed
+DEFAULT_WORKSPACE_BYTES = 4 << 30
+CACHE_FORMAT = 1
+TRT_DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8"}  # policy precision -> trt attribute
+INT8_COMPUTE = ("CONVOLUTION", "DECONVOLUTION", "MATRIX_MULTIPLY")  # the layers of an INT8 node that run int8
+NO_PRECISION = ("CONSTANT", "SHAPE")  # layers a precision constraint must not touch
+INSTALL_FIX = ("pip install tensorrt-cu12 (or tensorrt-cu13) on a machine with an NVIDIA GPU, "
+               "or use --backend onnxruntime")
+
+# Every Polygraphy callable this module calls, with the keywords it passes. tests/backends/
+# test_tensorrt_static.py checks them against the installed Polygraphy's signatures, and that
+# every Polygraphy call in this file is listed here.
+POLYGRAPHY_CALLS = {
+    "polygraphy.backend.trt.NetworkFromOnnxPath": ("strongly_typed",),
+    "polygraphy.backend.trt.SetLayerPrecisions": (),
+    "polygraphy.backend.trt.PostprocessNetwork": ("name",),
+    "polygraphy.backend.trt.CreateConfig": ("fp16", "int8", "precision_constraints", "profiles",
+                                            "profiling_verbosity", "memory_pool_limits"),
+    "polygraphy.backend.trt.EngineBytesFromNetwork": ("config",),
+    "polygraphy.backend.trt.EngineFromBytes": (),
+    "polygraphy.backend.trt.TrtRunner": ("name",),
+    "polygraphy.backend.trt.TrtRunner.infer": ("check_inputs", "copy_outputs_to_host"),
+    "polygraphy.backend.trt.Profile": (),
+    "polygraphy.backend.trt.Profile.add": ("min", "opt", "max"),
+    "polygraphy.cuda.DeviceArray": ("shape", "dtype"),
+    "polygraphy.cuda.DeviceArray.copy_from": (),
+    "polygraphy.datatype.DataType.from_dtype": (),
+}
+# Every TensorRT attribute this module uses (docs/tensorrt-api-check.md says where each was verified).
+TENSORRT_API = (
+    "trt.__version__", "trt.float32", "trt.float16", "trt.int8", "trt.LayerType.CONVOLUTION",
+    "trt.LayerType.DECONVOLUTION", "trt.LayerType.MATRIX_MULTIPLY", "trt.LayerType.CONSTANT",
+    "trt.LayerType.SHAPE", "trt.LayerType.SHUFFLE", "trt.IConstantLayer", "trt.IProfiler",
+    "trt.ProfilingVerbosity.DETAILED", "trt.MemoryPoolType.WORKSPACE", "trt.LayerInformationFormat.JSON",
+    "INetworkDefinition.num_layers", "INetworkDefinition.get_layer", "ILayer.name", "ILayer.metadata",
+    "ILayer.type", "ILayer.num_inputs", "ILayer.get_input", "ILayer.num_outputs", "ILayer.get_output",
+    "ILayer.precision", "ILayer.set_output_type", "IConstantLayer.weights", "ITensor.name", "ITensor.dtype",
+    "ITensor.dynamic_range", "IProfiler.report_layer_time", "IExecutionContext.profiler",
+    "ICudaEngine.create_engine_inspector", "IEngineInspector.execution_context",
+    "IEngineInspector.get_engine_information", "NetworkDefinitionCreationFlag.STRONGLY_TYPED",
+    "BuilderFlag.FP16", "BuilderFlag.INT8", "BuilderFlag.OBEY_PRECISION_CONSTRAINTS",
+    "IBuilderConfig.set_memory_pool_limit", "IBuilderConfig.profiling_verbosity",
+    "Builder.build_serialized_network", "Runtime.deserialize_cuda_engine",
+    "IExecutionContext.execute_async_v3", "OnnxParser.parse_from_file", "IParserError.__str__",
+)
+
+
+# ---------------------------------------------------------------------------- pure helpers
+
+def parse_version(version: str) -> tuple[int, int]:
+    m = re.match(r"\s*(\d+)\.(\d+)", str(version))
+    if not m:
+        raise MixprecError(f"cannot read the TensorRT version {version!r}", "reinstall TensorRT: " + INSTALL_FIX)
+    return int(m[1]), int(m[2])
+
+
+def build_mode(trt_version: str, requested: str = "auto") -> str:
+    """``strongly-typed`` or ``legacy`` for this TensorRT version (``requested`` may force one)."""
+    if requested not in MODES:
+        raise MixprecError(f"unknown TensorRT build mode {requested!r}", f"use one of {', '.join(MODES)}")
+    v = parse_version(trt_version)
+    if v < MIN_VERSION:
+        raise MixprecError(f"TensorRT {trt_version} is too old (mixprec needs TensorRT 10.0 or newer)",
+                           "upgrade: " + INSTALL_FIX)
+    if requested == "legacy" and v >= LEGACY_REMOVED_IN:
+        raise MixprecError(f"TensorRT {trt_version} has no per-layer precision APIs (removed in TensorRT 11)",
+                           "use the strongly typed build (mode 'auto' or 'strongly-typed')")
+    if requested != "auto":
+        return requested
+    return "strongly-typed" if v >= STRONG_TYPING_FROM else "legacy"
+
+
+def profile_shapes(input_shapes: dict[str, tuple[int, ...]], overrides: dict | None = None) -> dict:
+    """``{input: (min, opt, max)}``: the project's shape for all three, unless ``overrides`` gives a
+    range for an input; the project's shape must lie inside every range."""
+    overrides = dict(overrides or {})
+    unknown = sorted(set(overrides) - set(input_shapes))
+    if unknown:
+        raise MixprecError("the optimisation profiles name inputs the model does not have",
+                           f"give ranges for the model's inputs: {', '.join(input_shapes)}", details=unknown)
+    out, bad = {}, []
+    for name, shape in input_shapes.items():
+        shape = tuple(int(d) for d in shape)
+        lo, opt, hi = (tuple(int(d) for d in s) for s in overrides.get(name, (shape, shape, shape)))
+        ranks_ok = len(lo) == len(opt) == len(hi) == len(shape)
+        if not ranks_ok or not all(a <= b <= c for a, b, c in zip(lo, opt, hi)) \
+                or not all(a <= s <= c for a, s, c in zip(lo, shape, hi)):
+            bad.append(f"{name}: min {lo} opt {opt} max {hi} (run shape {shape})")
+        out[name] = (lo, opt, hi)
+    if bad:
+        raise MixprecError("some optimisation profiles are not min <= opt <= max around the run's input shape",
+                           "give (min, opt, max) shapes of the input's rank with min <= opt <= max, "
+                           "each containing the shape the project runs at", details=bad)
+    return out
+
+
+def engine_cache_key(parts: dict) -> str:
+    """Cache key over everything an engine depends on (model, policy, calibration, TensorRT
+    version, GPU, profiles, build settings); ``parts`` must be JSON-serialisable."""
+    doc = json.dumps({"format": CACHE_FORMAT, **parts}, sort_keys=True, default=list)
+    return sha256_bytes(doc.encode())[:32]
+
+
+_ONNX_LAYER = re.compile(r"\[ONNX Layer: ([^\]|]+?)\s*[\]|]")
+
+
+def layer_node(layer_name: str, metadata: str | None = None) -> str:
+    """The ONNX node a network layer was parsed from: ``[ONNX Layer: <node> | ...]`` in its
+    metadata (TensorRT >= 10.0's parser), else the layer's name (the parser names layers after nodes)."""
+    m = _ONNX_LAYER.search(metadata or "")
+    return m.group(1) if m else layer_name
+
+
+class LayerTimes:
+    """What an ``IProfiler`` reports, per layer in engine order. A run is one pass over the
+    layers; a name equal to the first layer's starts the next run (trtexec's rule)."""
+
+    def __init__(self):
+        self.names: list[str] = []
+        self.times: list[list[float]] = []
+        self._pos = 0
+
+    def add(self, name: str, ms: float) -> None:
+        if self._pos == len(self.names):
+            if self.names and self.names[0] == name:
+                self._pos = 0
+            else:
+                self.names.append(name)
+                self.times.append([])
+        self.times[self._pos].append(float(ms))
+        self._pos += 1
+
+    def records(self) -> list[dict]:
+        """The trtexec ``--exportProfile`` format: ``[{"count": runs}, {name, timeMs, averageMs, medianMs, percentage}, ...]``."""
+        total = sum(sum(t) / len(t) for t in self.times) or 1.0
+        rows = [{"name": n, "timeMs": sum(t), "averageMs": sum(t) / len(t), "medianMs": float(np.median(t)),
+                 "percentage": 100.0 * sum(t) / len(t) / total} for n, t in zip(self.names, self.times)]
+        return [{"count": max((len(t) for t in self.times), default=0)}, *rows]
+
+
+def per_layer_table(graph: dict, profile: list, layers, policy) -> pd.DataFrame:
+    """``PER_LAYER_COLUMNS`` from the engine inspector's JSON and the profiler's records: each
+    engine layer with the policy layer it runs (the first of its ONNX nodes, or the Q/DQ and
+    Cast nodes compiled for a layer, that names one) and that layer's policy precision."""
+    try:
+        table = parse_layers(graph, profile)[0]
+    except MixprecError as e:
+        raise MixprecError(f"the engine's layer information and its profile do not match: {e.what}",
+                           "rebuild the engine (delete it from engines/tensorrt/) so it is built with "
+                           "detailed profiling verbosity") from e
+    names = sorted((l.name for l in layers), key=len, reverse=True)
+    owners = [next((o for o in (_owner(n, names) for n in (*nodes, *qdq)) if o), "")
+              for nodes, qdq in zip(table["onnx_nodes"], table["qdq_nodes"])]
+    df = pd.DataFrame({"name": table["name"], "op_type": table["layer_type"], "layer": owners,
+                       "precision": [policy.layers.get(o, "") for o in owners], "ms": table["time_ms"],
+                       "pct": table["pct"].fillna(0.0), "is_reformat": table["is_reformat"].astype(bool)})
+    return df[PER_LAYER_COLUMNS].sort_values("ms", ascending=False, ignore_index=True)
+
+
+# ---------------------------------------------------------------------------- TensorRT and the GPU
+
+def _trt():
+    try:
+        import tensorrt as trt
+    except Exception as e:  # noqa: BLE001 - the PyPI stub raises at import
+        raise MixprecError("TensorRT is not installed", INSTALL_FIX) from e
+    return trt
+
+
+def cuda_device(ordinal: int = 0) -> tuple[str, str] | None:
+    """``(name, compute capability)`` of a CUDA device through the driver API (libcuda), or None.
+    TensorRT and Polygraphy use the current device, which is 0 unless the process changes it."""
+    try:
+        cuda = ctypes.WinDLL("nvcuda.dll") if os.name == "nt" else ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    count, dev, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    name = ctypes.create_string_buffer(256)
+    failed = (cuda.cuInit(0) or cuda.cuDeviceGetCount(ctypes.byref(count)) or count.value <= ordinal
+              or cuda.cuDeviceGet(ctypes.byref(dev), ordinal) or cuda.cuDeviceGetName(name, len(name), dev)
+              # 75, 76: CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR (cuda.h)
+              or cuda.cuDeviceGetAttribute(ctypes.byref(major), 75, dev)
+              or cuda.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev))
+    return None if failed else (name.value.decode(errors="replace"), f"{major.value}.{minor.value}")
+
+
+@contextmanager
+def _polygraphy_log(path: Path):
+    """Copy Polygraphy's log (which carries TensorRT's) to ``path`` unless the user logs to a file."""
+    from polygraphy.logger import G_LOGGER
+
+    mine = G_LOGGER.log_file is None
+    if mine:
+        G_LOGGER.log_file = str(path)
+    try:
+        yield path if mine else None
+    finally:
+        if mine:
+            G_LOGGER.log_file = None
+
+
+def _logged_errors(log: Path | None) -> list[str]:
+    if log is None or not log.is_file():
+        return []
+    lines = (re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in log.read_text(errors="replace").splitlines())
+    return [line for line in lines if line.startswith(("[E]", "[!]"))]
+
+
+def _polygraphy_step(step, what: str, fix: str, log: Path | None):
+    """Run a Polygraphy loader; its failures become a MixprecError with TensorRT's logged errors."""
+    from polygraphy.exception import PolygraphyException
+
+    try:
+        return step()
+    except PolygraphyException as e:
+        raise MixprecError(what, fix, details=_logged_errors(log) or [str(e)]) from e
+
+
+def _source_amax(tensor, amax: dict, producers: dict, trt) -> float | None:
+    """|range| of an INT8 layer input: calibrated, or the weights of the Constant it comes from
+    (through Shuffles, which keep values)."""
+    while tensor is not None and tensor.name not in amax:
+        layer = producers.get(tensor.name)
+        if layer is None or layer.type not in (trt.LayerType.SHUFFLE, trt.LayerType.CONSTANT):
+            return None
+        if layer.type == trt.LayerType.CONSTANT:
+            layer.__class__ = trt.IConstantLayer  # Polygraphy's idiom to reach subclass attributes
+            return float(np.abs(np.asarray(layer.weights, dtype=np.float32)).max(initial=0.0))
+        tensor = layer.get_input(0)
+    return None if tensor is None else amax[tensor.name]
+
+
+def legacy_constraints(network, policy, calib, trt):
+    """For the policy on a parsed original (weakly typed) network: ``{layer: compute dtype}``,
+    ``{layer: output dtype}`` and ``{tensor: amax}`` for the inputs of INT8 layers. INT8 nodes run
+    int8 in their Convolution/Deconvolution/MatrixMultiply layers and hand the network default's
+    float type on (as trtexec --layerOutputTypes in policy.trtexec_legacy_command)."""
+    dtype = {p: getattr(trt, n) for p, n in TRT_DTYPES.items()}
+    int8_kinds = {getattr(trt.LayerType, n) for n in INT8_COMPUTE}
+    skip = {getattr(trt.LayerType, n) for n in NO_PRECISION}
+    amax = {t: calib.amax(t) for t in calib.ranges} if calib is not None else {}
+    precisions, outputs, producers, int8_layers = {}, {}, {}, []
+    for i in range(network.num_layers):
+        layer = network.get_layer(i)
+        outs = [layer.get_output(k) for k in range(layer.num_outputs)]
+        producers.update((t.name, layer) for t in outs)
+        prec = policy.layers.get(layer_node(layer.name, layer.metadata))
+        if prec is None or layer.type in skip or not all(t.dtype in (trt.float32, trt.float16) for t in outs):
+            continue
+        if prec == "int8" and layer.type not in int8_kinds:
+            prec = policy.network_default
+        precisions[layer.name] = dtype[prec]
+        outputs[layer.name] = dtype[policy.network_default if prec == "int8" else prec]
+        if prec == "int8":
+            int8_layers.append(layer)
+    ranges, missing = {}, []
+    for layer in int8_layers:
+        for k in range(layer.num_inputs):
+            t = layer.get_input(k)
+            if t is not None:
+                a = _source_amax(t, amax, producers, trt)
+                if a is None:
+                    missing.append(f"{layer.name}: input {k} ({t.name})")
+                else:
+                    ranges[t.name] = a
+    if missing:
+        raise MixprecError("some INT8 layers have inputs with no calibrated range, which TensorRT "
+                           "<= 10.11 needs for implicit INT8", "set these layers to fp16/fp32, or use "
+                           "TensorRT >= 10.12 (strongly typed, Q/DQ)", details=missing)
+    return precisions, outputs, ranges
+
+
+def _apply_types_and_ranges(network, outputs: dict, ranges: dict):
+    """A ``PostprocessNetwork`` step: output types of constrained layers, dynamic ranges of INT8 inputs."""
+    for i in range(network.num_layers):
+        layer = network.get_layer(i)
+        for k in range(layer.num_outputs):
+            if layer.name in outputs:
+                layer.set_output_type(k, outputs[layer.name])
+            t = layer.get_output(k)
+            if t.name in ranges:
+                t.dynamic_range = (-ranges[t.name], ranges[t.name])
+    for i in range(network.num_inputs):
+        t = network.get_input(i)
+        if t.name in ranges:
+            t.dynamic_range = (-ranges[t.name], ranges[t.name])
+    return network
+
+
+def _layer_profiler():
+    trt = _trt()
+
+    class _Profiler(trt.IProfiler):
+        def __init__(self):
+            trt.IProfiler.__init__(self)
+            self.times = LayerTimes()
+
+        def report_layer_time(self, layer_name, ms):
+            self.times.add(layer_name, ms)
+
+    return _Profiler()
+
+
+def _device_array(a: np.ndarray):
+    from polygraphy.cuda import DeviceArray
+    from polygraphy.datatype import DataType
+
+    a = np.ascontiguousarray(a)
+    return DeviceArray(shape=a.shape, dtype=DataType.from_dtype(a.dtype)).copy_from(a)
+
+
+def _place(src: Path, dst: Path) -> Path:
+    """``dst`` as a hard link to ``src`` (a copy across file systems)."""
+    dst.unlink(missing_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
+    return dst
+
+
+# ---------------------------------------------------------------------------- runner and backend
+
+class TrtEngineRunner(Runner):
+    """Polygraphy's ``TrtRunner`` over a serialized engine (a ``.plan`` file)."""
+
+    def __init__(self, plan: Path):
+        self.plan = Path(plan)
+        self.trt_runner = None
+
+    def activate(self):
+        from polygraphy.backend.trt import EngineFromBytes, TrtRunner
+
+        try:
+            data = self.plan.read_bytes()
+        except OSError as e:
+            raise MixprecError(f"cannot read the TensorRT engine {self.plan}: {e.strerror}", "build the policy again") from e
+        runner = TrtRunner(EngineFromBytes(data), name=self.plan.stem)
+        _polygraphy_step(runner.activate, f"TensorRT cannot load the engine {self.plan.name}",
+                         "engines run only on the GPU model and TensorRT version they were built with: "
+                         "build again on this machine (or delete the engine from engines/tensorrt/)", None)
+        self.trt_runner = runner
+
+    def _active(self):
+        if self.trt_runner is None:
+            raise MixprecError("the runner is not active", "call activate() or use it as a context manager")
+        return self.trt_runner
+
+    def infer(self, feed):
+        return {k: np.array(v, copy=True) for k, v in self._active().infer(feed).items()}
+
+    def run_on_device(self, device_feed) -> None:
+        """One synchronous inference on inputs already on the GPU, outputs left there (timing)."""
+        self._active().infer(device_feed, check_inputs=False, copy_outputs_to_host=False)
+
+    def deactivate(self):
+        if self.trt_runner is not None:
+            self.trt_runner.deactivate()
+            self.trt_runner = None
+
+
+class TensorRTBackend(Backend):
+    name = "tensorrt"
+
+    def __init__(self, ws: Workspace | None = None, profiles: dict | None = None,
+                 workspace_bytes: int = DEFAULT_WORKSPACE_BYTES, mode: str = "auto"):
+        """``profiles``: ``{input: (min, opt, max)}`` overriding the project's shapes; ``workspace_bytes``:
+        the builder's workspace pool; ``mode``: ``auto`` (by version), ``strongly-typed`` or ``legacy``."""
+        if mode not in MODES:
+            raise MixprecError(f"unknown TensorRT build mode {mode!r}", f"use one of {', '.join(MODES)}")
+        self._ws, self.profiles, self.workspace_bytes, self.mode = ws, profiles, int(workspace_bytes), mode
+
+    @property
+    def ws(self) -> Workspace:
+        return self._ws or Workspace.default()
+
+    @classmethod
+    def available(cls):
+        from . import tensorrt_available
+
+        return tensorrt_available()
+
+    def _config(self, trt, mode: str, shapes: dict, fp16: bool = False, int8: bool = False):
+        from polygraphy.backend.trt import CreateConfig, Profile
+
+        profile = Profile()
+        for name, (lo, opt, hi) in shapes.items():
+            profile.add(name, min=lo, opt=opt, max=hi)
+        return CreateConfig(fp16=fp16, int8=int8, precision_constraints="obey" if mode == "legacy" else None,
+                            profiles=[profile], profiling_verbosity=trt.ProfilingVerbosity.DETAILED,
+                            memory_pool_limits={trt.MemoryPoolType.WORKSPACE: self.workspace_bytes})
+
+    def _network(self, trt, onnx_path: Path, mode: str, policy, calib, log):
+        """The parsed network (and the FP16/INT8 flags it needs) as Polygraphy's (builder, network, parser)."""
+        from polygraphy.backend.trt import NetworkFromOnnxPath, PostprocessNetwork, SetLayerPrecisions
+
+        network = _polygraphy_step(
+            NetworkFromOnnxPath(str(onnx_path), strongly_typed=mode == "strongly-typed"),
+            f"TensorRT's ONNX parser rejects {onnx_path.name} ({mode} build)",
+            "set the nodes named here to fp32; if the original model fails too, it uses operators this "
+            "TensorRT cannot parse (polygraphy inspect capability MODEL lists them)", log)
+        if mode != "legacy" or policy is None:
+            return network, False, False
+        precisions, outputs, ranges = legacy_constraints(network[1], policy, calib, trt)
+        apply = functools.partial(_apply_types_and_ranges, outputs=outputs, ranges=ranges)
+        network = PostprocessNetwork(SetLayerPrecisions(network, precisions), apply,
+                                     name="mixprec output types and INT8 ranges")()
+        used = set(precisions.values()) | set(outputs.values())
+        return network, trt.float16 in used, trt.int8 in used
+
+    def _build(self, model, policy, calib, out_dir, input_shapes, stem: str) -> Engine:
+        import polygraphy
+        from polygraphy.backend.trt import EngineBytesFromNetwork
+
+        t0 = time.perf_counter()
+        trt = _trt()
+        mode = build_mode(trt.__version__, self.mode)
+        shapes = profile_shapes(input_shapes, self.profiles)
+        gpu = cuda_device()
+        if gpu is None:
+            raise MixprecError("TensorRT is installed but no CUDA device is usable",
+                               "run on a machine with an NVIDIA GPU and driver, or use --backend onnxruntime")
+        int8 = policy is not None and "int8" in policy.layers.values()
+        parts = {"model_sha256": model.sha256, "policy_sha256": policy.sha256 if policy else "reference-fp32",
+                 "calibration": calib.key if int8 and calib is not None else None, "mode": mode,
+                 "tensorrt": trt.__version__, "polygraphy": polygraphy.__version__, "gpu": gpu[0],
+                 "compute_capability": gpu[1], "profiles": shapes, "workspace_bytes": self.workspace_bytes}
+        key = engine_cache_key(parts)
+        out_dir = Path(out_dir)
+        if policy is not None and mode == "strongly-typed":
+            onnx_bytes, onnx_name = compile_policy(model, policy, calib, target="trt").serialized(), "compiled.onnx"
+        else:
+            onnx_bytes, onnx_name = model.serialized(), f"{stem}.onnx" if policy is None else "model.onnx"
+        onnx_path = atomic_write_bytes(out_dir / onnx_name, onnx_bytes)
+        cache = self.ws.sub("engines", "tensorrt") / f"{key}.plan"
+        hit = cache.is_file()
+        if not hit:
+            with _polygraphy_log(out_dir / f"{stem}.tensorrt-build.log") as log:
+                network, fp16, use_int8 = self._network(trt, onnx_path, mode, policy, calib, log)
+                config = self._config(trt, mode, shapes, fp16=fp16, int8=use_int8)
+                data = _polygraphy_step(
+                    EngineBytesFromNetwork(network, config=config),
+                    f"TensorRT could not build the engine ({mode} build, TensorRT {trt.__version__})",
+                    "read TensorRT's errors listed here; usually a layer has no kernel in the precision the "
+                    "policy obeys (set it to fp16/fp32) or the builder workspace is too small "
+                    "(TensorRTBackend(workspace_bytes=...))", log)
+            atomic_write_bytes(cache, memoryview(data))
+            atomic_write_json(cache.with_suffix(".json"), {"key": key, **parts})
+        plan = _place(cache, out_dir / f"{stem}.plan")
+        atomic_write_json(out_dir / f"{stem}.tensorrt.json", {"key": key, "cache_hit": hit, "engine_cache": str(cache),
+                                                              **parts})
+        return Engine(self.name, onnx_path, plan, time.perf_counter() - t0, dict(input_shapes))
+
+    def build(self, model, policy, calib, out_dir, input_shapes):
+        return self._build(model, policy, calib, out_dir, input_shapes, "compiled")
+
+    def reference(self, model, out_dir, input_shapes):
+        return self._build(model, None, None, out_dir, input_shapes, "reference-fp32")
+
+    def runner(self, engine):
+        return TrtEngineRunner(engine.artifact_path)
+
+    def time_interleaved(self, candidate, reference, feed, warmup=10, iterations=100) -> Latency:
+        with ExitStack() as stack:
+            rc = stack.enter_context(self.runner(candidate))
+            rr = stack.enter_context(self.runner(reference))
+            dev = {k: stack.enter_context(_device_array(v)) for k, v in feed.items()}
+            for _ in range(warmup):
+                rc.run_on_device(dev)
+                rr.run_on_device(dev)
+            tc, tr = [], []
+            for _ in range(iterations):  # A B A B ...: both see the same GPU clocks and temperature
+                t0 = time.perf_counter()
+                rc.run_on_device(dev)
+                t1 = time.perf_counter()
+                rr.run_on_device(dev)
+                tr.append(time.perf_counter() - t1)
+                tc.append(t1 - t0)
+        return latency_from_pairs(tc, tr)
+
+    def profile(self, engine, feed, iterations, layers, policy) -> pd.DataFrame:
+        trt = _trt()
+        with ExitStack() as stack:
+            r = stack.enter_context(self.runner(engine))
+            dev = {k: stack.enter_context(_device_array(v)) for k, v in feed.items()}
+            for _ in range(3):
+                r.run_on_device(dev)
+            profiler = _layer_profiler()
+            r.trt_runner.context.profiler = profiler
+            for _ in range(iterations):
+                r.run_on_device(dev)
+            inspector = r.trt_runner.engine.create_engine_inspector()
+            inspector.execution_context = r.trt_runner.context
+            graph = json.loads(inspector.get_engine_information(trt.LayerInformationFormat.JSON))
+        records = profiler.times.records()
+        out = Path(engine.artifact_path).parent
+        atomic_write_json(out / "trt-layers.json", graph)  # trtexec --exportLayerInfo / --exportProfile
+        atomic_write_json(out / "trt-profile.json", records)
+        return per_layer_table(graph, records, layers, policy)

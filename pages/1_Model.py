@@ -1,0 +1,71 @@
+"""Model: pick a sample, upload an ONNX file or give a server path; optional calibration/eval data."""
+import pandas as pd
+import streamlit as st
+
+from core.plots import plot_op_types
+from ui import common as ui
+
+ui.header("Model", "The model and the data every other page works on.")
+src = ui.source()
+limit = st.get_option("server.maxUploadSize")
+how = st.radio("Model source", ["Bundled sample", "Upload an ONNX file", "Path on the server"], horizontal=True,
+               index=0 if src["model"].startswith("sample:") else 2, key="model_how")
+if how == "Bundled sample":
+    current = src["model"] if src["model"] in ui.SAMPLES else ui.DEFAULT_MODEL
+    sample = st.selectbox("Sample", ui.SAMPLES, index=ui.SAMPLES.index(current), key="sample_pick")
+    if sample != src["model"]:
+        ui.set_source(sample)
+elif how == "Upload an ONNX file":
+    st.caption(f"Uploads are limited to {limit} MB (server.maxUploadSize in .streamlit/config.toml). "
+               "Larger models: give their path on the server.")
+    path = ui.upload(st.file_uploader("ONNX model", type=["onnx"], key="model_file"), "model")
+    if path and path != src["model"]:
+        ui.set_source(path)
+else:
+    with st.form("path_form"):
+        typed = st.text_input("Path of an .onnx file on the server", value="" if src["model"].startswith("sample:")
+                              else src["model"], key="model_path")
+        if st.form_submit_button("Load", key="load_path") and typed.strip():
+            ui.set_source(typed.strip())
+
+with st.expander("Calibration and evaluation data (.npz, optional)", expanded=bool(src["data"] or src["eval_data"])):
+    st.caption(f"One array per model input, keyed by input name (numpy.savez). Up to {limit} MB. Without them, "
+               "samples use their bundled data and other models get generated data; evaluation never sees "
+               "calibration samples.")
+    c1, c2 = st.columns(2)
+    try:
+        model = ui.open_source(src["model"]).model
+    except Exception:  # noqa: BLE001 - the error is shown below by ui.project()
+        model = None
+    calib = ui.upload(c1.file_uploader("Calibration .npz", type=["npz"], key="calib_file"), "data", model)
+    evald = ui.upload(c2.file_uploader("Evaluation .npz", type=["npz"], key="eval_file"), "data", model)
+    if (calib or evald) and (calib, evald) != (src["data"], src["eval_data"]):
+        ui.set_source(src["model"], calib or src["data"], evald or src["eval_data"])
+    if (src["data"] or src["eval_data"]) and st.button("Use the default data", key="clear_data"):
+        ui.set_source(src["model"])
+        st.rerun()
+
+p = ui.project()
+m = p.model
+st.subheader(m.name)
+c = st.columns(5)
+c[0].metric("Layers", len(p.layers))
+c[1].metric("INT8-eligible", sum(l.eligible for l in p.layers))
+c[2].metric("Opset", m.opset)
+c[3].metric("Size", f"{m.size_bytes / 1e6:.1f} MB")
+c[4].metric("Samples (calib / eval)", f"{p.calib_data.num_samples} / {p.eval_data.num_samples}")
+st.caption(f"sha256 `{m.sha256}` · calibration: {p.calib_data.source} · evaluation: {p.eval_data.source}")
+io = pd.DataFrame([("input", s.name, s.dtype, str(s.shape), str(p.input_shapes.get(s.name, ""))) for s in m.inputs]
+                  + [("output", s.name, s.dtype, str(s.shape), "") for s in m.outputs],
+                  columns=["kind", "name", "dtype", "shape", "resolved shape"])
+st.dataframe(io, hide_index=True)
+
+st.subheader("Layer inventory")
+inv = p.inventory()
+f1, f2 = st.columns([3, 1])
+ops = f1.multiselect("Op types", sorted(inv["op_type"].unique()), key="inv_ops")
+eligible_only = f2.checkbox("INT8-eligible only", key="inv_eligible")
+shown = inv[(inv["op_type"].isin(ops) | (not ops)) & (inv["eligible"] | (not eligible_only))]
+st.caption(f"{len(shown)} of {len(inv)} layers")
+st.dataframe(shown, hide_index=True, height=320)
+st.plotly_chart(plot_op_types(inv), key="op_types_chart")

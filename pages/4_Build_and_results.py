@@ -1,0 +1,64 @@
+"""Build and results: the job queue, and what each run cost in latency, reformats and quality."""
+import streamlit as st
+
+from core.dashboard import policy_diff, run_comparison, run_policy
+from core.jobs import build_params
+from core.plots import plot_quality_vs_latency, plot_run_latency, plot_run_layers, plot_run_quality, \
+    plot_run_reformat, run_names
+from core.policy import uniform_policy
+from core.runs import list_runs, load_run_per_layer
+from ui import common as ui
+
+ui.header("Build and results", "Builds run one at a time per backend, in child processes: a crash or a cancel "
+          "never takes the dashboard down. Latency is measured interleaved against FP32 on this machine.")
+p = ui.project()
+src = ui.source()
+st.subheader("Jobs")
+ui.job_panel(limit=8)
+if st.button("Build the all-FP16 baseline", key="fp16_baseline"):
+    ui.submit("build", build_params(src["model"], uniform_policy(p.model, p.layers, "fp16").to_json(), src["data"],
+                                    src["eval_data"], label="all-FP16"), "all-FP16 baseline")
+    st.rerun()
+
+runs = list_runs(p.ws, p.model.sha256)
+st.subheader(f"Runs of {p.model.name}")
+if runs.empty:
+    st.info("No runs yet: press **Rebuild** on the Precision page.")
+    st.stop()
+last = runs.iloc[0]
+c = st.columns(5)
+c[0].metric("Latest run", str(last["label"]))
+c[1].metric("Median latency", f"{last['latency_median_ms']:.3f} ms", f"{last['speedup']:.2f}× vs FP32",
+            delta_color="off")
+c[2].metric("Cosine (mean)", f"{last['cosine_mean']:.4f}", f"min {last['cosine_min']:.4f}", delta_color="off")
+c[3].metric("SNR", f"{last['snr_db']:.1f} dB" if last["snr_db"] == last["snr_db"] else "∞")
+c[4].metric("Reformats", f"{int(last['reformat_count'])}", f"{last['reformat_pct']:.1f}% of per-layer time",
+            delta_color="off")
+g1, g2 = st.columns(2)
+g1.plotly_chart(plot_run_latency(runs), key="latency_chart")
+g2.plotly_chart(plot_run_quality(runs), key="quality_chart")
+g3, g4 = st.columns(2)
+g3.plotly_chart(plot_run_reformat(runs), key="reformat_chart")
+g4.plotly_chart(plot_quality_vs_latency(runs), key="tradeoff_chart")
+
+names = dict(zip(runs["run_id"], run_names(runs)))
+sel = st.selectbox("Per-layer latency of run", list(names), format_func=names.get, key="layers_run")
+try:
+    st.plotly_chart(plot_run_layers(load_run_per_layer(p.ws.runs / sel)), key="layers_chart")
+except Exception as e:  # noqa: BLE001 - a damaged run must not break the page
+    st.error(str(e))
+
+st.subheader("Run history")
+st.dataframe(runs, hide_index=True, height=260)
+if len(runs) >= 2:
+    st.subheader("Compare two runs")
+    a_col, b_col = st.columns(2)
+    a = a_col.selectbox("Run A", list(names), index=1, format_func=names.get, key="cmp_a")
+    b = b_col.selectbox("Run B", list(names), index=0, format_func=names.get, key="cmp_b")
+    st.dataframe(run_comparison(runs, a, b))
+    try:
+        diff = policy_diff(run_policy(p, p.ws.runs / a), run_policy(p, p.ws.runs / b), p.layers)
+        st.caption(f"{len(diff)} layer(s) differ between A ('built') and B ('now')")
+        st.dataframe(diff, hide_index=True)
+    except Exception as e:  # noqa: BLE001
+        st.error(str(e))

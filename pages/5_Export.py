@@ -1,0 +1,48 @@
+"""Export the session's policy (JSON, trtexec commands, compiled ONNX); import a policy JSON."""
+import streamlit as st
+
+from core.dashboard import compiled_onnx, policy_filename
+from core.errors import MixprecError
+from core.policy import policy_from_text, polygraphy_command, trtexec_legacy_command, trtexec_typed_command
+from ui import common as ui
+
+ui.header("Export", "The policy of this session (edited on the Precision page).")
+p = ui.project()
+pol = ui.policy(p)
+counts = pol.precision_counts()
+st.caption(f"{p.model.name}: fp32 {counts['fp32']} · fp16 {counts['fp16']} · int8 {counts['int8']} · "
+           f"policy sha256 `{pol.sha256[:16]}…`")
+st.download_button("Download policy JSON", pol.to_json(), policy_filename(pol), "application/json",
+                   key="dl_policy", type="primary")
+onnx_name = policy_filename(pol, ".mixprec.onnx")
+st.subheader("TensorRT ≤ 10.11: per-layer precision constraints (deprecated in 10.12, removed in 11)")
+try:
+    st.code(trtexec_legacy_command(p.model, pol, "model.onnx", "calibration.cache", p.input_shapes), language="bash")
+except MixprecError as e:
+    st.warning(str(e))
+st.subheader("TensorRT ≥ 10.12 / 11: strongly typed build of the explicit-precision ONNX")
+st.code(trtexec_typed_command(p.model, onnx_name, p.input_shapes), language="bash")
+st.code(polygraphy_command(p.model, onnx_name, p.input_shapes), language="bash")
+if st.button("Compile the explicit-precision ONNX", key="compile"):
+    try:
+        with st.spinner("Calibrating and compiling…"):
+            st.session_state["compiled"] = (pol.sha256, compiled_onnx(p, pol))
+    except MixprecError as e:
+        st.error(str(e))
+compiled = st.session_state.get("compiled")
+if compiled and compiled[0] == pol.sha256:
+    st.download_button(f"Download {onnx_name} ({len(compiled[1]) / 1e6:.1f} MB)", compiled[1], onnx_name,
+                       "application/octet-stream", key="dl_onnx")
+
+st.subheader("Import a policy")
+st.caption("The policy is validated against the loaded model; every mismatch is listed and nothing is applied "
+           "unless all of it fits.")
+up = st.file_uploader("Policy JSON", type=["json"], key="policy_file")
+text = st.text_area("…or paste it", height=140, key="policy_text")
+if st.button("Validate and apply", key="import"):
+    raw = up.getvalue().decode("utf-8", errors="replace") if up is not None else text
+    try:
+        ui.set_policy(p, policy_from_text(raw, p.model, p.layers, source=up.name if up else "the pasted policy"))
+        st.success("Policy applied: see the Precision page.")
+    except MixprecError as e:
+        st.error(str(e))

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Idempotent set-up on a fresh machine: a venv in .venv with the pinned requirements.
+# torch is installed first and pinned (==2.13.0: a CPU build from local disk here; an
+# unpinned torch would pull a several-GB CUDA build).
+# With --browser it also installs Debian's chromium for the real-browser test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.mixprec-requirements.sha256
+want=$(sha256sum requirements.txt | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q "torch==2.13.0"
+  .venv/bin/python -m pip install -q -r requirements.txt
+  echo "$want" > "$stamp"
+fi
+if [ "${1:-}" = "--browser" ] && [ ! -x /usr/bin/chromium ]; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium >/dev/null
+fi

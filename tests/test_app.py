@@ -1,0 +1,141 @@
+"""Streamlit AppTest for each page, on the tiny samples: load, rank, toggle, rebuild, results, export, import."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from core.dashboard import store_upload
+from core.errors import MixprecError
+from core.jobs import JobManager
+from core.workspace import Workspace
+
+APP = str(Path(__file__).resolve().parents[1] / "app.py")
+LAYER = "/conv2/Conv"  # a tiny-cnn layer, INT8 by default
+
+
+@pytest.fixture
+def ws(tmp_path, monkeypatch):
+    monkeypatch.setenv("MIXPREC_WORKSPACE", str(tmp_path))
+    return Workspace(tmp_path)
+
+
+def page(name: str | None = None, model: str = "sample:tiny-cnn", state: dict | None = None) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.session_state["source"] = {"model": model, "data": None, "eval_data": None}
+    for k, v in (state or {}).items():
+        at.session_state[k] = v
+    if name:
+        at.switch_page(f"pages/{name}.py")
+    return at.run()
+
+
+def ok(at: AppTest) -> AppTest:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    return at
+
+
+def wait_all(ws: Workspace):
+    mgr = JobManager.for_workspace(ws)
+    jobs = [mgr.wait(j.id, 180) for j in mgr.jobs()]
+    assert all(j.status == "done" for j in jobs), [(j.label, j.error) for j in jobs]
+    return jobs
+
+
+def test_home_and_model_page(ws):
+    ok(page())
+    at = ok(page("1_Model"))
+    assert at.metric[0].label == "Layers" and at.metric[0].value == "8"
+    assert "sha256" in at.caption[-1].value or any("sha256" in c.value for c in at.caption)
+    at.multiselect(key="inv_ops").select("Conv").run()
+    assert any(c.value.startswith("3 of 8 layers") for c in at.caption)
+    assert len(at.get("plotly_chart")) == 1
+
+
+def test_model_page_bad_path_shows_error_and_recovers(ws, tmp_path):
+    bad = tmp_path / "truncated.onnx"
+    bad.write_bytes((ws.samples.parent / "x").as_posix().encode() * 3)
+    at = page("1_Model")
+    at.radio(key="model_how").set_value("Path on the server").run()
+    at.text_input(key="model_path").input(str(bad))
+    at.button(key="load_path").click().run()
+    assert at.error and "Fix:" in at.error[0].value
+    at.radio(key="model_how").set_value("Bundled sample").run()
+    at.selectbox(key="sample_pick").select("sample:tiny-transformer").run()
+    ok(at)
+    assert at.session_state["source"]["model"] == "sample:tiny-transformer"
+
+
+def test_upload_validation(ws, tmp_path):
+    with pytest.raises(MixprecError, match="Fix"):
+        store_upload(ws, b"not an onnx file", "x.onnx", "model")
+    from core.project import open_project
+
+    model = open_project("sample:tiny-cnn", ws=ws).model
+    bad = tmp_path / "pickled.npz"
+    np.savez(bad, x=np.array([{"a": 1}], dtype=object))
+    with pytest.raises(MixprecError, match="pickled"):
+        store_upload(ws, bad.read_bytes(), "pickled.npz", "data", model)
+    good = store_upload(ws, model.path.read_bytes(), "tiny.onnx", "model")
+    assert good.parent == ws.models and good.stem == model.sha256
+
+
+def test_sensitivity_rank_job_and_stored_result(ws):
+    at = ok(page("2_Sensitivity"))
+    at.button(key="run_rank").click().run()
+    wait_all(ws)
+    at.run()
+    ok(at)
+    assert len(at.get("plotly_chart")) == 1 and len(at.dataframe) == 1
+    at.radio(key="rank_metric").set_value("snr_db").run()
+    ok(at)
+    again = ok(page("2_Sensitivity"))  # a new session: the stored ranking, no recomputation
+    assert not again.button and len(JobManager.for_workspace(ws).jobs()) == 1
+
+
+def test_precision_toggle_rebuild_results_and_compare(ws):
+    at = ok(page("3_Precision"))
+    fp16_before = int(at.metric[1].value)
+    at.text_input(key="bulk_regex").input(LAYER + "$")
+    at.selectbox(key="bulk_regex_prec").select("fp16")
+    at.button(key="apply_regex").click().run()
+    ok(at)
+    assert int(at.metric[1].value) == fp16_before + 1 and "1 layer(s) → FP16" in at.success[0].value
+    at.text_input(key="run_label").input("conv2 fp16")
+    at.button(key="rebuild").click().run()
+    at.button(key="reset").click().run()  # a second build: the defaults
+    at.button(key="rebuild").click().run()
+    jobs = wait_all(ws)
+    assert len(jobs) == 2 and jobs[0].started >= jobs[1].finished
+    at.run()
+    assert "layer(s) differ" in at.expander[1].label
+    res = ok(page("4_Build_and_results", state={}))
+    assert len(res.get("plotly_chart")) == 5
+    labels = {m.label: m.value for m in res.metric}
+    assert float(labels["Cosine (mean)"]) > 0.9
+    assert len(res.dataframe) == 3  # history, comparison, policy diff
+    assert "1 layer(s) differ" in [c.value for c in res.caption if "differ" in c.value][0]
+
+
+def test_export_and_import(ws):
+    at = ok(page("5_Export"))
+    assert len(at.get("download_button")) == 1 and len(at.code) == 3
+    at.button(key="compile").click().run()
+    ok(at)
+    assert len(at.get("download_button")) == 2
+    from core.project import open_project
+
+    other = open_project("sample:tiny-transformer", ws=ws).default_policy().to_json()
+    at.text_area(key="policy_text").input(other)
+    at.button(key="import").click().run()
+    assert at.error and "does not fit the model" in at.error[0].value and "unknown layer" in at.error[0].value
+    mine = json.loads(open_project("sample:tiny-cnn", ws=ws).default_policy().to_json())
+    mine["layers"][LAYER] = "fp32"
+    at.text_area(key="policy_text").input(json.dumps(mine))
+    at.button(key="import").click().run()
+    ok(at)
+    assert at.success and "fp32 5" in at.caption[1].value

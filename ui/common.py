@@ -1,0 +1,161 @@
+"""Session glue shared by the pages: workspace, job manager, the cached project, the session's
+policy and the job panel. No logic beyond wiring Streamlit state to core."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import streamlit as st
+
+from core.dashboard import store_upload
+from core.errors import MixprecError
+from core.jobs import Job, JobManager, load_ranking, project_ranking_key
+from core.policy import Policy
+from core.project import Project, open_project
+from core.workspace import Workspace
+
+SAMPLES = ["sample:minilm", "sample:tiny-cnn", "sample:tiny-transformer"]
+DEFAULT_MODEL = SAMPLES[0]
+SOURCE_KEYS = ("model", "data", "eval_data")
+
+
+def workspace() -> Workspace:
+    return Workspace.default()
+
+
+def manager() -> JobManager:
+    return JobManager.for_workspace(workspace())
+
+
+def header(title: str, caption: str = "") -> None:
+    st.set_page_config(page_title=f"mixprec · {title}", layout="wide")
+    st.title(title)
+    if caption:
+        st.caption(caption)
+    src = source()
+    with st.sidebar:
+        st.markdown(f"**Model:** `{src['model']}`")
+        active = [j for j in manager().jobs(limit=50) if j.active]
+        st.caption(f"{len(active)} job(s) queued or running" if active else "No job running")
+        st.caption(f"Workspace: `{workspace().root}`")
+
+
+# --- the model and data of this session -------------------------------------------------------
+def source() -> dict:
+    """The session's model/data paths; restored from the URL after a reload; MiniLM at first."""
+    if "source" not in st.session_state:
+        qp = st.query_params
+        st.session_state["source"] = {k: qp.get(k) for k in SOURCE_KEYS}
+        st.session_state["source"]["model"] = st.session_state["source"]["model"] or DEFAULT_MODEL
+    return st.session_state["source"]
+
+
+def set_source(model: str, data: str | None = None, eval_data: str | None = None) -> None:
+    st.session_state["source"] = {"model": model, "data": data, "eval_data": eval_data}
+    for k, v in st.session_state["source"].items():
+        if v:
+            st.query_params[k] = v
+        elif k in st.query_params:
+            del st.query_params[k]
+
+
+@st.cache_resource(show_spinner="Opening the model (the first MiniLM load exports it: ~20 s)…", max_entries=8)
+def _open(model: str, data: str | None, eval_data: str | None, ws_root: str) -> Project:
+    return open_project(model, data, eval_data, ws=Workspace(Path(ws_root)))
+
+
+def open_source(model: str, data: str | None = None, eval_data: str | None = None) -> Project:
+    return _open(model, data, eval_data, str(workspace().root))
+
+
+def project() -> Project:
+    """The session's project, or an error with the way out (and the page stops)."""
+    src = source()
+    try:
+        return open_source(**src)
+    except MixprecError as e:
+        st.error(str(e))
+        st.info("Pick another model or data on the **Model** page.")
+        st.stop()
+
+
+def upload(file, kind: str, model=None) -> str | None:
+    """Store an uploaded model or .npz in the workspace after validating it; None (with an
+    error shown) if it is bad."""
+    if file is None:
+        return None
+    try:
+        return str(store_upload(workspace(), file.getvalue(), file.name, kind, model))
+    except MixprecError as e:
+        st.error(str(e))
+        return None
+
+
+# --- the session's policy ----------------------------------------------------------------------
+def _policy_key(p: Project) -> str:
+    return f"policy:{p.model.sha256}:{p.calib_data.sha256}"
+
+
+def policy(p: Project) -> Policy:
+    return st.session_state.get(_policy_key(p)) or p.default_policy()
+
+
+def set_policy(p: Project, pol: Policy, reset_editor: bool = True) -> None:
+    """Store the session's policy; ``reset_editor`` redraws the precision table from it."""
+    st.session_state[_policy_key(p)] = pol
+    if reset_editor:
+        st.session_state["editor_version"] = st.session_state.get("editor_version", 0) + 1
+
+
+def ranking(p: Project, method: str = "minmax"):
+    return load_ranking(p.ws, project_ranking_key(p, method))
+
+
+# --- jobs --------------------------------------------------------------------------------------
+def submit(kind: str, params: dict, label: str) -> Job | None:
+    try:
+        job = manager().submit(kind, params, label=label)
+    except MixprecError as e:
+        st.error(str(e))
+        return None
+    st.session_state.setdefault("my_jobs", []).append(job.id)
+    st.query_params["job"] = job.id
+    return job
+
+
+def job_row(job: Job) -> None:
+    mgr = manager()
+    left, mid, right = st.columns([3, 4, 1])
+    left.markdown(f"**{job.label}**  \n{job.kind} · `{job.queue}` · **{job.status}**")
+    text = f"{job.stage} · {job.elapsed:.0f} s"
+    if job.status == "queued":
+        pos = mgr.queue_position(job.id)
+        text = f"queued{f' (#{pos + 1} in {job.queue})' if pos is not None else ''} · waiting {job.elapsed:.0f} s"
+    mid.progress(min(max(job.progress, 0.0), 1.0), text=text)
+    if job.active:
+        right.button("Cancel", key=f"cancel-{job.id}", on_click=mgr.cancel, args=(job.id,))
+    if job.error and job.status in ("failed", "interrupted"):
+        st.error(f"{job.label}: {job.error}")
+
+
+@st.fragment(run_every=1.0)
+def job_panel(kind: str | None = None, only: list[str] | None = None, limit: int = 10) -> None:
+    """Live job list; reruns the whole page once a job this session saw running has ended."""
+    jobs = manager().jobs(kind=kind)
+    if only is not None:
+        jobs = [j for j in jobs if j.id in only]
+    jobs = jobs[:limit]
+    seen = st.session_state.setdefault("active_seen", set())
+    ended = [j.id for j in jobs if not j.active and j.id in seen]
+    seen.update(j.id for j in jobs if j.active)
+    if not jobs:
+        st.caption("No jobs yet.")
+    for job in jobs:
+        job_row(job)
+    if ended:
+        seen.difference_update(ended)
+        st.rerun(scope="app")
+
+
+def fmt_time(t: float | None) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t)) if t else "—"
