@@ -223,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--backend", default="auto", choices=("auto", "onnxruntime", "tensorrt"))
     sp.add_argument("--calibration", default="minmax", choices=("minmax", "entropy", "percentile"))
     sp.add_argument("--network-default", default="fp32", choices=("fp32", "fp16"))
-    sp.add_argument("--iterations", type=int, default=100, help="interleaved timing pairs (default 100)")
+    sp.add_argument("--iterations", type=int, default=30, help="interleaved timing pairs (default 30)")
     sp = add("export", cmd_export, "export a policy as JSON, trtexec/Polygraphy commands or compiled ONNX")
     sp.add_argument("--policy", help="policy JSON (default: the default policy)")
     sp.add_argument("--format", required=True, choices=EXPORT_FORMATS)

@@ -20,7 +20,7 @@ from .errors import MixprecError
 from .metrics import Quality, quality
 from .policy import Policy
 from .project import Project
-from .workspace import Workspace, atomic_write_json, atomic_write_text
+from .workspace import Workspace, atomic_save_npz, atomic_write_json, atomic_write_text
 
 RUN_FORMAT_VERSION = 1
 RUN_COLUMNS = [
@@ -92,7 +92,11 @@ def int8_mac_fraction(project: Project, policy: Policy) -> float:
     return int8 / total if total else 0.0
 
 
+EVAL_BATCH = 16
+
+
 def _reference(backend, project: Project):
+    """The FP32 engine, built once per model and backend."""
     ref_dir = project.ws.sub("reference", backend.name, project.model.sha256[:16])
     return backend.reference(project.model, ref_dir, project.input_shapes)
 
@@ -102,9 +106,21 @@ def _outputs(backend, engine, batches, name):
         return [np.asarray(r.infer(b)[name]) for b in batches]
 
 
+def _reference_outputs(backend, reference, project: Project, batches, name) -> list[np.ndarray]:
+    """FP32 outputs on the evaluation data, cached by model + data + output + format version."""
+    key = f"outputs-v{RUN_FORMAT_VERSION}-{project.eval_data.sha256[:16]}-{len(batches)}-{name.replace('/', '_')}.npz"
+    path = Path(reference.compiled_path).parent / key
+    if path.is_file():
+        with np.load(path, allow_pickle=False) as z:
+            return [z[f"b{i}"] for i in range(len(z.files))]
+    outs = _outputs(backend, reference, batches, name)
+    atomic_save_npz(path, {f"b{i}": o for i, o in enumerate(outs)})
+    return outs
+
+
 def build_and_measure(project: Project, policy: Policy, backend: str = "auto", label: str = "",
-                      progress=None, warmup: int = 10, iterations: int = 100,
-                      profile_iterations: int = 20) -> RunResult:
+                      progress=None, warmup: int = 3, iterations: int = 30,
+                      profile_iterations: int = 5) -> RunResult:
     """Compile, build, evaluate, time and profile one policy; store the run atomically."""
     step = progress or (lambda f, t: None)
     be, reason = select_backend(backend)
@@ -123,13 +139,15 @@ def build_and_measure(project: Project, policy: Policy, backend: str = "auto", l
         build_seconds = time.perf_counter() - t_start
         reference = _reference(be, project)
         out_name = next(o.name for o in project.model.outputs if o.is_float)
-        batches = project.eval_data.batches(1)
-        step(0.35, f"evaluating quality on {len(batches)} held-out samples")
-        q = quality(_outputs(be, reference, batches, out_name), _outputs(be, engine, batches, out_name), out_name)
+        batches = project.eval_data.batches(_eval_batch(project))
+        step(0.35, f"evaluating quality on {project.eval_data.num_samples} held-out samples")
+        q = quality(_reference_outputs(be, reference, project, batches, out_name),
+                    _outputs(be, engine, batches, out_name), out_name)
+        feed = project.eval_data.batches(project.input_shapes[project.model.inputs[0].name][0])[0]
         step(0.6, f"timing candidate vs FP32 interleaved ({iterations} pairs)")
-        lat = be.time_interleaved(engine, reference, batches[0], warmup, iterations)
+        lat = be.time_interleaved(engine, reference, feed, warmup, iterations)
         step(0.85, "profiling per layer")
-        per_layer = be.profile(engine, batches[0], profile_iterations, project.layers, policy)
+        per_layer = be.profile(engine, feed, profile_iterations, project.layers, policy)
         result = RunResult(
             run_id=run_id, run_dir=ws.runs / run_id, created=time.time(), label=label or _auto_label(policy),
             model_name=project.model.name, model_sha256=project.model.sha256, backend=be.name,
@@ -147,6 +165,14 @@ def build_and_measure(project: Project, policy: Policy, backend: str = "auto", l
         raise
     step(1.0, "done")
     return result
+
+
+def _eval_batch(project: Project) -> int:
+    """Evaluate in batches where every input's batch axis is dynamic (same numerics, less time)."""
+    dynamic = all(0 in s.dynamic_axes for s in project.model.inputs)
+    n = project.eval_data.num_samples
+    return max(d for d in range(1, min(EVAL_BATCH, n) + 1) if n % d == 0) if dynamic else \
+        project.input_shapes[project.model.inputs[0].name][0]
 
 
 def _auto_label(policy: Policy) -> str:

@@ -226,9 +226,10 @@ def load_minilm_module():
         def forward(self, input_ids, attention_mask, token_type_ids):
             # The additive mask [batch, 1, 1, seq] and the position ids are built here, as in the classic BERT
             # ONNX graph: transformers' own mask helpers trace into Range/Flatten/Gather/And/Where ops and a
-            # position-id Slice that hide the batch dim from ONNX shape inference.
+            # position-id Slice that hide the batch dim from ONNX shape inference. -1e4 (not float32's min)
+            # keeps the mask finite in fp16, where min would become -inf and 0 * -inf = NaN.
             mask = attention_mask.to(torch.float32)
-            bias = (1.0 - mask[:, None, None, :]) * torch.finfo(torch.float32).min
+            bias = (1.0 - mask[:, None, None, :]) * -10000.0
             positions = torch.arange(input_ids.shape[1]).unsqueeze(0)  # (a traced `device=` loses output types)
             hidden = self.bert(input_ids=input_ids, attention_mask=bias, token_type_ids=token_type_ids,
                                position_ids=positions).last_hidden_state

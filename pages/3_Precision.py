@@ -20,8 +20,8 @@ summary = st.container()
 def apply(names, precision, what):
     new, skipped = set_precision(ui.policy(p), p.layers, names, precision)
     ui.set_policy(p, new)
-    st.session_state["flash"] = (f"{what}: {len(names) - len(skipped)} layer(s) → {precision.upper()}"
-                                 + (f"; {len(skipped)} not INT8-eligible, left as they were" if skipped else ""))
+    ui.flash(f"{what}: {len(names) - len(skipped)} layer(s) → {precision.upper()}"
+             + (f"; {len(skipped)} not INT8-eligible, left as they were" if skipped else ""))
 
 
 with st.expander("Bulk actions", expanded=True):
@@ -51,9 +51,8 @@ with st.expander("Bulk actions", expanded=True):
                 st.error(str(e))
     if st.button("Reset to defaults", key="reset"):
         ui.set_policy(p, p.default_policy())
-        st.session_state["flash"] = "Reset: LayerNorm, Softmax and embeddings FP16; eligible layers INT8"
-if "flash" in st.session_state:
-    st.success(st.session_state.pop("flash"))
+        ui.flash("Reset: LayerNorm, Softmax and embeddings FP16; eligible layers INT8")
+ui.show_flash()
 
 pol = ui.policy(p)
 table = editor_table(p, pol, rank)

@@ -9,6 +9,7 @@ from ui import common as ui
 ui.header("Export", "The policy of this session (edited on the Precision page).")
 p = ui.project()
 pol = ui.policy(p)
+ui.show_flash()
 counts = pol.precision_counts()
 st.caption(f"{p.model.name}: fp32 {counts['fp32']} · fp16 {counts['fp16']} · int8 {counts['int8']} · "
            f"policy sha256 `{pol.sha256[:16]}…`")
@@ -43,6 +44,6 @@ if st.button("Validate and apply", key="import"):
     raw = up.getvalue().decode("utf-8", errors="replace") if up is not None else text
     try:
         ui.set_policy(p, policy_from_text(raw, p.model, p.layers, source=up.name if up else "the pasted policy"))
-        st.success("Policy applied: see the Precision page.")
+        ui.flash("Policy applied: see the Precision page.", rerun=True)
     except MixprecError as e:
         st.error(str(e))

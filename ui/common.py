@@ -107,6 +107,18 @@ def set_policy(p: Project, pol: Policy, reset_editor: bool = True) -> None:
         st.session_state["editor_version"] = st.session_state.get("editor_version", 0) + 1
 
 
+def flash(message: str, rerun: bool = False) -> None:
+    """A success message shown once, at the next run of the page (``show_flash``)."""
+    st.session_state["flash"] = message
+    if rerun:
+        st.rerun()
+
+
+def show_flash() -> None:
+    if "flash" in st.session_state:
+        st.success(st.session_state.pop("flash"))
+
+
 def ranking(p: Project, method: str = "minmax"):
     return load_ranking(p.ws, project_ranking_key(p, method))
 

@@ -9,24 +9,29 @@ BACKENDS = ("auto", "onnxruntime", "tensorrt")
 
 
 def tensorrt_available() -> tuple[bool, str]:
+    """Whether the TensorRT backend can run here (TensorRT >= 10, Polygraphy, a CUDA device), and why (not)."""
+    from .tensorrt import INSTALL, MIN_VERSION, cuda_device, parse_version
+
     try:
-        import tensorrt  # noqa: F401
+        import tensorrt as trt
+
+        version = str(trt.__version__)
     except Exception:  # noqa: BLE001 - the PyPI stub raises at import
-        return False, "TensorRT not installed (pip install tensorrt-cu12 on a machine with an NVIDIA GPU)"
+        return False, f"TensorRT not installed ({INSTALL})"
     try:
-        from cuda import cudart  # type: ignore
-
-        err, count = cudart.cudaGetDeviceCount()
-        if int(err) != 0 or count == 0:
-            return False, "TensorRT is installed but no CUDA device is present"
+        too_old = parse_version(version) < MIN_VERSION
+    except MixprecError:
+        too_old = True
+    if too_old:
+        return False, f"TensorRT {version} is installed but mixprec needs TensorRT 10.0 or newer ({INSTALL})"
+    try:
+        import polygraphy.backend.trt  # noqa: F401
     except Exception:  # noqa: BLE001
-        try:
-            import ctypes
-
-            ctypes.CDLL("libcuda.so.1")
-        except OSError:
-            return False, "TensorRT is installed but the CUDA driver (libcuda) is missing"
-    return True, "TensorRT and a CUDA device are present"
+        return False, f"TensorRT {version} is installed but Polygraphy is not (pip install polygraphy)"
+    device = cuda_device()
+    if device is None:
+        return False, f"TensorRT {version} is installed but no CUDA device is usable (no NVIDIA GPU or driver)"
+    return True, f"TensorRT {version} on {device[0]} (compute capability {device[1]})"
 
 
 def select_backend(name: str = "auto") -> tuple[Backend, str]:

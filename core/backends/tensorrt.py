@@ -51,8 +51,8 @@ CACHE_FORMAT = 1
 TRT_DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8"}  # policy precision -> trt attribute
 INT8_COMPUTE = ("CONVOLUTION", "DECONVOLUTION", "MATRIX_MULTIPLY")  # the layers of an INT8 node that run int8
 NO_PRECISION = ("CONSTANT", "SHAPE")  # layers a precision constraint must not touch
-INSTALL_FIX = ("pip install tensorrt-cu12 (or tensorrt-cu13) on a machine with an NVIDIA GPU, "
-               "or use --backend onnxruntime")
+INSTALL = "pip install tensorrt-cu12 or tensorrt-cu13 on a machine with an NVIDIA GPU"
+INSTALL_FIX = INSTALL + ", or use --backend onnxruntime"
 
 # Every Polygraphy callable this module calls, with the keywords it passes. tests/backends/
 # test_tensorrt_static.py checks them against the installed Polygraphy's signatures, and that
@@ -66,7 +66,9 @@ POLYGRAPHY_CALLS = {
     "polygraphy.backend.trt.EngineBytesFromNetwork": ("config",),
     "polygraphy.backend.trt.EngineFromBytes": (),
     "polygraphy.backend.trt.TrtRunner": ("name",),
+    "polygraphy.backend.trt.TrtRunner.activate": (),
     "polygraphy.backend.trt.TrtRunner.infer": ("check_inputs", "copy_outputs_to_host"),
+    "polygraphy.backend.trt.TrtRunner.deactivate": (),
     "polygraphy.backend.trt.Profile": (),
     "polygraphy.backend.trt.Profile.add": ("min", "opt", "max"),
     "polygraphy.cuda.DeviceArray": ("shape", "dtype"),
@@ -77,7 +79,7 @@ POLYGRAPHY_CALLS = {
 TENSORRT_API = (
     "trt.__version__", "trt.float32", "trt.float16", "trt.int8", "trt.LayerType.CONVOLUTION",
     "trt.LayerType.DECONVOLUTION", "trt.LayerType.MATRIX_MULTIPLY", "trt.LayerType.CONSTANT",
-    "trt.LayerType.SHAPE", "trt.LayerType.SHUFFLE", "trt.IConstantLayer", "trt.IProfiler",
+    "trt.LayerType.SHAPE", "trt.LayerType.SHUFFLE", "trt.IConstantLayer", "trt.IProfiler", "trt.IProfiler.__init__",
     "trt.ProfilingVerbosity.DETAILED", "trt.MemoryPoolType.WORKSPACE", "trt.LayerInformationFormat.JSON",
     "INetworkDefinition.num_layers", "INetworkDefinition.get_layer", "ILayer.name", "ILayer.metadata",
     "ILayer.type", "ILayer.num_inputs", "ILayer.get_input", "ILayer.num_outputs", "ILayer.get_output",
@@ -128,7 +130,11 @@ def profile_shapes(input_shapes: dict[str, tuple[int, ...]], overrides: dict | N
     out, bad = {}, []
     for name, shape in input_shapes.items():
         shape = tuple(int(d) for d in shape)
-        lo, opt, hi = (tuple(int(d) for d in s) for s in overrides.get(name, (shape, shape, shape)))
+        try:
+            lo, opt, hi = (tuple(int(d) for d in s) for s in overrides.get(name, (shape, shape, shape)))
+        except (TypeError, ValueError):
+            bad.append(f"{name}: {overrides[name]!r} is not three shapes (min, opt, max)")
+            continue
         ranks_ok = len(lo) == len(opt) == len(hi) == len(shape)
         if not ranks_ok or not all(a <= b <= c for a, b, c in zip(lo, opt, hi)) \
                 or not all(a <= s <= c for a, s, c in zip(lo, shape, hi)):
@@ -167,7 +173,7 @@ class LayerTimes:
         self.times: list[list[float]] = []
         self._pos = 0
 
-    def add(self, name: str, ms: float) -> None:
+    def report(self, name: str, ms: float) -> None:
         if self._pos == len(self.names):
             if self.names and self.names[0] == name:
                 self._pos = 0
@@ -343,7 +349,7 @@ def _layer_profiler():
             self.times = LayerTimes()
 
         def report_layer_time(self, layer_name, ms):
-            self.times.add(layer_name, ms)
+            self.times.report(layer_name, ms)
 
     return _Profiler()
 

@@ -1,0 +1,141 @@
+"""The TensorRT backend on a GPU: the tiny samples built under both build paths (strongly typed
+and legacy), checked against ONNX Runtime, timed, profiled and read back. Needs TensorRT and an
+NVIDIA GPU (``pytest -m tensorrt``); everywhere else these tests are skipped."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from core.backends import tensorrt_available
+from core.backends.base import PER_LAYER_COLUMNS
+from core.calibration import calibrate
+from core.metrics import quality
+from core.project import open_project
+from core.reports import load_engine_report
+from core.samples import materialize_sample
+from core.workspace import Workspace
+
+
+def _trt_version() -> str | None:
+    try:
+        import tensorrt
+    except Exception:  # noqa: BLE001 - the PyPI stub raises at import
+        return None
+    return str(tensorrt.__version__)
+
+
+TRT_VERSION = _trt_version()
+USABLE, WHY = tensorrt_available() if TRT_VERSION else (False, "")
+pytestmark = [
+    pytest.mark.tensorrt,
+    pytest.mark.skipif(TRT_VERSION is None, reason="TensorRT not installed"),
+    pytest.mark.skipif(TRT_VERSION is not None and not USABLE, reason=WHY),
+]
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory) -> Workspace:
+    return Workspace(tmp_path_factory.mktemp("trt-ws"))
+
+
+@pytest.fixture(scope="module", params=["tiny-cnn", "tiny-transformer"])
+def project(request, ws):
+    materialize_sample(request.param, ws)
+    return open_project(f"sample:{request.param}", ws=ws)
+
+
+@pytest.fixture(params=["strongly-typed", "legacy"])
+def backend(request, ws):
+    from core.backends.tensorrt import LEGACY_REMOVED_IN, TensorRTBackend, parse_version
+
+    if request.param == "legacy" and parse_version(TRT_VERSION) >= LEGACY_REMOVED_IN:
+        pytest.skip(f"TensorRT {TRT_VERSION} has no per-layer precision APIs (the legacy build)")
+    return TensorRTBackend(ws=ws, mode=request.param)
+
+
+def _outputs(backend, engine, batches, name):
+    with backend.runner(engine) as r:
+        return [r.infer(b)[name] for b in batches]
+
+
+def _sidecar(engine) -> dict:
+    return json.loads(engine.artifact_path.with_suffix(".tensorrt.json").read_text())
+
+
+def _build(backend, project, policy, out_dir):
+    calib = calibrate(project.model, project.calib_data, policy.calibration, project.ws) \
+        if "int8" in policy.layers.values() else None
+    return backend.build(project.model, policy, calib, out_dir, project.input_shapes)
+
+
+def test_reference_matches_onnxruntime(backend, project, tmp_path):
+    ref = backend.reference(project.model, tmp_path, project.input_shapes)
+    assert ref.artifact_path.is_file() and _sidecar(ref)["mode"] == backend.mode
+    out = next(o.name for o in project.model.outputs if o.is_float)
+    batches = project.eval_data.batches(1)[:8]
+    sess = ort.InferenceSession(project.model.serialized(), providers=["CPUExecutionProvider"])
+    expected = [sess.run([out], b)[0] for b in batches]
+    for got, want in zip(_outputs(backend, ref, batches, out), expected):
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * float(np.abs(want).max()))
+
+
+def test_build_time_profile_and_layer_info(backend, project, tmp_path):
+    policy = project.default_policy()  # INT8 where eligible, FP16 LayerNorm/Softmax
+    engine = _build(backend, project, policy, tmp_path / "run")
+    ref = backend.reference(project.model, tmp_path / "ref", project.input_shapes)
+    assert _sidecar(engine)["mode"] == backend.mode
+    assert engine.compiled_path.name == ("compiled.onnx" if backend.mode == "strongly-typed" else "model.onnx")
+
+    out = next(o.name for o in project.model.outputs if o.is_float)
+    batches = project.eval_data.batches(1)
+    q = quality(_outputs(backend, ref, batches, out), _outputs(backend, engine, batches, out), out)
+    assert q.cosine_mean > 0.95, q
+
+    lat = backend.time_interleaved(engine, ref, batches[0], warmup=5, iterations=30)
+    assert lat.iterations == 30 and 0 < lat.median_ms <= lat.p95_ms and lat.ref_median_ms > 0 and lat.speedup > 0
+
+    df = backend.profile(engine, batches[0], 10, project.layers, policy)
+    assert list(df.columns) == PER_LAYER_COLUMNS and df["ms"].sum() > 0
+    mapped = set(df["layer"]) - {""}
+    assert mapped and mapped <= set(policy.layers)
+
+    report = load_engine_report(tmp_path / "run" / "trt-layers.json", tmp_path / "run" / "trt-profile.json")
+    assert report.has_profile and len(report.layers) == len(df)
+    if project.model.sample == "tiny-cnn":  # (Myelin may fuse the transformer into one foreign node)
+        assert "INT8" in set(report.layers["precision"])  # the INT8 convolutions really run int8
+
+
+def test_fp16_policy_runs_fp16(backend, project, tmp_path):
+    from core.policy import uniform_policy
+
+    policy = uniform_policy(project.model, project.layers, "fp16")
+    engine = _build(backend, project, policy, tmp_path)
+    backend.profile(engine, project.eval_data.batches(1)[0], 3, project.layers, policy)
+    report = load_engine_report(tmp_path / "trt-layers.json")
+    if project.model.sample == "tiny-cnn":
+        assert "FP16" in set(report.layers["precision"])
+
+
+def test_engine_cache_hit(backend, project, tmp_path):
+    policy = project.default_policy()
+    first = _build(backend, project, policy, tmp_path / "a")
+    second = _build(backend, project, policy, tmp_path / "b")
+    assert _sidecar(second)["cache_hit"] and _sidecar(second)["key"] == _sidecar(first)["key"]
+    assert second.artifact_path.read_bytes() == first.artifact_path.read_bytes()
+    assert second.build_seconds < first.build_seconds or _sidecar(first)["cache_hit"]
+
+
+def test_explicit_profile_serves_a_range_of_batches(ws, tmp_path):
+    from core.backends.tensorrt import TensorRTBackend
+
+    materialize_sample("tiny-cnn", ws)
+    project = open_project("sample:tiny-cnn", ws=ws)
+    be = TensorRTBackend(ws=ws, profiles={"image": ((1, 3, 32, 32), (2, 3, 32, 32), (4, 3, 32, 32))})
+    ref = be.reference(project.model, tmp_path, project.input_shapes)
+    assert _sidecar(ref)["profiles"]["image"] == [[1, 3, 32, 32], [2, 3, 32, 32], [4, 3, 32, 32]]
+    with be.runner(ref) as r:
+        assert r.infer({"image": project.eval_data.arrays["image"][:4]})["logits"].shape == (4, 10)
+        assert r.infer({"image": project.eval_data.arrays["image"][:1]})["logits"].shape == (1, 10)

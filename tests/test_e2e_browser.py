@@ -1,0 +1,191 @@
+"""Real browser end to end: `streamlit run app.py` + headless Debian chromium (Playwright).
+
+MiniLM: load, rank, set one FFN down-projection to FP16, rebuild, see the run and its cosine in the
+results. Screenshots (1400×900, light theme) of every page go to the test's tmp folder and, with
+MIXPREC_SCREENSHOTS=docs/screenshots, there too. Then four sessions build at once on tiny-cnn."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from core.jobs import JobManager
+from core.workspace import Workspace
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run"]
+LAYER = "/encoder/layer.5/output/dense/MatMul"
+LABEL = "L5 down-proj fp16"
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="apt-get install -y chromium")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A dashboard on a free localhost port with its own workspace; yields (url, workspace)."""
+    ws = tmp_path_factory.mktemp("e2e-ws")
+    port = _free_port()
+    env = {**os.environ, "MIXPREC_WORKSPACE": str(ws)}
+    log = open(ws / "streamlit.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
+         "--server.address", "localhost", "--server.headless", "true"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://localhost:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(url + "/_stcore/health", timeout=2)
+            break
+        except OSError:
+            assert proc.poll() is None and time.monotonic() < deadline, (ws / "streamlit.log").read_text()
+            time.sleep(0.3)
+    yield url, Workspace(ws)
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        yield b
+        b.close()
+
+
+def _new_page(browser, url: str, path: str = ""):
+    ctx = browser.new_context(viewport={"width": 1400, "height": 900}, color_scheme="light")
+    page = ctx.new_page()
+    page.set_default_timeout(60_000)
+    page.goto(url + path)
+    page.wait_for_selector("[data-testid='stApp']")
+    return page
+
+
+def _idle(page, timeout: float = 300):
+    """Wait until the script run has finished (no running indicator) and the page settled."""
+    page.wait_for_timeout(300)
+    page.wait_for_function(
+        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')"
+        " || !document.querySelector('[data-testid=\"stStatusWidget\"]').innerText.includes('Running')",
+        timeout=timeout * 1000)
+    page.wait_for_timeout(500)
+
+
+def _shot(page, tmp_path: Path, name: str):
+    page.screenshot(path=str(tmp_path / f"{name}.png"))
+    out = os.environ.get("MIXPREC_SCREENSHOTS")
+    if out:
+        dest = ROOT / out if not Path(out).is_absolute() else Path(out)
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.copy(tmp_path / f"{name}.png", dest / f"{name}.png")
+
+
+def _goto(page, label: str):
+    page.get_by_test_id("stSidebarNav").get_by_role("link", name=label, exact=True).click()
+    _idle(page)
+
+
+def test_minilm_toggle_rebuild_and_results(server, browser, tmp_path):
+    url, ws = server
+    page = _new_page(browser, url)
+    _idle(page)
+    _goto(page, "Model")
+    page.get_by_text("Layer inventory").wait_for(timeout=300_000)  # first load exports MiniLM
+    _idle(page)
+    assert page.get_by_text("sample:minilm").first.is_visible()
+    _shot(page, tmp_path, "1-model")
+
+    _goto(page, "Sensitivity")
+    page.get_by_role("button", name="Run the ranking").click()
+    page.get_by_text("Stored ranking of").wait_for(timeout=300_000)
+    _idle(page)
+    _shot(page, tmp_path, "2-sensitivity")
+
+    _goto(page, "Precision")
+    page.get_by_label("Layer name (regular expression)").fill(LAYER.replace(".", r"\.") + "$")
+    page.get_by_role("button", name="Set by name").click()
+    page.get_by_text("1 layer(s) → FP16").wait_for()
+    page.get_by_label("Run label").fill(LABEL)
+    page.get_by_label("Run label").press("Enter")
+    _idle(page)
+    page.get_by_role("button", name="Rebuild").click()
+    page.get_by_text(LABEL).first.wait_for()
+    _idle(page)
+    _shot(page, tmp_path, "3-precision")
+
+    _goto(page, "Build and results")
+    quality = page.get_by_test_id("stPlotlyChart").nth(1)
+    quality.get_by_text(LABEL, exact=False).first.wait_for(timeout=300_000)  # the new run, in the chart
+    _idle(page)
+    metric = page.get_by_test_id("stMetric").filter(has_text="Cosine (mean)")
+    cosine = float(metric.get_by_test_id("stMetricValue").inner_text())
+    assert 0.5 < cosine <= 1.0
+    assert quality.get_by_text(f"{cosine:.4f}").count() >= 1  # its cosine, shown in the quality chart
+    _shot(page, tmp_path, "4-build-and-results")
+
+    _goto(page, "Export")
+    assert page.get_by_text("fp16 23").count() >= 1  # 22 defaults + the down-projection
+    _shot(page, tmp_path, "5-export")
+    _goto(page, "app")
+    _shot(page, tmp_path, "0-home")
+
+
+def test_four_sessions_build_at_once(server, browser):
+    url, ws = server
+    pages = [_new_page(browser, url, "/Precision?model=sample:tiny-cnn") for _ in range(4)]
+    for i, page in enumerate(pages):
+        _idle(page)
+        page.get_by_label("Run label").fill(f"session {i}")
+        page.get_by_label("Run label").press("Enter")
+        _idle(page)
+    t_click = time.time()
+    for page in pages:  # four clicks at once
+        page.get_by_role("button", name="Rebuild").click(no_wait_after=True)
+    mgr = JobManager.for_workspace(ws)  # reads the records the server writes
+    deadline = time.monotonic() + 60
+    while len([j for j in mgr.jobs(kind="build") if j.created >= t_click - 1]) < 4:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    answers = []
+
+    def probe():
+        t0 = time.perf_counter()
+        urllib.request.urlopen(url + "/_stcore/health", timeout=5).read()
+        urllib.request.urlopen(url + "/", timeout=5).read()
+        answers.append(time.perf_counter() - t0)
+
+    with ThreadPoolExecutor(1) as pool:
+        while any(j.active for j in mgr.jobs(kind="build")):
+            pool.submit(probe).result()
+            time.sleep(0.5)
+    jobs = sorted([j for j in mgr.jobs(kind="build") if j.created >= t_click - 1], key=lambda j: j.created)
+    assert [j.status for j in jobs] == ["done"] * 4, [j.error for j in jobs]
+    assert sorted(j.label for j in jobs) == [f"session {i}" for i in range(4)]
+    for a, b in zip(jobs, jobs[1:]):
+        assert a.finished <= b.started  # FIFO, one build at a time on the backend's queue
+    assert answers and max(answers) < 1.0, answers
+    for page in pages:
+        page.context.close()
