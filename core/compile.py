@@ -12,10 +12,12 @@ Two targets:
          this file strongly typed (``trtexec --stronglyTyped``).
 ``ort``  the ONNX Runtime CPU encoding. Activations are uint8 with zero point 128 — the
          same grid as symmetric int8 (q_u8 = q_s8 + 128), but ORT's CPU kernels run U8S8
-         much faster than S8S8. ORT's CPU provider has no float16 kernels for these ops
-         (it upcasts to float32 internally), so every FP16 layer is *simulated*: its
-         inputs, weights and outputs are rounded to float16 (Cast→float16→Cast) and the
-         math runs in float32. The numerics match an FP16 layer with FP32 accumulation.
+         much faster than S8S8. FP16 layers whose op has a real float16 CPU kernel
+         (``ORT_CPU_FP16_KERNELS``) are typed float16 as for TensorRT. Every other FP16
+         layer is *simulated*: ORT has no float16 kernel for it (it would insert casts and
+         compute in float32), so its inputs, weights and outputs are rounded to float16
+         (Cast→float16→Cast) and the math runs in float32 — the numerics of an FP16 layer
+         with FP32 accumulation.
 
 An all-FP32 policy leaves the graph's computation untouched.
 """
@@ -39,6 +41,10 @@ FLOAT_DTYPES = (np.float32, np.float16, np.float64)
 WEIGHT_INPUT = {"MatMul": 1, "Gemm": 1, "Conv": 1, "ConvTranspose": 1}
 QUANT_INPUTS = (0, 1)
 CONVERSION_OPS = ("QuantizeLinear", "DequantizeLinear", "Cast")
+# Ops for which ONNX Runtime's CPU provider runs a real float16 kernel (checked by
+# tests/test_compile.py::test_ort_fp16_kernel_table against the installed ORT). Every other op
+# set to FP16 is simulated on the ORT target: ORT would only insert casts and compute in float32.
+ORT_CPU_FP16_KERNELS = frozenset({"LayerNormalization"})
 
 
 @dataclass
@@ -133,25 +139,32 @@ class _Compiler:
         return self.versions[key]
 
     def _fp32(self, var):
-        if self.target == "trt" and var.name in self.is16:
-            return self._cast(var, np.float32, "fp32")
+        """The float32 version of a tensor (a Cast where it is float16 now; values stay fp16-exact)."""
+        if var.name in self.is16:
+            v = self._cast(var, np.float32, "fp32")
+            self.rep.add(v.name)
+            return v
         return var
 
-    def _fp16(self, var):
+    def _typed(self, node) -> bool:
+        """Whether this FP16 node really runs in float16: always for TensorRT; on ORT only
+        where the CPU provider has a float16 kernel (``ORT_CPU_FP16_KERNELS``)."""
+        return self.target == "trt" or node.op in ORT_CPU_FP16_KERNELS
+
+    def _fp16(self, var, typed: bool):
         if isinstance(var, gs.Constant):
-            key = (var.name, "fp16")
+            key = (var.name, "fp16" if typed else "r16")
             if key not in self.const_copies:
                 vals = var.values.astype(np.float16)
-                if self.target == "ort":
-                    vals = vals.astype(np.float32)
-                self.const_copies[key] = gs.Constant(f"{var.name}__fp16", vals)
+                self.const_copies[key] = gs.Constant(f"{var.name}__{key[1]}", vals if typed else vals.astype(np.float32))
             return self.const_copies[key]
-        if self.target == "trt":
+        if typed:
             return var if var.name in self.is16 else self._cast(var, np.float16, "fp16")
+        var = self._fp32(var)
         if var.name in self.rep:
             return var
         key = (var.name, "r16")
-        if key not in self.versions:
+        if key not in self.versions:  # round to fp16 and back: Cast -> float16 -> Cast -> float32
             h = self._cast(var, np.float16, "fp16")
             back = self._node("Cast", [h], f"{var.name}/Cast_r16", {"to": onnx.TensorProto.FLOAT}, np.float32, var.shape)
             self.versions[key] = back
@@ -169,15 +182,16 @@ class _Compiler:
         if in_types is None:
             self._as_fp32(node)
             return
+        typed = self._typed(node) or (follow and any(t.name in self.is16 for t in node.inputs))
         castable = {i for i, t in enumerate(node.inputs) if _is_float(t) and in_types[i] and not in_types[i].startswith("tensor(")}
         tvars = {in_types[i] for i in castable}
         for i in castable:
-            node.inputs[i] = self._fp16(node.inputs[i])
+            node.inputs[i] = self._fp16(node.inputs[i], typed)
         for i, t in enumerate(node.inputs):  # float inputs of a fixed type (e.g. Resize scales) stay fp32
             if i not in castable and isinstance(t, gs.Variable) and _is_float(t):
                 node.inputs[i] = self._fp32(t)
         outs = [o for i, o in enumerate(node.outputs) if out_types[i] in tvars and _is_float(o)]
-        if self.target == "trt":
+        if typed:
             for o in outs:
                 o.dtype = np.float16
                 self.is16.add(o.name)
@@ -238,8 +252,8 @@ class _Compiler:
             prec = policy.get(node.name)
             if prec is None:  # not a layer: follow the inputs' precision
                 float_vars = [t for t in node.inputs if isinstance(t, gs.Variable) and _is_float(t)]
-                flag = self.is16 if self.target == "trt" else self.rep
-                if float_vars and all(t.name in flag for t in float_vars) and node.op in NON_COMPUTE:
+                fp16_now = self.is16 | self.rep
+                if float_vars and all(t.name in fp16_now for t in float_vars) and node.op in NON_COMPUTE:
                     self._as_fp16(node, follow=True)
                 else:
                     self._as_fp32(node)
@@ -251,7 +265,7 @@ class _Compiler:
                 self._as_int8(node)
         # graph outputs keep their original float32 type and name
         for k, out in enumerate(self.graph.outputs):
-            if self.target == "trt" and out.name in self.is16:
+            if out.name in self.is16:
                 producer = out.inputs[0]
                 h = gs.Variable(f"{out.name}__fp16", dtype=np.float16, shape=out.shape)
                 producer.outputs[producer.outputs.index(out)] = h

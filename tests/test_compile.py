@@ -91,3 +91,48 @@ def test_trt_target_runs_and_is_close(minilm):
     ref, out, compiled = _outputs(minilm, minilm.default_policy(), target="trt", n=8)
     assert cosine_rows(ref.astype(np.float64), out.astype(np.float64)).mean() > 0.95
     assert compiled.op_counts["QuantizeLinear"] == 48 + 12  # one per activation input of 48 MatMuls
+
+
+def _probe_native_fp16(op):
+    """Profile a one-node float16 model: ORT names the casts it inserts InsertedPrecisionFreeCast_*."""
+    import json
+
+    import onnxruntime as ort
+    from onnx import TensorProto as T
+    from onnx import helper
+
+    shape = [1, 8, 16]
+    extra = {"LayerNormalization": [np.ones(16, np.float16), np.zeros(16, np.float16)],
+             "MatMul": [np.ones((16, 16), np.float16)], "Add": [np.ones(16, np.float16)],
+             "Mul": [np.ones(16, np.float16)], "Div": [np.full(16, 2, np.float16)]}.get(op, [])
+    inits = [numpy_helper.from_array(a, f"c{i}") for i, a in enumerate(extra)]
+    attrs = {"axis": -1} if op in ("LayerNormalization", "Softmax") else {}
+    node = helper.make_node(op, ["x", *[i.name for i in inits]], ["y"], name="n", **attrs)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", T.FLOAT16, shape)],
+                          [helper.make_tensor_value_info("y", T.FLOAT16, None)], inits)
+    so = ort.SessionOptions()
+    so.enable_profiling, so.log_severity_level = True, 3
+    s = ort.InferenceSession(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString(),
+                             so, providers=["CPUExecutionProvider"])
+    s.run(None, {"x": np.ones(shape, np.float16)})
+    events = json.loads(open(s.end_profiling()).read())
+    return not any("InsertedPrecisionFreeCast" in e.get("name", "") for e in events)
+
+
+@pytest.mark.parametrize("op", ["LayerNormalization", "Softmax", "MatMul", "Add", "Mul", "Div", "Erf", "Relu"])
+def test_ort_fp16_kernel_table(op, tmp_path, monkeypatch):
+    from core.compile import ORT_CPU_FP16_KERNELS
+
+    monkeypatch.chdir(tmp_path)  # the profiler writes its trace to the working folder
+    assert _probe_native_fp16(op) == (op in ORT_CPU_FP16_KERNELS), (
+        f"ORT's CPU float16 support for {op} changed: update ORT_CPU_FP16_KERNELS in core/compile.py")
+
+
+def test_ort_target_runs_layernorm_in_real_fp16(tiny_transformer):
+    proto = compile_policy(tiny_transformer.model, uniform_policy(tiny_transformer.model, tiny_transformer.layers,
+                                                                  "fp16")).proto
+    ln = next(n for n in proto.graph.node if n.op_type == "LayerNormalization")
+    inits = {i.name: i.data_type for i in proto.graph.initializer}
+    assert inits[ln.input[1]] == onnx.TensorProto.FLOAT16  # typed: native kernel
+    mm = next(n for n in proto.graph.node if n.op_type == "MatMul")
+    assert any(n.op_type == "Cast" and n.output[0] == mm.input[0] for n in proto.graph.node)  # simulated

@@ -144,11 +144,15 @@ def test_minilm_toggle_rebuild_and_results(server, browser, tmp_path):
     cosine = float(metric.get_by_test_id("stMetricValue").inner_text())
     assert 0.5 < cosine <= 1.0
     assert quality.get_by_text(f"{cosine:.4f}").count() >= 1  # its cosine, shown in the quality chart
+    page.get_by_text("Runs of sample:minilm").scroll_into_view_if_needed()
+    page.mouse.wheel(0, 330)
+    page.wait_for_timeout(500)
     _shot(page, tmp_path, "4-build-and-results")
 
     _goto(page, "Export")
-    assert page.get_by_text("fp16 23").count() >= 1  # 22 defaults + the down-projection
     _shot(page, tmp_path, "5-export")
+    text = page.get_by_test_id("stMain").inner_text()
+    assert "fp16 23 · int8 47" in text, text[:600]  # 22 default FP16 layers + the down-projection
     _goto(page, "app")
     _shot(page, tmp_path, "0-home")
 

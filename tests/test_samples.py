@@ -7,6 +7,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from onnx import numpy_helper
 
 from core.errors import MixprecError
 from core.samples import (FORMAT_VERSION, SAMPLES, load_minilm_module, materialize_sample, run_minilm_module,
@@ -101,6 +102,10 @@ def test_minilm_graph(minilm_sample):
     assert [(i.name, i.type.tensor_type.elem_type, _dims(i)) for i in g.input] == [
         (k, onnx.TensorProto.INT64, ["batch", "sequence"]) for k in ("input_ids", "attention_mask", "token_type_ids")]
     assert [(o.name, _dims(o)) for o in g.output] == [("sentence_embedding", ["batch", 384])]
+    constants = [a.t for n in g.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"]
+    tensors = list(g.initializer) + constants
+    floats = [numpy_helper.to_array(t) for t in tensors if t.data_type == onnx.TensorProto.FLOAT]
+    assert max(float(np.abs(a).max(initial=0)) for a in floats) < 65504  # every float constant fits fp16 (mask: -1e4)
 
 
 def test_minilm_shapes_infer_for_fixed_inputs(minilm_sample):
