@@ -9,7 +9,7 @@ import json
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +19,7 @@ from .errors import MixprecError
 from .inventory import INT8_ELIGIBLE
 from .model import LoadedModel
 from .policy import CALIB_METHODS, CalibrationSettings
-from .workspace import Workspace, atomic_write_json, sha256_bytes
+from .workspace import Workspace, atomic_save_npz, atomic_write_json, sha256_bytes
 
 CALIB_FORMAT_VERSION = 2
 
@@ -34,6 +34,7 @@ class CalibrationResult:
     cache_hit: bool
     seconds: float
     path: Path
+    channels: dict = field(default_factory=dict)  # tensor -> per-channel amax (last axis), for smoothing
 
     def amax(self, tensor: str) -> float:
         lo, hi = self.ranges[tensor]
@@ -93,9 +94,22 @@ def _run_calibrator(model: LoadedModel, ds: Dataset, method: str, percentile: fl
 
 def calibrate(model: LoadedModel, ds: Dataset, settings: CalibrationSettings | str = "minmax",
               ws: Workspace | None = None, progress=None) -> CalibrationResult:
-    """Ranges for every activation input of an INT8-eligible layer, from cache when possible."""
+    """Ranges for every activation input of an INT8-eligible layer, from cache when possible.
+    Per-tensor method overrides (``settings.per_tensor``) merge the ranges of each method used."""
     if isinstance(settings, str):
         settings = CalibrationSettings(method=settings)
+    if settings.per_tensor:
+        base = calibrate(model, ds, replace(settings, per_tensor=()), ws, progress)
+        others = {m: calibrate(model, ds, replace(settings, method=m, per_tensor=()), ws, progress)
+                  for m in {m for _, m in settings.per_tensor}}
+        ranges = dict(base.ranges)
+        for tensor, m in settings.per_tensor:
+            if tensor in others[m].ranges:
+                ranges[tensor] = others[m].ranges[tensor]
+        hit = base.cache_hit and all(o.cache_hit for o in others.values())
+        key = sha256_bytes((base.key + repr(settings.per_tensor)).encode())[:32]
+        return CalibrationResult(ranges, replace(base.settings, per_tensor=settings.per_tensor), key, hit,
+                                 base.seconds + sum(o.seconds for o in others.values()), base.path)
     if settings.method not in CALIB_METHODS:
         raise MixprecError(f"unknown calibration method {settings.method!r}",
                            f"use one of {', '.join(CALIB_METHODS)}")
@@ -133,3 +147,52 @@ def trt_calibration_cache(result: CalibrationResult, version_tag: str = "TRT-100
         scale = np.float32(max(abs(lo), abs(hi), 1e-12) / 127.0)
         lines.append(f"{name}: {scale.view(np.uint32):08x}")
     return "\n".join(lines) + "\n"
+
+
+def channel_amax(model: LoadedModel, ds: Dataset, tensors: list[str], ws: Workspace | None = None) -> dict:
+    """Max |x| per channel (last axis) of each tensor over the calibration data; cached."""
+    import onnxruntime as ort
+    from onnx import helper
+
+    ws = ws or Workspace.default()
+    tensors = sorted(set(tensors))
+    key = sha256_bytes("|".join([f"v{CALIB_FORMAT_VERSION}", model.sha256, ds.sha256, *tensors]).encode())[:32]
+    path = ws.calib / f"channels-{key}.npz"
+    if path.is_file():
+        with np.load(path, allow_pickle=False) as z:
+            return {t: z[f"t{i}"] for i, t in enumerate(tensors)}
+    m = onnx_copy(model)
+    known = {o.name for o in m.graph.output}
+    m.graph.output.extend(helper.make_empty_tensor_value_info(t) for t in tensors if t not in known)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    amax = {t: None for t in tensors}
+    for feed in ds.batches(1):
+        for t, v in zip(tensors, sess.run(tensors, feed)):
+            cur = np.abs(v).reshape(-1, v.shape[-1]).max(axis=0)
+            amax[t] = cur if amax[t] is None else np.maximum(amax[t], cur)
+    atomic_save_npz(path, {f"t{i}": amax[t].astype(np.float32) for i, t in enumerate(tensors)})
+    return {t: amax[t].astype(np.float32) for t in tensors}
+
+
+def onnx_copy(model: LoadedModel):
+    import onnx
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model.proto)
+    return m
+
+
+def calibrate_policy(model: LoadedModel, ds: Dataset, policy, layers, ws: Workspace | None = None,
+                     progress=None) -> CalibrationResult | None:
+    """Everything the compiler needs for ``policy``: activation ranges, and per-channel
+    statistics of the smoothed layers' inputs. None when the policy has no INT8 layer."""
+    if "int8" not in policy.layers.values():
+        return None
+    result = calibrate(model, ds, policy.calibration, ws, progress)
+    smoothed = {name for name, _ in policy.smoothing if policy.layers.get(name) == "int8"}
+    if smoothed:
+        tensors = [l.inputs[0] for l in layers if l.name in smoothed]
+        result = replace(result, channels=channel_amax(model, ds, tensors, ws))
+    return result

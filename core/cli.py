@@ -137,7 +137,7 @@ def cmd_build(args):
 
 
 def cmd_export(args):
-    from .calibration import calibrate, trt_calibration_cache
+    from .calibration import calibrate_policy, trt_calibration_cache
     from .compile import compile_policy
     from .policy import polygraphy_command, trtexec_legacy_command, trtexec_typed_command
     from .workspace import atomic_write_bytes, atomic_write_text
@@ -146,13 +146,15 @@ def cmd_export(args):
     policy = _policy(args, p)
     out = Path(args.out)
     fmt = args.format
-    needs_calib = fmt in ("onnx", "calib-cache", "trtexec") and "int8" in policy.layers.values()
-    calib = calibrate(p.model, p.calib_data, policy.calibration, p.ws) if needs_calib else None
+    calib = calibrate_policy(p.model, p.calib_data, policy, p.layers, p.ws)
     if fmt == "json":
         atomic_write_text(out, policy.to_json())
     elif fmt == "onnx":
         atomic_write_bytes(out, compile_policy(p.model, policy, calib, target=args.target).serialized())
     elif fmt == "calib-cache":
+        if calib is None:
+            raise MixprecError("the policy has no INT8 layer, so there is no calibration cache to export",
+                               "set some layers to int8, or export --format json")
         atomic_write_text(out, trt_calibration_cache(calib))
     elif fmt == "trtexec":
         named = out.with_name(out.stem + ".named.onnx")
@@ -164,7 +166,6 @@ def cmd_export(args):
                           + trtexec_legacy_command(p.model, policy, named.name, cache.name, p.input_shapes) + "\n")
     elif fmt in ("trtexec-typed", "polygraphy"):
         compiled = out.with_name(out.stem + ".mixprec.onnx")
-        calib = calibrate(p.model, p.calib_data, policy.calibration, p.ws) if "int8" in policy.layers.values() else None
         atomic_write_bytes(compiled, compile_policy(p.model, policy, calib, target="trt").serialized())
         cmd = (trtexec_typed_command(p.model, compiled.name, p.input_shapes) if fmt == "trtexec-typed"
                else polygraphy_command(p.model, compiled.name, p.input_shapes))
@@ -179,6 +180,45 @@ def cmd_sample(args):
     paths = write_sample(args.name, Path(args.out))
     _emit(args, {"name": paths.name, "model": str(paths.model), "calib": str(paths.calib), "eval": str(paths.eval)},
           f"wrote {paths.model}, {paths.calib}, {paths.eval}")
+
+
+def cmd_sensitivity(args):
+    from .search import sensitivity
+
+    bar = Progress("sensitivity")
+    p = _project(args, bar)
+    r = sensitivity(p, args.mode, args.calibration, workers=args.workers, progress=bar)
+    bar.done()
+    doc = {"mode": r.mode, "method": r.method, "seconds": r.seconds, "cache_hit": r.cache_hit,
+           "baseline_cosine": r.baseline.cosine_mean, "layers": r.table.to_dict(orient="records")}
+    what = "quality drop with only this layer INT8" if r.mode == "isolated" else \
+        "quality gain when only this layer leaves INT8"
+    _emit(args, doc, f"{r.mode} sensitivity ({what}; cosine_mean delta), {r.seconds:.1f} s"
+                     f"{' (cached)' if r.cache_hit else ''}\n" + r.table.head(args.top).to_string(index=False))
+
+
+def cmd_search(args):
+    from .search import search
+    from .workspace import atomic_write_text
+
+    bar = Progress("search")
+    p = _project(args, bar)
+    r = search(p, args.budget, workers=args.workers, progress=bar)
+    bar.done()
+    out = Path(args.out) if args.out else p.ws.sub("policies") / f"search-{r.policy.sha256[:12]}.json"
+    atomic_write_text(out, r.policy.to_json())
+    doc = r.to_json() | {"policy_path": str(out)}
+    front = r.candidates[r.candidates.pareto].drop(columns=["fallback"]).sort_values("est_ms")
+    text = [r.message, f"policy written to {out}  ({r.seconds:.0f} s)"]
+    if r.run is not None:
+        q, lat = r.run.quality, r.run.latency
+        text.append(f"build {r.run.run_id}: cosine mean {q.cosine_mean:.4f} min {q.cosine_min:.4f}, speedup "
+                    f"{lat.speedup:.2f}x, reformat {r.run.reformat.pct:.1f}%, INT8 MAC share "
+                    f"{100 * r.run.int8_mac_fraction:.0f}%")
+    text.append("Pareto front (quality on the dev half, estimated latency):")
+    text.append(front.to_string(index=False))
+    _emit(args, doc, "\n".join(text))
+    return 0 if r.met_on_dev and r.met_on_holdout is not False else 1
 
 
 def cmd_report(args):
@@ -231,6 +271,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--calibration", default="minmax", choices=("minmax", "entropy", "percentile"))
     sp.add_argument("--network-default", default="fp32", choices=("fp32", "fp16"))
     sp.add_argument("--out", required=True)
+    sp = add("sensitivity", cmd_sensitivity, "isolated or leave-one-out per-layer INT8 sensitivity")
+    sp.add_argument("--mode", default="isolated", choices=("isolated", "leave-one-out"))
+    sp.add_argument("--calibration", default="minmax", choices=("minmax", "entropy", "percentile"))
+    sp.add_argument("--workers", type=int, default=2, help="parallel worker processes (default 2)")
+    sp.add_argument("--top", type=int, default=20)
+    sp = add("search", cmd_search, "search the policy with the most INT8 benefit that meets a quality budget")
+    sp.add_argument("--budget", required=True, help="e.g. 'cosine_mean>=0.99', 'snr_db>=30', 'top1_drop<=0.5%%'")
+    sp.add_argument("--workers", type=int, default=2, help="parallel worker processes (default 2)")
+    sp.add_argument("--out", help="where to write the policy JSON (default: workspace/policies/)")
     sp = sub.add_parser("sample", help="write a bundled sample: model.onnx, calib.npz, eval.npz")
     sp.add_argument("name", choices=("minilm", "tiny-cnn", "tiny-transformer"))
     sp.add_argument("--out", required=True)
@@ -247,11 +296,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        args.func(args)
+        rc = args.func(args)
     except MixprecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
-    return 0
+    return rc or 0

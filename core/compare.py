@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .calibration import calibrate
+from .calibration import calibrate_policy
 from .compile import compile_policy
 from .errors import MixprecError
 from .policy import Policy, uniform_policy
@@ -73,10 +73,8 @@ def rank_layers(project: Project, policy: Policy | None = None, method: str = "m
     model, layers = project.model, project.layers
     if policy is None:
         policy = uniform_policy(model, layers, "int8").with_calibration(project.default_policy(method=method).calibration)
-    calib = None
-    if "int8" in policy.layers.values():
-        step(0.05, f"calibrating ({policy.calibration.method})")
-        calib = calibrate(model, project.calib_data, policy.calibration, project.ws)
+    step(0.05, f"calibrating ({policy.calibration.method})")
+    calib = calibrate_policy(model, project.calib_data, policy, layers, project.ws)
     step(0.2, "compiling candidate")
     compiled = compile_policy(model, policy, calib, target="ort")
     float_out = {o for l in layers for o in l.outputs}

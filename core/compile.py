@@ -24,7 +24,7 @@ An all-FP32 policy leaves the graph's computation untouched.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -52,6 +52,7 @@ class CompiledModel:
     proto: onnx.ModelProto
     target: str
     op_counts: dict[str, int]
+    switch_inputs: dict[str, str] = field(default_factory=dict)  # layer -> boolean input (switchable models)
 
     @property
     def conversion_nodes(self) -> int:
@@ -113,7 +114,8 @@ def _weight_axis(node: gs.Node, w: np.ndarray) -> int | None:
 
 
 class _Compiler:
-    def __init__(self, model: LoadedModel, policy: Policy, calib: CalibrationResult | None, target: str):
+    def __init__(self, model: LoadedModel, policy: Policy, calib: CalibrationResult | None, target: str,
+                 switchable: bool = False):
         if target not in TARGETS:
             raise MixprecError(f"unknown compile target {target!r}", f"use one of {', '.join(TARGETS)}")
         self.model, self.policy, self.calib, self.target = model, policy, calib, target
@@ -124,6 +126,9 @@ class _Compiler:
         self.rep: set[str] = set()   # ort: float32 tensors whose values are exactly float16 values
         self.new_nodes: list[gs.Node] = []
         self.const_copies: dict[tuple[str, str], gs.Constant] = {}
+        self.switches: dict[str, gs.Variable] | None = {} if switchable else None
+        self.smoothing = dict(policy.smoothing)
+        self.amax_override: dict[str, float] = {}
 
     # --- helpers ------------------------------------------------------------------------
     def _node(self, op, inputs, name, attrs=None, dtype=np.float32, shape=None):
@@ -205,39 +210,87 @@ class _Compiler:
                 self.new_nodes.append(gs.Node("Cast", f"{o.name}/Cast_r16", {"to": onnx.TensorProto.FLOAT}, [h], [o]))
                 self.rep.add(o.name)
 
+    def _switch(self, node, i, quantized, original):
+        """Switchable model: ``Where(flag, quantized, fp16)`` with one boolean input per layer; the
+        off state is the layer's FP16 fallback (inputs and weights rounded to float16)."""
+        if self.switches is None:
+            return quantized
+        original = self._fp16(original, typed=False)
+        if node.name not in self.switches:
+            flag = gs.Variable(f"mixprec_switch/{node.name}", dtype=np.bool_, shape=[])
+            self.graph.inputs.append(flag)
+            self.switches[node.name] = flag
+        return self._node("Where", [self.switches[node.name], quantized, original], f"{node.name}/switch{i}",
+                          dtype=np.float32, shape=original.shape)
+
+    def _smooth(self, node):
+        """SmoothQuant-style scaling of an INT8 MatMul: x' = x / s, W' = diag(s)·W with
+        s_j = amax(x_j)^α / amax(W_j)^(1-α), moving activation outliers into the weights.
+        x'·W' == x·W in exact arithmetic; the Mul runs before the activation's Q/DQ."""
+        alpha = self.smoothing.get(node.name)
+        w = node.inputs[1] if len(node.inputs) > 1 else None
+        if alpha is None or node.op != "MatMul" or not isinstance(w, gs.Constant) or w.values.ndim != 2:
+            return
+        x = node.inputs[0]
+        src = self._original_name(x)
+        c = (self.calib.channels if self.calib else {}).get(src)
+        if c is None:
+            raise MixprecError(f"no per-channel statistics for {src!r} (input of smoothed layer {node.name})",
+                               "calibrate with core.calibration.calibrate_policy, which collects them for smoothed layers")
+        wv = w.values.astype(np.float32)
+        s = np.clip(np.maximum(c, 1e-5) ** alpha / np.maximum(np.abs(wv).max(axis=1), 1e-5) ** (1 - alpha),
+                    1e-4, 1e4).astype(np.float32)
+        xs = self._node("Mul", [x, gs.Constant(f"{node.name}/smooth_inv_scale", (1.0 / s).astype(np.float32))],
+                        f"{node.name}/smooth/Mul", dtype=np.float32, shape=x.shape)
+        self.amax_override[xs.name] = float(np.max(c / s))
+        node.inputs[0] = xs
+        node.inputs[1] = gs.Constant(f"{w.name}__smoothed", wv * s[:, None])
+
     def _as_int8(self, node):
         self._as_fp32(node)
+        originals = list(node.inputs)
+        self._smooth(node)
         u8 = self.target == "ort"
         w_idx = WEIGHT_INPUT.get(node.op)
         for i in QUANT_INPUTS:
             if i >= len(node.inputs):
                 continue
-            t = node.inputs[i]
-            if isinstance(t, gs.Constant):
-                axis = _weight_axis(node, t.values) if i == w_idx else None
-                q, scale = _weight_quant(t.values, axis)
-                zp = np.zeros_like(scale, dtype=np.int8)
-                attrs = {"axis": axis} if axis is not None else {}
-                node.inputs[i] = self._node(
-                    "DequantizeLinear",
-                    [gs.Constant(f"{t.name}__int8", q), gs.Constant(f"{node.name}/w{i}_scale", scale),
-                     gs.Constant(f"{node.name}/w{i}_zero_point", zp)],
-                    f"{node.name}/w{i}/DequantizeLinear", attrs, np.float32, t.shape)
-            elif _is_float(t):
-                src = self._original_name(t)
-                if self.calib is None or src not in self.calib.ranges:
-                    raise MixprecError(
-                        f"no calibration range for tensor {src!r} (input {i} of INT8 layer {node.name})",
-                        "calibrate with this model and data again (mixprec calibrates the inputs of every "
-                        "MatMul/Gemm/Conv/ConvTranspose), or set this layer to fp16/fp32")
-                scale = np.array(max(self.calib.amax(src), 1e-8) / 127.0, dtype=np.float32)
-                zp = np.array(128, dtype=np.uint8) if u8 else np.array(0, dtype=np.int8)
-                sc = gs.Constant(f"{node.name}/x{i}_scale", scale)
-                zc = gs.Constant(f"{node.name}/x{i}_zero_point", zp)
-                qv = self._node("QuantizeLinear", [t, sc, zc], f"{node.name}/x{i}/QuantizeLinear",
-                                dtype=np.uint8 if u8 else np.int8, shape=t.shape)
-                node.inputs[i] = self._node("DequantizeLinear", [qv, sc, zc], f"{node.name}/x{i}/DequantizeLinear",
-                                            dtype=np.float32, shape=t.shape)
+            q = self._quantize_input(node, i, node.inputs[i], u8, w_idx)
+            if q is not None:
+                node.inputs[i] = self._switch(node, i, q, originals[i])
+
+    def _quantize_input(self, node, i, t, u8, w_idx):
+        """The dequantized replacement of input ``i`` (None if it is not a float tensor)."""
+        if isinstance(t, gs.Constant):
+            axis = _weight_axis(node, t.values) if i == w_idx else None
+            q, scale = _weight_quant(t.values, axis)
+            zp = np.zeros_like(scale, dtype=np.int8)
+            attrs = {"axis": axis} if axis is not None else {}
+            return self._node(
+                "DequantizeLinear",
+                [gs.Constant(f"{t.name}__int8", q), gs.Constant(f"{node.name}/w{i}_scale", scale),
+                 gs.Constant(f"{node.name}/w{i}_zero_point", zp)],
+                f"{node.name}/w{i}/DequantizeLinear", attrs, np.float32, t.shape)
+        elif _is_float(t):
+            src = self._original_name(t)
+            if t.name in self.amax_override:
+                amax = self.amax_override[t.name]
+            elif self.calib is None or src not in self.calib.ranges:
+                raise MixprecError(
+                    f"no calibration range for tensor {src!r} (input {i} of INT8 layer {node.name})",
+                    "calibrate with this model and data again (mixprec calibrates the inputs of every "
+                    "MatMul/Gemm/Conv/ConvTranspose), or set this layer to fp16/fp32")
+            else:
+                amax = self.calib.amax(src)
+            scale = np.array(max(amax, 1e-8) / 127.0, dtype=np.float32)
+            zp = np.array(128, dtype=np.uint8) if u8 else np.array(0, dtype=np.int8)
+            sc = gs.Constant(f"{node.name}/x{i}_scale", scale)
+            zc = gs.Constant(f"{node.name}/x{i}_zero_point", zp)
+            qv = self._node("QuantizeLinear", [t, sc, zc], f"{node.name}/x{i}/QuantizeLinear",
+                            dtype=np.uint8 if u8 else np.int8, shape=t.shape)
+            return self._node("DequantizeLinear", [qv, sc, zc], f"{node.name}/x{i}/DequantizeLinear",
+                                        dtype=np.float32, shape=t.shape)
+        return None
 
     def _original_name(self, var) -> str:
         for (name, _), v in self.versions.items():
@@ -282,19 +335,22 @@ class _Compiler:
         except onnx.checker.ValidationError as e:
             raise MixprecError(f"the compiled model fails onnx's checker: {str(e).splitlines()[0]}",
                                "report this with the model and policy; meanwhile set the offending layer to fp32") from e
-        return CompiledModel(proto, self.target, dict(Counter(n.op_type for n in proto.graph.node)))
+        switch_inputs = {layer: v.name for layer, v in (self.switches or {}).items()}
+        return CompiledModel(proto, self.target, dict(Counter(n.op_type for n in proto.graph.node)), switch_inputs)
 
 
 def compile_policy(model: LoadedModel, policy: Policy, calib: CalibrationResult | None = None,
-                   target: str = "ort") -> CompiledModel:
-    """Compile ``policy`` for ``model`` into an explicit-precision ONNX."""
+                   target: str = "ort", switchable: bool = False) -> CompiledModel:
+    """Compile ``policy`` for ``model`` into an explicit-precision ONNX. ``switchable`` puts
+    every INT8 layer's quantization behind a boolean graph input (``switch_inputs``), so one
+    session can evaluate any subset of INT8 layers (used by the sensitivity search)."""
     if policy.model_sha256 != model.sha256:
         raise MixprecError(f"the policy was made for another model ({policy.model_name}, sha256 {policy.model_sha256[:12]}…)",
                            f"load the policy with the model it was made for, or make a new policy for {model.name}")
     if "int8" in policy.layers.values() and calib is None:
         raise MixprecError("the policy has INT8 layers but no calibration was given",
                            "calibrate first (mixprec calibrates automatically in `build`), or set those layers to fp16/fp32")
-    return _Compiler(model, policy, calib, target).run()
+    return _Compiler(model, policy, calib, target, switchable).run()
 
 
 def layer_names(layers: list[Layer]) -> list[str]:

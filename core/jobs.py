@@ -1,8 +1,10 @@
 """Background jobs: builds and rankings run in child processes, supervised by threads.
 
 One supervisor thread per queue (``build-onnxruntime``, ``build-tensorrt``, ``rank``…) takes
-jobs in FIFO order and runs each in a child process (multiprocessing ``spawn``), so a native
-crash, an OOM kill or a cancel never takes the server down. Records live in
+jobs in FIFO order and runs each in a fresh child interpreter (``python -m core.jobs RECORD``),
+so a native crash, an OOM kill or a cancel never takes the server down. (Not multiprocessing's
+``spawn``: Streamlit puts the running page in ``sys.modules['__main__']``, and spawn re-runs
+``__main__`` in every child.) Records live in
 ``ws.jobs/<id>.json`` (written atomically, by the manager only); the child writes its progress
 to ``<id>.progress.json`` and its outcome to ``<id>.outcome.json``, and the supervisor folds
 both into the record. A record left ``queued``/``running`` by a server that is gone becomes
@@ -11,9 +13,10 @@ both into the record. A record left ``queued``/``running`` by a server that is g
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -25,12 +28,13 @@ from pathlib import Path
 import pandas as pd
 
 from .errors import MixprecError
-from .workspace import Workspace, atomic_write_json, sha256_bytes
+from .workspace import REPO_ROOT, Workspace, atomic_write_json, sha256_bytes
 
 STATUSES = ("queued", "running", "done", "failed", "cancelled", "interrupted")
 ACTIVE = ("queued", "running")
 POLL_SECONDS = 0.1
 KILL_GRACE_SECONDS = 3.0
+CHILD_NICENESS = 10  # jobs yield the CPU to the server: pages stay responsive while builds run
 
 
 @dataclass
@@ -149,12 +153,11 @@ def _run_crash(params: dict, ws: Workspace, progress) -> str:
 KINDS = {"build": _run_build, "rank": _run_rank, "sleep": _run_sleep, "crash": _run_crash}
 
 
-def _child_main(kind: str, params: dict, ws_root: str, progress_path: str, outcome_path: str,
-                log_path: str) -> None:
-    """Entry point of the child process: run one job, write its outcome, exit."""
-    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
+def _child_main(record_path: str) -> None:
+    """Entry point of the child process: run the job of one record, write its outcome, exit."""
+    record = Path(record_path)
+    job = Job.from_dict(json.loads(record.read_text()))
+    progress_path, outcome_path = (record.with_name(f"{job.id}.{s}.json") for s in ("progress", "outcome"))
     last = [0.0]
 
     def progress(fraction: float, text: str) -> None:
@@ -163,18 +166,19 @@ def _child_main(kind: str, params: dict, ws_root: str, progress_path: str, outco
             last[0] = now
             atomic_write_json(progress_path, {"progress": float(fraction), "stage": str(text)})
 
-    ws = Workspace(Path(ws_root))
+    ws = Workspace(record.parent.parent)
+    os.nice(CHILD_NICENESS)
     try:
-        result = KINDS[kind](params, ws, progress)
+        result = KINDS[job.kind](job.params, ws, progress)
     except MixprecError as e:
         atomic_write_json(outcome_path, {"error": str(e)})
-        os._exit(3)
+        sys.exit(3)
     except BaseException as e:  # noqa: BLE001 - report anything, the server stays up
         traceback.print_exc()
         atomic_write_json(outcome_path, {"error": f"internal error: {type(e).__name__}: {e}"})
-        os._exit(1)
+        sys.exit(1)
     atomic_write_json(outcome_path, {"result_path": result})
-    os._exit(0)
+    sys.exit(0)
 
 
 def _read_json(path: Path) -> dict | None:
@@ -196,6 +200,15 @@ def _pid_alive(pid: int | None) -> bool:
     return True
 
 
+def _is_job_child(pid: int | None, job_id: str) -> bool:
+    """Whether ``pid`` is still the child running ``job_id`` (not a process that reused the pid)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes() if pid else b""
+    except OSError:
+        return False
+    return b"core.jobs" in cmdline and job_id.encode() in cmdline
+
+
 def describe_exit(code: int | None) -> str:
     """A failure reason for a child that died without writing its outcome."""
     if code is None:
@@ -213,8 +226,10 @@ def describe_exit(code: int | None) -> str:
 
 
 # --- the manager -----------------------------------------------------------------------------------
-_MANAGERS: dict[Path, "JobManager"] = {}
-_MANAGERS_LOCK = threading.Lock()
+# Kept on ``sys`` so that a re-import of this module (Streamlit reloads changed modules) finds
+# the managers, queues and supervisor threads that are already running.
+_MANAGERS: dict[Path, "JobManager"] = sys.__dict__.setdefault("_mixprec_job_managers", {})
+_MANAGERS_LOCK: threading.Lock = sys.__dict__.setdefault("_mixprec_job_managers_lock", threading.Lock())
 
 
 class JobManager:
@@ -229,7 +244,6 @@ class JobManager:
         self._queues: dict[str, deque[str]] = {}
         self._threads: dict[str, threading.Thread] = {}
         self._cancel: set[str] = set()
-        self._ctx = multiprocessing.get_context("spawn")
         self.recover()
 
     @classmethod
@@ -243,7 +257,7 @@ class JobManager:
 
     # records
     def _path(self, job_id: str, suffix: str = "") -> Path:
-        return self.dir / f"{job_id}{suffix}.json"
+        return self.dir / f"{job_id}{'.' + suffix if suffix else ''}.json"
 
     def _save(self, job: Job) -> None:
         atomic_write_json(self._path(job.id), asdict(job))
@@ -281,11 +295,9 @@ class JobManager:
             for job in self.jobs():
                 if not job.active:
                     continue
-                ours = job.server_pid == self.pid and any(job.id in q for q in self._queues.values())
-                running_here = job.server_pid == self.pid and job.id in self._running_ids()
-                if ours or running_here or (job.server_pid != self.pid and _pid_alive(job.server_pid)):
-                    continue
-                if job.child_pid and _pid_alive(job.child_pid):
+                if job.server_pid == self.pid or _pid_alive(job.server_pid):
+                    continue  # its server is alive (this one, or another on the same workspace)
+                if _is_job_child(job.child_pid, job.id):
                     try:  # an orphaned child of the dead server: stop it
                         os.kill(job.child_pid, signal.SIGKILL)
                     except OSError:
@@ -295,9 +307,6 @@ class JobManager:
                 self._save(job)
                 changed.append(job.id)
         return changed
-
-    def _running_ids(self) -> set[str]:
-        return {getattr(t, "job_id", None) for t in self._threads.values() if t.is_alive()}
 
     # submit / cancel
     def submit(self, kind: str, params: dict, label: str = "", queue: str | None = None) -> Job:
@@ -314,7 +323,6 @@ class JobManager:
             t = self._threads.get(queue)
             if t is None or not t.is_alive():
                 t = threading.Thread(target=self._supervise, args=(queue,), name=f"jobs-{queue}", daemon=True)
-                t.job_id = None
                 self._threads[queue] = t
                 t.start()
         return job
@@ -344,7 +352,6 @@ class JobManager:
 
     # supervision
     def _supervise(self, queue: str) -> None:
-        me = threading.current_thread()
         while True:
             with self._lock:
                 q = self._queues[queue]
@@ -352,7 +359,6 @@ class JobManager:
                     self._threads.pop(queue, None)
                     return
                 job_id = q.popleft()
-                me.job_id = job_id
             try:
                 self._run(self.get(job_id))
             except Exception as e:  # noqa: BLE001 - never let one job stop the queue
@@ -360,25 +366,22 @@ class JobManager:
                     job = self.get(job_id)
                     job.status, job.finished, job.error = "failed", time.time(), f"supervisor error: {e}"
                     self._save(job)
-            me.job_id = None
 
     def _run(self, job: Job) -> None:
-        progress_path, outcome_path = self._path(job.id, ".progress"), self._path(job.id, ".outcome")
+        progress_path, outcome_path = self._path(job.id, "progress"), self._path(job.id, "outcome")
         for p in (progress_path, outcome_path):
             p.unlink(missing_ok=True)
-        proc = self._ctx.Process(
-            target=_child_main, name=f"mixprec-job-{job.id}", daemon=False,
-            args=(job.kind, job.params, str(self.ws.root), str(progress_path), str(outcome_path),
-                  str(self.dir / f"{job.id}.log")))
-        with self._lock:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+        with self._lock, open(self.dir / f"{job.id}.log", "ab") as log:
             job.status, job.started, job.stage = "running", time.time(), "starting"
-            proc.start()
+            self._save(job)
+            proc = subprocess.Popen([sys.executable, "-m", "core.jobs", str(self._path(job.id))], cwd=REPO_ROOT,
+                                    env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
             job.child_pid = proc.pid
             self._save(job)
-        seen = None
-        cancelled_at = None
-        while proc.is_alive():
-            proc.join(POLL_SECONDS)
+        seen, cancelled_at = None, None
+        while proc.poll() is None:
+            time.sleep(POLL_SECONDS)
             with self._lock:
                 if job.id in self._cancel and cancelled_at is None:
                     cancelled_at = time.monotonic()
@@ -393,19 +396,18 @@ class JobManager:
                 job.progress, job.stage = float(p.get("progress", 0.0)), str(p.get("stage", ""))
                 with self._lock:
                     self._save(job)
-        proc.join()
         outcome = _read_json(outcome_path) or {}
-        job.exit_code, job.finished = proc.exitcode, time.time()
+        job.exit_code, job.finished = proc.returncode, time.time()
         with self._lock:
             if job.id in self._cancel:
                 self._cancel.discard(job.id)
                 job.status, job.stage, job.error = "cancelled", "cancelled", "cancelled by the user"
-            elif proc.exitcode == 0 and outcome.get("result_path"):
+            elif proc.returncode == 0 and outcome.get("result_path"):
                 job.status, job.progress, job.stage = "done", 1.0, "done"
                 job.result_path = outcome["result_path"]
             else:
                 job.status, job.stage = "failed", "failed"
-                job.error = outcome.get("error") or describe_exit(proc.exitcode)
+                job.error = outcome.get("error") or describe_exit(proc.returncode)
             self._save(job)
         for p in (progress_path, outcome_path):
             p.unlink(missing_ok=True)
@@ -431,3 +433,7 @@ def rank_params(model: str, data: str | None = None, eval_data: str | None = Non
                 method: str = "minmax", max_samples: int = 16) -> dict:
     return {"model": str(model), "data": data, "eval_data": eval_data, "method": method,
             "max_samples": max_samples}
+
+
+if __name__ == "__main__":
+    _child_main(sys.argv[1])

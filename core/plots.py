@@ -119,7 +119,7 @@ def plot_run_latency(runs: pd.DataFrame) -> go.Figure:
     interleaved in every run) and the newest all-FP16 run, if any."""
     df = _runs(runs)
     fig = go.Figure(go.Bar(
-        x=run_names(df), y=df["latency_median_ms"].tolist(), name="median",
+        x=run_names(df), y=df["latency_median_ms"].tolist(), name="median", marker={"color": "#72B7B2"},
         error_y={"type": "data", "symmetric": False, "array": (df["latency_p95_ms"] - df["latency_median_ms"]).tolist(),
                  "arrayminus": [0] * len(df)},
         hovertemplate="%{x}<br>median %{y:.3f} ms<extra>whisker: p95</extra>"))

@@ -26,6 +26,7 @@ class CalibrationSettings:
     percentile: float = 99.999
     num_samples: int = 0
     data_sha256: str = ""
+    per_tensor: tuple[tuple[str, str], ...] = ()  # (tensor, method) overrides of ``method``
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class Policy:
     network_default: str
     layers: dict[str, str]
     calibration: CalibrationSettings = field(default_factory=CalibrationSettings)
+    smoothing: tuple[tuple[str, float], ...] = ()  # (INT8 MatMul layer, alpha): SmoothQuant-style scaling
 
     # --- (de)serialisation -------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -44,11 +46,13 @@ class Policy:
             "model": {"name": self.model_name, "sha256": self.model_sha256},
             "network_default": self.network_default,
             "layers": dict(self.layers),
+            **({"smoothing": dict(self.smoothing)} if self.smoothing else {}),
             "calibration": {
                 "method": self.calibration.method,
                 "percentile": self.calibration.percentile,
                 "num_samples": self.calibration.num_samples,
                 "data_sha256": self.calibration.data_sha256,
+                **({"per_tensor": dict(self.calibration.per_tensor)} if self.calibration.per_tensor else {}),
             },
         }
 
@@ -69,6 +73,9 @@ class Policy:
 
     def with_calibration(self, settings: CalibrationSettings) -> "Policy":
         return replace(self, calibration=settings)
+
+    def with_smoothing(self, alphas: dict[str, float]) -> "Policy":
+        return replace(self, smoothing=tuple(sorted(alphas.items())))
 
 
 def default_policy(model: LoadedModel, layers: list[Layer], network_default: str = "fp32",
@@ -123,6 +130,20 @@ def policy_from_dict(doc: dict, model: LoadedModel, layers: list[Layer]) -> Poli
     method = cal.get("method", "minmax")
     if method not in CALIB_METHODS:
         problems.append(f"calibration.method: {method!r} (want one of {', '.join(CALIB_METHODS)})")
+    per_tensor = cal.get("per_tensor") or {}
+    eligible_inputs = {i for l in layers if l.eligible for i in l.inputs}
+    for tensor, m in per_tensor.items():
+        if m not in CALIB_METHODS:
+            problems.append(f"calibration.per_tensor[{tensor!r}]: {m!r} (want one of {', '.join(CALIB_METHODS)})")
+        elif tensor not in eligible_inputs:
+            problems.append(f"calibration.per_tensor: {tensor!r} is not an input of an INT8-eligible layer")
+    smoothing = doc.get("smoothing") or {}
+    for name, alpha in smoothing.items():
+        layer = by_name.get(name)
+        if layer is None or layer.op_type != "MatMul":
+            problems.append(f"smoothing: {name!r} is not a MatMul layer of this model")
+        elif not isinstance(alpha, (int, float)) or not 0.0 < float(alpha) < 1.0:
+            problems.append(f"smoothing[{name!r}]: alpha {alpha!r} (want a number between 0 and 1)")
     if problems:
         raise MixprecError(
             f"the policy does not fit the model {model.name} ({len(problems)} problem(s))",
@@ -133,7 +154,8 @@ def policy_from_dict(doc: dict, model: LoadedModel, layers: list[Layer]) -> Poli
     return Policy(
         model.name, model.sha256, nd, {**base.layers, **entries},
         CalibrationSettings(method, float(cal.get("percentile", 99.999)), int(cal.get("num_samples", 0)),
-                            str(cal.get("data_sha256", ""))),
+                            str(cal.get("data_sha256", "")), tuple(sorted(per_tensor.items()))),
+        tuple(sorted((k, float(v)) for k, v in smoothing.items())),
     )
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from .backends import Latency, Reformat, select_backend, summarize_reformat
-from .calibration import calibrate
+from .calibration import calibrate_policy
 from .errors import MixprecError
 from .metrics import Quality, quality
 from .policy import Policy
@@ -126,10 +126,8 @@ def build_and_measure(project: Project, policy: Policy, backend: str = "auto", l
     be, reason = select_backend(backend)
     ws = project.ws
     t_start = time.perf_counter()
-    calib = None
-    if "int8" in policy.layers.values():
-        step(0.05, f"calibrating ({policy.calibration.method})")
-        calib = calibrate(project.model, project.calib_data, policy.calibration, ws)
+    step(0.05, f"calibrating ({policy.calibration.method})")
+    calib = calibrate_policy(project.model, project.calib_data, policy, project.layers, ws)
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
     tmp_dir = ws.runs / f".tmp-{run_id}"
     tmp_dir.mkdir(parents=True)

@@ -230,7 +230,7 @@ def load_minilm_module():
             # keeps the mask finite in fp16, where min would become -inf and 0 * -inf = NaN.
             mask = attention_mask.to(torch.float32)
             bias = (1.0 - mask[:, None, None, :]) * -10000.0
-            positions = torch.arange(input_ids.shape[1]).unsqueeze(0)  # (a traced `device=` loses output types)
+            positions = torch.arange(input_ids.shape[1]).unsqueeze(0)  # no device=: tracing it drops output types
             hidden = self.bert(input_ids=input_ids, attention_mask=bias, token_type_ids=token_type_ids,
                                position_ids=positions).last_hidden_state
             mask = mask.unsqueeze(-1)

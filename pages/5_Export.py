@@ -18,12 +18,12 @@ st.download_button("Download policy JSON", pol.to_json(), policy_filename(pol), 
 onnx_name = policy_filename(pol, ".mixprec.onnx")
 st.subheader("TensorRT ≤ 10.11: per-layer precision constraints (deprecated in 10.12, removed in 11)")
 try:
-    st.code(trtexec_legacy_command(p.model, pol, "model.onnx", "calibration.cache", p.input_shapes), language="bash")
+    st.code(trtexec_legacy_command(p.model, pol, "model.onnx", "calibration.cache", p.input_shapes), language="bash", wrap_lines=True)
 except MixprecError as e:
     st.warning(str(e))
 st.subheader("TensorRT ≥ 10.12 / 11: strongly typed build of the explicit-precision ONNX")
-st.code(trtexec_typed_command(p.model, onnx_name, p.input_shapes), language="bash")
-st.code(polygraphy_command(p.model, onnx_name, p.input_shapes), language="bash")
+st.code(trtexec_typed_command(p.model, onnx_name, p.input_shapes), language="bash", wrap_lines=True)
+st.code(polygraphy_command(p.model, onnx_name, p.input_shapes), language="bash", wrap_lines=True)
 if st.button("Compile the explicit-precision ONNX", key="compile"):
     try:
         with st.spinner("Calibrating and compiling…"):

@@ -139,3 +139,28 @@ def test_export_and_import(ws):
     at.button(key="import").click().run()
     ok(at)
     assert at.success and "fp32 5" in at.caption[1].value
+
+
+def test_reload_reattaches_to_job(ws):
+    at = page("3_Precision")
+    at.button(key="rebuild").click().run()
+    job_id = at.query_params["job"]
+    wait_all(ws)
+    reloaded = AppTest.from_file(APP, default_timeout=120)  # a reload: new session, same URL
+    reloaded.query_params.update({"model": "sample:tiny-cnn", "job": job_id})
+    reloaded.switch_page("pages/3_Precision.py")
+    ok(reloaded.run())
+    assert reloaded.session_state["my_jobs"] == [job_id]
+    assert any("build" in m.value and "done" in m.value for m in reloaded.markdown)
+
+
+def test_job_of_a_dead_server_shows_interrupted(ws):
+    from core.jobs import Job
+    from core.workspace import atomic_write_json
+
+    job = Job(id="old", kind="build", label="before restart", queue="build-onnxruntime", params={},
+              status="running", stage="timing", server_pid=2 ** 22 + 1)  # above pid_max: never alive
+    atomic_write_json(ws.jobs / "old.json", job.__dict__)
+    at = page("4_Build_and_results")
+    assert any("interrupted" in m.value for m in at.markdown)
+    assert at.error and "stopped while this job was timing" in at.error[0].value

@@ -103,8 +103,9 @@ def _shot(page, tmp_path: Path, name: str):
         shutil.copy(tmp_path / f"{name}.png", dest / f"{name}.png")
 
 
-def _goto(page, label: str):
+def _goto(page, label: str, title: str | None = None):
     page.get_by_test_id("stSidebarNav").get_by_role("link", name=label, exact=True).click()
+    page.get_by_role("heading", name=title or label, exact=True).wait_for()
     _idle(page)
 
 
@@ -138,23 +139,29 @@ def test_minilm_toggle_rebuild_and_results(server, browser, tmp_path):
 
     _goto(page, "Build and results")
     quality = page.get_by_test_id("stPlotlyChart").nth(1)
-    quality.get_by_text(LABEL, exact=False).first.wait_for(timeout=300_000)  # the new run, in the chart
+    deadline = time.monotonic() + 300
+    while not quality.get_by_text(LABEL).count():  # the new run, in the chart
+        job = JobManager.for_workspace(ws).jobs(kind="build")[0]
+        assert job.status in ("queued", "running", "done") and time.monotonic() < deadline, job
+        page.wait_for_timeout(1000)
     _idle(page)
     metric = page.get_by_test_id("stMetric").filter(has_text="Cosine (mean)")
     cosine = float(metric.get_by_test_id("stMetricValue").inner_text())
     assert 0.5 < cosine <= 1.0
     assert quality.get_by_text(f"{cosine:.4f}").count() >= 1  # its cosine, shown in the quality chart
-    page.get_by_text("Runs of sample:minilm").scroll_into_view_if_needed()
-    page.mouse.wheel(0, 330)
+    page.get_by_text("Runs of sample:minilm").evaluate("e => e.scrollIntoView({block: 'start'})")
     page.wait_for_timeout(500)
     _shot(page, tmp_path, "4-build-and-results")
 
     _goto(page, "Export")
+    from core.project import open_project
+
+    c = open_project("sample:minilm", ws=ws).default_policy().with_layers({LAYER: "fp16"}).precision_counts()
+    page.get_by_text(f"fp16 {c['fp16']} · int8 {c['int8']}").wait_for(timeout=30_000)  # the session's policy
     _shot(page, tmp_path, "5-export")
-    text = page.get_by_test_id("stMain").inner_text()
-    assert "fp16 23 · int8 47" in text, text[:600]  # 22 default FP16 layers + the down-projection
-    _goto(page, "app")
+    _goto(page, "app", "mixprec")
     _shot(page, tmp_path, "0-home")
+    page.context.close()
 
 
 def test_four_sessions_build_at_once(server, browser):
@@ -176,10 +183,14 @@ def test_four_sessions_build_at_once(server, browser):
     answers = []
 
     def probe():
-        t0 = time.perf_counter()
-        urllib.request.urlopen(url + "/_stcore/health", timeout=5).read()
-        urllib.request.urlopen(url + "/", timeout=5).read()
-        answers.append(time.perf_counter() - t0)
+        for path in ("/_stcore/health", "/Precision"):
+            t0 = time.perf_counter()
+            try:
+                urllib.request.urlopen(url + path, timeout=10).read()
+            except OSError as e:
+                answers.append((99.0, path, time.time(), str(e)))
+                continue
+            answers.append((round(time.perf_counter() - t0, 3), path, time.time(), mgr.jobs(kind="build")[0].stage))
 
     with ThreadPoolExecutor(1) as pool:
         while any(j.active for j in mgr.jobs(kind="build")):
@@ -190,6 +201,7 @@ def test_four_sessions_build_at_once(server, browser):
     assert sorted(j.label for j in jobs) == [f"session {i}" for i in range(4)]
     for a, b in zip(jobs, jobs[1:]):
         assert a.finished <= b.started  # FIFO, one build at a time on the backend's queue
-    assert answers and max(answers) < 1.0, answers
+    print("page request times (s):", answers)
+    assert answers and max(a[0] for a in answers) < 1.0, sorted(answers, reverse=True)
     for page in pages:
         page.context.close()

@@ -109,3 +109,23 @@ def test_restart_marks_orphaned_jobs_interrupted(ws):
         job = mgr.get(f"old-{status}")
         assert job.status == "interrupted" and job.finished and str(pid) in job.error
     assert not any(j.active for j in mgr.jobs())
+
+
+def test_restart_stops_the_orphaned_child_only(ws):
+    import subprocess
+    import sys
+
+    job = Job(id="orphan", kind="sleep", label="x", queue="test", params={}, status="running",
+              server_pid=_dead_pid())
+    atomic_write_json(ws.jobs / "orphan.json", job.__dict__)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "core.jobs", str(ws.jobs / "orphan.json")])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    job.child_pid = child.pid
+    atomic_write_json(ws.jobs / "orphan.json", job.__dict__)
+    try:
+        JobManager(ws)
+        assert child.wait(10) == -9
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()

@@ -47,6 +47,8 @@ def source() -> dict:
         qp = st.query_params
         st.session_state["source"] = {k: qp.get(k) for k in SOURCE_KEYS}
         st.session_state["source"]["model"] = st.session_state["source"]["model"] or DEFAULT_MODEL
+        if qp.get("job"):  # re-attach to the job this browser tab started before a reload
+            st.session_state.setdefault("my_jobs", []).append(qp["job"])
     return st.session_state["source"]
 
 

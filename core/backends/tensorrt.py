@@ -91,6 +91,7 @@ TENSORRT_API = (
     "IBuilderConfig.set_memory_pool_limit", "IBuilderConfig.profiling_verbosity",
     "Builder.build_serialized_network", "Runtime.deserialize_cuda_engine",
     "IExecutionContext.execute_async_v3", "OnnxParser.parse_from_file", "IParserError.__str__",
+    "IHostMemory",
 )
 
 
@@ -119,9 +120,14 @@ def build_mode(trt_version: str, requested: str = "auto") -> str:
     return "strongly-typed" if v >= STRONG_TYPING_FROM else "legacy"
 
 
-def profile_shapes(input_shapes: dict[str, tuple[int, ...]], overrides: dict | None = None) -> dict:
-    """``{input: (min, opt, max)}``: the project's shape for all three, unless ``overrides`` gives a
-    range for an input; the project's shape must lie inside every range."""
+def profile_shapes(input_shapes: dict[str, tuple[int, ...]], overrides: dict | None = None,
+                   dynamic_batch=(), max_batch: int | None = None) -> dict:
+    """``{input: (min, opt, max)}``. By default opt is the project's shape and so are min and max,
+    except that inputs in ``dynamic_batch`` (axis 0 dynamic in the model) take batches from 1 up to
+    ``max_batch`` (default: the batch runs.py evaluates quality with). ``overrides`` replaces an
+    input's range; it must contain the project's shape."""
+    if max_batch is None:
+        from ..runs import EVAL_BATCH as max_batch
     overrides = dict(overrides or {})
     unknown = sorted(set(overrides) - set(input_shapes))
     if unknown:
@@ -130,8 +136,10 @@ def profile_shapes(input_shapes: dict[str, tuple[int, ...]], overrides: dict | N
     out, bad = {}, []
     for name, shape in input_shapes.items():
         shape = tuple(int(d) for d in shape)
+        default = (shape, shape, shape) if name not in dynamic_batch or not shape else \
+            ((1, *shape[1:]), shape, (max(shape[0], max_batch), *shape[1:]))
         try:
-            lo, opt, hi = (tuple(int(d) for d in s) for s in overrides.get(name, (shape, shape, shape)))
+            lo, opt, hi = (tuple(int(d) for d in s) for s in overrides.get(name, default))
         except (TypeError, ValueError):
             bad.append(f"{name}: {overrides[name]!r} is not three shapes (min, opt, max)")
             continue
@@ -184,7 +192,8 @@ class LayerTimes:
         self._pos += 1
 
     def records(self) -> list[dict]:
-        """The trtexec ``--exportProfile`` format: ``[{"count": runs}, {name, timeMs, averageMs, medianMs, percentage}, ...]``."""
+        """trtexec's ``--exportProfile`` format:
+        ``[{"count": runs}, {name, timeMs, averageMs, medianMs, percentage}, ...]``."""
         total = sum(sum(t) / len(t) for t in self.times) or 1.0
         rows = [{"name": n, "timeMs": sum(t), "averageMs": sum(t) / len(t), "medianMs": float(np.median(t)),
                  "percentage": 100.0 * sum(t) / len(t) / total} for n, t in zip(self.names, self.times)]
@@ -387,7 +396,8 @@ class TrtEngineRunner(Runner):
         try:
             data = self.plan.read_bytes()
         except OSError as e:
-            raise MixprecError(f"cannot read the TensorRT engine {self.plan}: {e.strerror}", "build the policy again") from e
+            raise MixprecError(f"cannot read the TensorRT engine {self.plan}: {e.strerror}",
+                               "build the policy again") from e
         runner = TrtRunner(EngineFromBytes(data), name=self.plan.stem)
         _polygraphy_step(runner.activate, f"TensorRT cannot load the engine {self.plan.name}",
                          "engines run only on the GPU model and TensorRT version they were built with: "
@@ -417,8 +427,10 @@ class TensorRTBackend(Backend):
 
     def __init__(self, ws: Workspace | None = None, profiles: dict | None = None,
                  workspace_bytes: int = DEFAULT_WORKSPACE_BYTES, mode: str = "auto"):
-        """``profiles``: ``{input: (min, opt, max)}`` overriding the project's shapes; ``workspace_bytes``:
-        the builder's workspace pool; ``mode``: ``auto`` (by version), ``strongly-typed`` or ``legacy``."""
+        """``profiles``: ``{input: (min, opt, max)}`` replacing the default ranges of :func:`profile_shapes`
+        (quality is evaluated in batches of up to ``runs.EVAL_BATCH`` where the batch axis is dynamic, so a
+        range should reach that); ``workspace_bytes``: the builder's workspace pool; ``mode``: ``auto``
+        (by TensorRT version), ``strongly-typed`` or ``legacy``."""
         if mode not in MODES:
             raise MixprecError(f"unknown TensorRT build mode {mode!r}", f"use one of {', '.join(MODES)}")
         self._ws, self.profiles, self.workspace_bytes, self.mode = ws, profiles, int(workspace_bytes), mode
@@ -468,12 +480,18 @@ class TensorRTBackend(Backend):
         t0 = time.perf_counter()
         trt = _trt()
         mode = build_mode(trt.__version__, self.mode)
-        shapes = profile_shapes(input_shapes, self.profiles)
+        shapes = profile_shapes(input_shapes, self.profiles, {s.name for s in model.inputs if 0 in s.dynamic_axes})
         gpu = cuda_device()
         if gpu is None:
             raise MixprecError("TensorRT is installed but no CUDA device is usable",
                                "run on a machine with an NVIDIA GPU and driver, or use --backend onnxruntime")
         int8 = policy is not None and "int8" in policy.layers.values()
+        if policy is not None and policy.model_sha256 != model.sha256:  # compile_policy's checks, for both paths
+            raise MixprecError(f"the policy was made for another model ({policy.model_name})",
+                               f"build it with the model it was made for, or make a new policy for {model.name}")
+        if int8 and calib is None:
+            raise MixprecError("the policy has INT8 layers but no calibration was given",
+                               "calibrate first (core.calibration.calibrate), or set those layers to fp16/fp32")
         parts = {"model_sha256": model.sha256, "policy_sha256": policy.sha256 if policy else "reference-fp32",
                  "calibration": calib.key if int8 and calib is not None else None, "mode": mode,
                  "tensorrt": trt.__version__, "polygraphy": polygraphy.__version__, "gpu": gpu[0],
@@ -513,11 +531,14 @@ class TensorRTBackend(Backend):
     def runner(self, engine):
         return TrtEngineRunner(engine.artifact_path)
 
+    def _on_gpu(self, stack: ExitStack, feed: dict, *engines):
+        """Active runners for ``engines`` and ``feed`` copied to the GPU, released when ``stack`` closes."""
+        runners = [stack.enter_context(self.runner(e)) for e in engines]
+        return runners, {k: stack.enter_context(_device_array(v)) for k, v in feed.items()}
+
     def time_interleaved(self, candidate, reference, feed, warmup=10, iterations=100) -> Latency:
         with ExitStack() as stack:
-            rc = stack.enter_context(self.runner(candidate))
-            rr = stack.enter_context(self.runner(reference))
-            dev = {k: stack.enter_context(_device_array(v)) for k, v in feed.items()}
+            (rc, rr), dev = self._on_gpu(stack, feed, candidate, reference)
             for _ in range(warmup):
                 rc.run_on_device(dev)
                 rr.run_on_device(dev)
@@ -534,8 +555,7 @@ class TensorRTBackend(Backend):
     def profile(self, engine, feed, iterations, layers, policy) -> pd.DataFrame:
         trt = _trt()
         with ExitStack() as stack:
-            r = stack.enter_context(self.runner(engine))
-            dev = {k: stack.enter_context(_device_array(v)) for k, v in feed.items()}
+            (r,), dev = self._on_gpu(stack, feed, engine)
             for _ in range(3):
                 r.run_on_device(dev)
             profiler = _layer_profiler()

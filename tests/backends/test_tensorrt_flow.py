@@ -16,6 +16,7 @@ import core.backends.tensorrt as tb
 from core.backends.base import PER_LAYER_COLUMNS
 from core.calibration import calibrate
 from core.errors import MixprecError
+from core.policy import Policy
 from core.project import open_project
 from core.samples import materialize_sample
 from core.workspace import Workspace
@@ -23,16 +24,17 @@ from core.workspace import Workspace
 KINDS = {"Conv": "CONVOLUTION", "Gemm": "MATRIX_MULTIPLY", "Relu": "ACTIVATION"}
 
 
-def _fake_trt(version: str):
+def _fake_trt(version: str = "10.11.0.33"):
     trt = types.ModuleType("tensorrt")
     trt.__version__ = version
     trt.float32, trt.float16, trt.int8 = "f32", "f16", "i8"
     trt.LayerType = types.SimpleNamespace(**{k: k for k in (
-        "CONVOLUTION", "DECONVOLUTION", "MATRIX_MULTIPLY", "CONSTANT", "SHAPE", "SHUFFLE", "ACTIVATION", "OTHER")})
+        "CONVOLUTION", "DECONVOLUTION", "MATRIX_MULTIPLY", "CONSTANT", "SHAPE", "SHUFFLE", "ACTIVATION",
+        "ELEMENTWISE", "OTHER")})
     trt.ProfilingVerbosity = types.SimpleNamespace(DETAILED="detailed")
     trt.MemoryPoolType = types.SimpleNamespace(WORKSPACE="workspace")
     trt.LayerInformationFormat = types.SimpleNamespace(JSON="json")
-    trt.IConstantLayer = object
+    trt.IConstantLayer = _Layer
 
     class IProfiler:
         def __init__(self):
@@ -42,13 +44,17 @@ def _fake_trt(version: str):
     return trt
 
 
+def _tensor(name, dtype="f32"):
+    return types.SimpleNamespace(name=name, dtype=dtype, dynamic_range=None)
+
+
 class _Layer:
-    def __init__(self, node, tensor):
-        self.name, self.type = node.name, KINDS.get(node.op_type, "OTHER")
-        self.metadata = f"[ONNX Layer: {node.name}]"
+    def __init__(self, name, type_, inputs, outputs, node=None, weights=None):
+        self.name, self.type, self.weights = name, type_, weights
+        self.metadata = f"[ONNX Layer: {node or name}]"
         self.precision, self.out_types = None, {}
-        self.ins, self.outs = [tensor(n) for n in node.input[:1]], [tensor(n) for n in node.output]
-        self.num_inputs, self.num_outputs = len(self.ins), len(self.outs)
+        self.ins, self.outs = inputs, outputs
+        self.num_inputs, self.num_outputs = len(inputs), len(outputs)
 
     def get_input(self, k):
         return self.ins[k]
@@ -61,17 +67,24 @@ class _Layer:
 
 
 class _Network(list):
-    """One layer per ONNX node (weights are not inputs), iterable like INetworkDefinition."""
+    """Layers and input tensors, iterable and indexable like INetworkDefinition."""
 
-    def __init__(self, graph):
-        self.tensors = {}
+    def __init__(self, inputs, layers):
+        super().__init__(layers)
+        self.inputs, self.num_inputs, self.num_layers = inputs, len(inputs), len(layers)
+        self.tensors = {t.name: t for l in layers for t in (*l.ins, *l.outs)}
+
+    @classmethod
+    def from_onnx(cls, graph):
+        """One layer per node, named after it (weights are not inputs)."""
+        tensors = {}
 
         def tensor(name):
-            return self.tensors.setdefault(name, types.SimpleNamespace(name=name, dtype="f32", dynamic_range=None))
+            return tensors.setdefault(name, _tensor(name))
 
-        super().__init__(_Layer(n, tensor) for n in graph.node)
-        self.inputs = [tensor(i.name) for i in graph.input]
-        self.num_inputs, self.num_layers = len(self.inputs), len(self)
+        layers = [_Layer(n.name, KINDS.get(n.op_type, "OTHER"), [tensor(i) for i in n.input[:1]],
+                         [tensor(o) for o in n.output]) for n in graph.node]
+        return cls([tensor(i.name) for i in graph.input], layers)
 
     def get_input(self, i):
         return self.inputs[i]
@@ -87,7 +100,7 @@ class _Fakes:
     def network_from_onnx_path(self, path, strongly_typed=None):
         import onnx
 
-        net = _Network(onnx.load(path).graph)
+        net = _Network.from_onnx(onnx.load(path).graph)
         self.networks.append((path, strongly_typed, net))
         return lambda: ("builder", net, "parser")
 
@@ -118,7 +131,9 @@ class _Runner:
         if self.context.profiler is not None:
             for i, n in enumerate(self.engine.names):
                 self.context.profiler.report_layer_time(n, 0.1 * (i + 1))
-        return {"logits": np.full((1, 10), float(len(self.plan)), np.float32)}
+        first = next(iter(feed.values()))
+        batch = first.shape[0] if isinstance(first, np.ndarray) else 1  # device buffers: timing only
+        return {"logits": np.full((batch, 10), float(len(self.plan)), np.float32)}
 
     def deactivate(self):
         del self.context, self.engine
@@ -160,7 +175,11 @@ def fakes(monkeypatch, request):
     monkeypatch.setattr(pt, "TrtRunner", _Runner)
     monkeypatch.setattr(pc, "DeviceArray", _DeviceArray)
     monkeypatch.setattr(tb, "cuda_device", lambda ordinal=0: ("Fake GPU", "8.9"))
-    return f
+    yield f
+    for mod in [m for n, m in sys.modules.items() if n.startswith("polygraphy") and m is not None]:
+        lazy = vars(mod).get("trt")
+        if type(lazy).__name__ == "LazyModule":  # Polygraphy caches the module it imported: forget the fake
+            object.__setattr__(lazy, "module", None)
 
 
 def _build(project, tmp_path, mode="auto", **kw):
@@ -189,7 +208,7 @@ def test_legacy_build_constrains_the_original_network(fakes, project, tmp_path):
     config = fakes.configs[-1]
     assert (config.fp16, config.int8, config.precision_constraints) == (True, True, "obey")
     assert config.profiling_verbosity == "detailed" and config.memory_pool_limits == {"workspace": 4 << 30}
-    assert [tuple(s) for s in config.profiles[0]["image"]] == [(1, 3, 32, 32)] * 3
+    assert [tuple(s) for s in config.profiles[0]["image"]] == [(1, 3, 32, 32), (1, 3, 32, 32), (16, 3, 32, 32)]
 
 
 @pytest.mark.parametrize("fakes", ["10.12.0.36"], indirect=True)
@@ -204,7 +223,8 @@ def test_strongly_typed_build_and_engine_cache(fakes, project, tmp_path):
     _, _, second = _build(project, tmp_path / "b")
     assert json.loads((tmp_path / "b" / "compiled.tensorrt.json").read_text())["cache_hit"]
     assert len(fakes.built) == 1 and second.artifact_path.read_bytes() == first.artifact_path.read_bytes()
-    _, _, other = _build(project, tmp_path / "c", profiles={"image": ((1, 3, 32, 32), (1, 3, 32, 32), (8, 3, 32, 32))})
+    wide = {"image": ((1, 3, 32, 32), (1, 3, 32, 32), (8, 3, 32, 32))}
+    _build(project, tmp_path / "c", profiles=wide)
     assert len(fakes.built) == 2  # another profile is another engine
 
 
@@ -219,7 +239,8 @@ def test_run_time_and_profile(fakes, project, tmp_path):
     assert lat.iterations == 7 and lat.median_ms > 0 and _DeviceArray.freed >= 1
     df = be.profile(engine, feed, 4, project.layers, policy)
     assert list(df.columns) == PER_LAYER_COLUMNS
-    assert df["layer"].tolist() == ["/fc/Gemm", "", "/conv1/Conv"] and df["is_reformat"].tolist() == [False, True, False]
+    assert df["layer"].tolist() == ["/fc/Gemm", "", "/conv1/Conv"]
+    assert df["is_reformat"].tolist() == [False, True, False]
     assert df["ms"].tolist() == pytest.approx([0.3, 0.2, 0.1]) and df["pct"].sum() == pytest.approx(100.0)
     profile = json.loads((tmp_path / "run" / "trt-profile.json").read_text())
     assert profile[0] == {"count": 4}
@@ -229,6 +250,15 @@ def test_run_time_and_profile(fakes, project, tmp_path):
 def test_legacy_refused_on_tensorrt_11(fakes, project, tmp_path):
     with pytest.raises(MixprecError, match="removed in TensorRT 11"):
         _build(project, tmp_path, mode="legacy")
+
+
+def test_policy_checks_hold_on_the_legacy_path(fakes, project, tmp_path):
+    be = tb.TensorRTBackend(ws=project.ws)
+    with pytest.raises(MixprecError, match="no calibration was given"):
+        be.build(project.model, project.default_policy(), None, tmp_path, project.input_shapes)
+    other = Policy("x", "f" * 64, "fp32", {})
+    with pytest.raises(MixprecError, match="made for another model"):
+        be.build(project.model, other, None, tmp_path, project.input_shapes)
 
 
 def test_no_gpu_is_a_clear_error(fakes, project, tmp_path, monkeypatch):
@@ -254,3 +284,55 @@ def test_build_failure_lists_tensorrt_errors(fakes, project, tmp_path, monkeypat
     assert any("Could not find any implementation for node /fc/Gemm" in d for d in e.value.details)
     assert G_LOGGER.log_file is None and (tmp_path / "compiled.tensorrt-build.log").is_file()
     assert set(project.ws.sub("engines", "tensorrt").glob("*.plan")) == plans  # nothing cached
+
+
+def test_build_and_measure_runs_on_the_tensorrt_backend(fakes, project, monkeypatch):
+    from core.runs import build_and_measure, load_run_per_layer
+
+    monkeypatch.setenv("MIXPREC_WORKSPACE", str(project.ws.root))
+    result = build_and_measure(project, project.default_policy(), backend="tensorrt", iterations=5)
+    assert result.backend == "tensorrt"
+    assert result.backend_reason.startswith("tensorrt: TensorRT 10.11.0.33 on Fake GPU")
+    assert result.reformat.count == 1 and result.latency.iterations == 5
+    assert list(load_run_per_layer(result.run_dir).columns) == PER_LAYER_COLUMNS
+    assert (result.run_dir / "compiled.plan").is_file() and (result.run_dir / "trt-layers.json").is_file()
+
+
+# ---------------------------------------------------------------------------- legacy constraints on a hand-made network
+
+def _gemm_network():
+    """conv1 -> relu1 -> fc (MatMul on Shuffle(Constant) weights, then a bias add), plus a Shape layer."""
+    t = {n: _tensor(n) for n in ("x", "c1", "r1", "w", "wt", "mm", "fc_out")}
+    layers = [
+        _Layer("conv1", "CONVOLUTION", [t["x"]], [t["c1"]]),
+        _Layer("relu1", "ACTIVATION", [t["c1"]], [t["r1"]]),
+        _Layer("fc_2", "CONSTANT", [], [t["w"]], "fc", weights=np.array([[-3.0, 1.0]], np.float32)),
+        _Layer("fc_3", "SHUFFLE", [t["w"]], [t["wt"]], "fc"),
+        _Layer("fc", "MATRIX_MULTIPLY", [t["r1"], t["wt"]], [t["mm"]]),
+        _Layer("fc_1", "ELEMENTWISE", [t["mm"]], [t["fc_out"]], "fc"),
+        _Layer("shape_of_x", "SHAPE", [t["x"]], [_tensor("shape", "i64")], "norm"),
+    ]
+    return _Network([t["x"]], layers)
+
+
+def test_legacy_constraints_and_ranges():
+    net = _gemm_network()
+    policy = Policy("m", "0" * 64, "fp16", {"conv1": "fp32", "relu1": "fp16", "fc": "int8", "norm": "fp16"})
+    calib = types.SimpleNamespace(ranges={"r1": (-0.5, 6.0), "x": (-1.0, 1.0)}, amax={"r1": 6.0, "x": 1.0}.get)
+    precisions, outputs, ranges = tb.legacy_constraints(net, policy, calib, _fake_trt())
+    # the MatMul of the INT8 node runs int8; the weight Shuffle and bias add TensorRT made for it run the
+    # network default; constants and shape layers are never constrained
+    assert precisions == {"conv1": "f32", "relu1": "f16", "fc_3": "f16", "fc": "i8", "fc_1": "f16"}
+    assert outputs == {"conv1": "f32", "relu1": "f16", "fc_3": "f16", "fc": "f16", "fc_1": "f16"}
+    assert ranges == {"r1": 6.0, "wt": 3.0}  # the calibrated activation; the weights through the Shuffle
+    tb._apply_types_and_ranges(net, outputs, ranges)
+    assert net[4].out_types == {0: "f16"} and net.tensors["r1"].dynamic_range == (-6.0, 6.0)
+    assert net.tensors["wt"].dynamic_range == (-3.0, 3.0) and net.tensors["x"].dynamic_range is None
+
+
+def test_legacy_constraints_name_int8_inputs_without_range():
+    policy = Policy("m", "0" * 64, "fp32", {"fc": "int8"})
+    calib = types.SimpleNamespace(ranges={}, amax=lambda n: 0.0)
+    with pytest.raises(MixprecError, match="no calibrated range") as e:
+        tb.legacy_constraints(_gemm_network(), policy, calib, _fake_trt())
+    assert e.value.details == ["fc: input 0 (r1)"]

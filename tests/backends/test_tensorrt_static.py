@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
 import core.backends.tensorrt as trt_backend
@@ -197,6 +196,15 @@ def test_profile_shapes_default_and_override():
     assert got["input_ids"] == ((1, 16), (1, 64), (8, 128)) and got["image"] == ((1, 3, 32, 32),) * 3
 
 
+def test_profile_shapes_cover_the_evaluation_batch_on_dynamic_batch_axes():
+    from core.runs import EVAL_BATCH
+
+    got = trt_backend.profile_shapes({"ids": (2, 64), "mask": (2, 64)}, dynamic_batch={"ids"})
+    assert got["ids"] == ((1, 64), (2, 64), (EVAL_BATCH, 64)) and got["mask"] == ((2, 64),) * 3
+    assert trt_backend.profile_shapes({"x": (32, 8)}, dynamic_batch={"x"}, max_batch=16)["x"] == \
+        ((1, 8), (32, 8), (32, 8))
+
+
 @pytest.mark.parametrize("override, text", [
     ({"nope": ((1,), (1,), (1,))}, "inputs the model does not have"),
     ({"x": ((1, 8), (1, 4), (1, 16))}, "min <= opt <= max"),
@@ -258,8 +266,10 @@ def test_per_layer_table_maps_engine_layers_to_policy_layers():
     df = trt_backend.per_layer_table(graph, profile, layers, policy)
     assert list(df.columns) == PER_LAYER_COLUMNS and len(df) == len(graph["Layers"])
     row = df.set_index("name").loc["conv1.weight + QuantizeLinear_7 + Conv_9"]
-    assert (row.layer, row.precision, row.op_type, bool(row.is_reformat)) == ("Conv_9", "int8", "CaskConvolution", False)
-    assert df.set_index("name").loc["layer1.0.conv2.weight + QuantizeLinear_32 + Conv_34 + Add_36 + Relu_37"].layer == "Conv_34"
+    assert (row.layer, row.precision, row.op_type, bool(row.is_reformat)) == \
+        ("Conv_9", "int8", "CaskConvolution", False)
+    fused = "layer1.0.conv2.weight + QuantizeLinear_32 + Conv_34 + Add_36 + Relu_37"
+    assert df.set_index("name").loc[fused].layer == "Conv_34"
     copy = df.set_index("name").loc["Reformatting CopyNode for Output Tensor 0 to MaxPool_12"]
     assert bool(copy.is_reformat) and copy.layer == ""  # a copy node is no ONNX node's layer
     assert df["is_reformat"].sum() == parse_layers(graph)[0]["is_reformat"].sum()
@@ -287,92 +297,3 @@ def test_per_layer_table_names_a_mismatched_profile():
     graph, profile = _fixture("a100-resnet-fp16")
     with pytest.raises(MixprecError, match="layer information and its profile do not match"):
         trt_backend.per_layer_table(graph, profile[:-1], [], Policy("m", "0" * 64, "fp32", {}))
-
-
-# ---------------------------------------------------------------------------- legacy constraints, on a fake network
-
-class _Enum:
-    def __init__(self, *names):
-        for n in names:
-            setattr(self, n, n)
-
-
-FAKE_TRT = SimpleNamespace(float32="f32", float16="f16", int8="i8",
-                           LayerType=_Enum("CONVOLUTION", "DECONVOLUTION", "MATRIX_MULTIPLY", "CONSTANT", "SHAPE",
-                                           "SHUFFLE", "ELEMENTWISE", "ACTIVATION", "NORMALIZATION"))
-
-
-class _Tensor(SimpleNamespace):
-    pass
-
-
-class _Layer:
-    def __init__(self, name, type_, inputs, outputs, metadata=None, weights=None):
-        self.name, self.type, self.metadata, self.weights = name, type_, metadata, weights
-        self._in, self._out = inputs, outputs
-        self.num_inputs, self.num_outputs = len(inputs), len(outputs)
-        self.output_types = {}
-
-    def get_input(self, k):
-        return self._in[k]
-
-    def get_output(self, k):
-        return self._out[k]
-
-    def set_output_type(self, k, dtype):
-        self.output_types[k] = dtype
-
-
-class _Network:
-    def __init__(self, inputs, layers):
-        self._inputs, self._layers = inputs, layers
-        self.num_inputs, self.num_layers = len(inputs), len(layers)
-
-    def get_input(self, i):
-        return self._inputs[i]
-
-    def get_layer(self, i):
-        return self._layers[i]
-
-
-FAKE_TRT.IConstantLayer = _Layer
-
-
-def _fake_network():
-    t = {n: _Tensor(name=n, dtype="f32", dynamic_range=None) for n in
-         ("x", "c1", "r1", "w", "wt", "mm", "fc_out", "shape")}
-    t["shape"].dtype = "i64"
-    layers = [
-        _Layer("conv1", "CONVOLUTION", [t["x"]], [t["c1"]], "[ONNX Layer: conv1]"),
-        _Layer("relu1", "ACTIVATION", [t["c1"]], [t["r1"]], "[ONNX Layer: relu1]"),
-        _Layer("fc_2", "CONSTANT", [], [t["w"]], "[ONNX Layer: fc]", weights=np.array([[-3.0, 1.0]], np.float32)),
-        _Layer("fc_3", "SHUFFLE", [t["w"]], [t["wt"]], "[ONNX Layer: fc]"),
-        _Layer("fc", "MATRIX_MULTIPLY", [t["r1"], t["wt"]], [t["mm"]], "[ONNX Layer: fc]"),
-        _Layer("fc_1", "ELEMENTWISE", [t["mm"]], [t["fc_out"]], "[ONNX Layer: fc]"),
-        _Layer("shape_of_x", "SHAPE", [t["x"]], [t["shape"]], "[ONNX Layer: norm]"),
-    ]
-    return _Network([t["x"]], layers), t, layers
-
-
-def test_legacy_constraints_and_ranges_on_a_fake_network():
-    net, t, layers = _fake_network()
-    policy = Policy("m", "0" * 64, "fp16", {"conv1": "fp32", "relu1": "fp16", "fc": "int8", "norm": "fp16"})
-    calib = SimpleNamespace(ranges={"r1": (-0.5, 6.0), "x": (-1.0, 1.0)}, amax=lambda n: {"r1": 6.0, "x": 1.0}[n])
-    precisions, outputs, ranges = trt_backend.legacy_constraints(net, policy, calib, FAKE_TRT)
-    # the MatMul of the INT8 node runs int8; the weight Shuffle and bias add TensorRT made for it run the
-    # network default; constants and shape layers are never constrained
-    assert precisions == {"conv1": "f32", "relu1": "f16", "fc_3": "f16", "fc": "i8", "fc_1": "f16"}
-    assert outputs == {"conv1": "f32", "relu1": "f16", "fc_3": "f16", "fc": "f16", "fc_1": "f16"}
-    assert ranges == {"r1": 6.0, "wt": 3.0}  # calibrated activation; weights through the Shuffle
-    trt_backend._apply_types_and_ranges(net, outputs, ranges)
-    assert layers[4].output_types == {0: "f16"} and t["r1"].dynamic_range == (-6.0, 6.0)
-    assert t["wt"].dynamic_range == (-3.0, 3.0) and t["x"].dynamic_range is None
-
-
-def test_legacy_constraints_name_int8_inputs_without_range():
-    net, _, _ = _fake_network()
-    policy = Policy("m", "0" * 64, "fp32", {"fc": "int8"})
-    calib = SimpleNamespace(ranges={}, amax=lambda n: 0.0)
-    with pytest.raises(MixprecError, match="no calibrated range") as e:
-        trt_backend.legacy_constraints(net, policy, calib, FAKE_TRT)
-    assert e.value.details == ["fc: input 0 (r1)"]

@@ -1,0 +1,69 @@
+"""Isolated sensitivity, search under a budget, Pareto front."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from core.errors import MixprecError
+from core.search import Budget, pareto_flags, search, sensitivity
+
+FFN_DOWN = {f"/encoder/layer.{i}/output/dense/MatMul" for i in range(6)}
+
+
+def test_budget_parsing():
+    b = Budget.parse("cosine_mean>=0.99")
+    assert (b.metric, b.op, b.value) == ("cosine_mean", ">=", 0.99)
+    assert Budget.parse("top1_drop<=0.5%").value == pytest.approx(0.005)
+    for bad in ("cosine>=0.9", "cosine_mean<=0.99", "snr_db>30", ""):
+        with pytest.raises(MixprecError, match="budget"):
+            Budget.parse(bad)
+
+
+def test_pareto_flags_by_hand():
+    q = np.array([0.99, 0.98, 0.97, 0.99, 0.95])
+    ms = np.array([10.0, 8.0, 9.0, 12.0, 5.0])
+    assert pareto_flags(q, ms).tolist() == [True, True, False, False, True]
+
+
+def test_isolated_sensitivity_tiny_is_cached(tiny_transformer):
+    a = sensitivity(tiny_transformer, "isolated", workers=1)
+    assert len(a.table) == 8 and (np.diff(a.table.delta.to_numpy()) <= 0).all()
+    assert a.table.delta.max() > 0 and not a.cache_hit
+    b = sensitivity(tiny_transformer, "isolated", workers=1)
+    assert b.cache_hit and b.table.name.tolist() == a.table.name.tolist()
+    assert np.allclose(b.table.delta, a.table.delta, rtol=1e-12, atol=0)
+    loo = sensitivity(tiny_transformer, "leave-one-out", workers=1)
+    assert set(loo.table.name) == set(a.table.name) and loo.mode == "leave-one-out"
+
+
+def test_minilm_isolated_ranking_puts_ffn_down_on_top(minilm):
+    s = sensitivity(minilm, "isolated", workers=2)
+    assert len(s.table) == 48
+    assert s.table.iloc[0]["name"] in FFN_DOWN
+    assert len(set(s.table.head(6).name) & FFN_DOWN) >= 4, s.table.head(8)
+    delta = s.table.set_index("name").delta
+    kinds = {"down": FFN_DOWN, "up": {n.replace("output/dense", "intermediate/dense") for n in FFN_DOWN},
+             "query": {n.replace("output/dense", "attention/self/query") for n in FFN_DOWN},
+             "attn_out": {n.replace("output/dense", "attention/output/dense") for n in FFN_DOWN}}
+    means = {k: delta[list(v)].mean() for k, v in kinds.items()}
+    assert max(means, key=means.get) == "down", means
+
+
+def test_search_meets_budget_on_holdout_and_front_is_nondominated(minilm):
+    r = search(minilm, "cosine_mean>=0.99", workers=2)
+    assert r.met_on_dev and r.met_on_holdout, r.message
+    assert r.holdout.cosine_mean >= 0.99 and r.run is not None
+    counts = r.policy.precision_counts()
+    assert counts["int8"] >= 30  # most MatMuls stay INT8
+    c = r.candidates
+    front = c[c.pareto]
+    for row in front.itertuples():
+        dominated = (c.quality >= row.quality) & (c.est_ms <= row.est_ms) & \
+            ((c.quality > row.quality) | (c.est_ms < row.est_ms))
+        assert not dominated.any()
+
+
+def test_unmeetable_budget_says_so(tiny_cnn):
+    r = search(tiny_cnn, "snr_db>=200", workers=1, verify=False)
+    assert not r.met_on_dev and r.message.startswith("NO policy meets snr_db>=200")
+    assert r.policy.precision_counts()["int8"] >= 0 and len(r.candidates) > 0
