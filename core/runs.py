@@ -120,20 +120,27 @@ def _reference_outputs(backend, reference, project: Project, batches, name) -> l
 
 def build_and_measure(project: Project, policy: Policy, backend: str = "auto", label: str = "",
                       progress=None, warmup: int = 3, iterations: int = 30,
-                      profile_iterations: int = 5) -> RunResult:
-    """Compile, build, evaluate, time and profile one policy; store the run atomically."""
+                      profile_iterations: int = 5, onnx_bytes: bytes | None = None) -> RunResult:
+    """Compile, build, evaluate, time and profile one policy; store the run atomically.
+    ``onnx_bytes`` measures an ONNX made elsewhere (e.g. by ORT's quantize_static) instead of
+    compiling ``policy``, which then only describes it (precision counts, MAC share)."""
     step = progress or (lambda f, t: None)
     be, reason = select_backend(backend)
     ws = project.ws
     t_start = time.perf_counter()
     step(0.05, f"calibrating ({policy.calibration.method})")
-    calib = calibrate_policy(project.model, project.calib_data, policy, project.layers, ws)
+    calib = None if onnx_bytes else calibrate_policy(project.model, project.calib_data, policy, project.layers, ws)
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
     tmp_dir = ws.runs / f".tmp-{run_id}"
     tmp_dir.mkdir(parents=True)
     try:
         step(0.15, f"building on {be.name}")
-        engine = be.build(project.model, policy, calib, tmp_dir, project.input_shapes)
+        if onnx_bytes is None:
+            engine = be.build(project.model, policy, calib, tmp_dir, project.input_shapes)
+        elif hasattr(be, "build_from_onnx"):
+            engine = be.build_from_onnx(onnx_bytes, tmp_dir, project.input_shapes)
+        else:
+            raise MixprecError(f"the {be.name} backend cannot measure a prebuilt ONNX", "use --backend onnxruntime")
         build_seconds = time.perf_counter() - t_start
         reference = _reference(be, project)
         out_name = next(o.name for o in project.model.outputs if o.is_float)

@@ -378,26 +378,32 @@ class _Searcher:
         return [self.seen[frozenset(s)] for s in sets]
 
     def run(self, order: list[str]) -> Candidate:
-        """``order``: fallback priority, worst quality cost per latency gain first."""
-        head = self.eval([set(order)])[0]
-        if head.meets_budget:
-            return head
-        lo, hi = 0, len(order)  # smallest fallback count k that meets the budget (binary search)
+        """``order``: fallback priority, worst quality cost per latency gain first. Layers whose
+        INT8 saves no time start in the fallback set and never return."""
+        slow = [l for l in order if self.lat.gain_ms.get(l, 0.0) <= 0]
+        order = slow + [l for l in order if l not in slow]
+        lo, hi = len(slow), len(order)  # smallest fallback count k that meets the budget (binary search)
+        if self.eval([set(order[lo:])])[0].meets_budget:
+            return self.best()
         if not self.eval([set()])[0].meets_budget:
-            return max(self.seen.values(), key=lambda c: self.budget.value_of(c.quality))
+            return self.best()
         while hi - lo > 1:
             mid = (lo + hi) // 2
             ok = self.eval([set(order[mid:])])[0].meets_budget
             lo, hi = (lo, mid) if ok else (mid, hi)
-        fallback = list(order[:hi])
-        # refinement: try each fallback layer back in INT8, most beneficial first
+        # refinement: try each fallback layer back in INT8, most time saved first
         int8 = set(order[hi:])
-        gains = [l for l in fallback if self.lat.gain_ms.get(l, 0.0) > 0]  # INT8 that saves no time stays out
-        for layer in sorted(gains, key=lambda l: -self.lat.gain_ms[l]):
-            trial = int8 | {layer}
-            if self.eval([trial])[0].meets_budget:
-                int8 = trial
-        return self.seen[frozenset(int8)]
+        for layer in sorted((l for l in order[:hi] if l not in slow), key=lambda l: -self.lat.gain_ms[l]):
+            if self.eval([int8 | {layer}])[0].meets_budget:
+                int8 = int8 | {layer}
+        return self.best()
+
+    def best(self) -> Candidate:
+        """The fastest (estimated) candidate that meets the budget, else the best quality."""
+        ok = [c for c in self.seen.values() if c.meets_budget]
+        if ok:
+            return min(ok, key=lambda c: (c.est_ms, -self.budget.value_of(c.quality)))
+        return max(self.seen.values(), key=lambda c: self.budget.value_of(c.quality))
 
 
 def default_margin(budget: Budget) -> float:

@@ -91,6 +91,10 @@ class OnnxRuntimeBackend(Backend):
         eng.build_seconds = time.perf_counter() - t0
         return eng
 
+    def build_from_onnx(self, data: bytes, out_dir, input_shapes) -> Engine:
+        """An engine from an explicit-precision ONNX made elsewhere (e.g. ORT's quantize_static)."""
+        return self._engine(data, Path(out_dir), "compiled", input_shapes)
+
     def reference(self, model, out_dir, input_shapes):
         out_dir = Path(out_dir)
         compiled, artifact = out_dir / "reference-fp32.onnx", out_dir / "reference-fp32.ort-optimized.onnx"
