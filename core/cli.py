@@ -203,7 +203,7 @@ def cmd_search(args):
 
     bar = Progress("search")
     p = _project(args, bar)
-    r = search(p, args.budget, workers=args.workers, progress=bar)
+    r = search(p, args.budget, workers=args.workers, smooth=args.smooth, progress=bar)
     bar.done()
     out = Path(args.out) if args.out else p.ws.sub("policies") / f"search-{r.policy.sha256[:12]}.json"
     atomic_write_text(out, r.policy.to_json())
@@ -280,6 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--budget", required=True, help="e.g. 'cosine_mean>=0.99', 'snr_db>=30', 'top1_drop<=0.5%%'")
     sp.add_argument("--workers", type=int, default=2, help="parallel worker processes (default 2)")
     sp.add_argument("--out", help="where to write the policy JSON (default: workspace/policies/)")
+    sp.add_argument("--smooth", action="store_true",
+                    help="also try SmoothQuant-style smoothing of the most sensitive MatMuls (kept only if it pays)")
     sp = sub.add_parser("sample", help="write a bundled sample: model.onnx, calib.npz, eval.npz")
     sp.add_argument("name", choices=("minilm", "tiny-cnn", "tiny-transformer"))
     sp.add_argument("--out", required=True)

@@ -65,6 +65,7 @@ def rank_layers(project: Project, policy: Policy | None = None, method: str = "m
     from polygraphy.backend.onnx import BytesFromOnnx, ModifyOutputs
     from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
     from polygraphy.comparator import Comparator
+    from polygraphy.logger import G_LOGGER
 
     if metric not in RANK_METRICS:
         raise MixprecError(f"unknown ranking metric {metric!r}", f"use one of {', '.join(RANK_METRICS)}")
@@ -88,6 +89,7 @@ def rank_layers(project: Project, policy: Policy | None = None, method: str = "m
     ]
     feeds = project.eval_data.batches(1)[:max_samples]
     acc = {t: _Acc() for t in marked}
+    G_LOGGER.module_severity = G_LOGGER.WARNING  # Polygraphy logs every iteration on stdout otherwise
     for i, results in enumerate(Comparator.run(runners, data_loader=feeds, streaming=True)):
         step(0.3 + 0.65 * i / len(feeds), f"comparing sample {i + 1}/{len(feeds)}")
         ref, cand = results["fp32"][0], results["candidate"][0]

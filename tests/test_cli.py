@@ -93,3 +93,9 @@ def test_report_command(ws, trt_reports_dir, fixture, count, pct):
     doc = json.loads(cli(ws, "report", str(trt_reports_dir / f"{fixture}.graph.json"),
                          str(trt_reports_dir / f"{fixture}.profile.json"), "--json").stdout)
     assert doc["reformat"]["count"] == count and round(doc["reformat"]["pct"], 1) == pct
+
+
+def test_rank_json_is_clean_stdout(ws, tiny_cnn):
+    doc = json.loads(cli(ws, "rank", "sample:tiny-cnn", "--json", "--samples", "4").stdout)
+    assert doc["samples"] == 4 and len(doc["layers"]) == len(tiny_cnn.layers)
+    assert doc["layers"][0]["rank"] == 1

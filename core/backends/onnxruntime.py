@@ -111,14 +111,16 @@ class OnnxRuntimeBackend(Backend):
             sc.run(None, feed)
             sr.run(None, feed)
         tc, tr = [], []
-        for _ in range(iterations):  # A B A B …: both see the same machine state
+        for i in range(iterations):  # A B, B A, A B, …: interleaved, and neither always goes first
+            first, second = (sc, sr) if i % 2 == 0 else (sr, sc)
             t0 = time.perf_counter()
-            sc.run(None, feed)
+            first.run(None, feed)
             t1 = time.perf_counter()
-            sr.run(None, feed)
+            second.run(None, feed)
             t2 = time.perf_counter()
-            tc.append(t1 - t0)
-            tr.append(t2 - t1)
+            c, r = (t1 - t0, t2 - t1) if i % 2 == 0 else (t2 - t1, t1 - t0)
+            tc.append(c)
+            tr.append(r)
         return latency_from_pairs(tc, tr)
 
     def profile(self, engine, feed, iterations, layers, policy) -> pd.DataFrame:
