@@ -49,7 +49,7 @@ BUDGET_METRICS = {"cosine_mean": "max", "cosine_min": "max", "snr_db": "max", "k
                   "top1_agreement": "max", "top1_drop": "min"}
 SENSITIVITY_COLUMNS = ["rank", "name", "op_type", "macs", "mode", "method", "cosine", "delta", "snr_db"]
 CANDIDATE_COLUMNS = ["candidate", "method", "n_int8", "n_fallback", "quality", "est_ms", "int8_mac_share",
-                     "est_reformat_pct", "meets_budget", "pareto", "fallback"]
+                     "est_reformat_pct", "meets_budget", "pareto", "fallback", "int8_layers"]
 
 
 # --- budget -------------------------------------------------------------------------------
@@ -334,6 +334,11 @@ class SearchResult:
     run: object | None = None  # RunResult of the verifying build
     seconds: float = 0.0
     timings: dict = field(default_factory=dict)
+    variants: dict = field(default_factory=dict)  # calibration variant -> its base Policy
+
+    def policy_for(self, candidate: int) -> Policy:
+        """The policy of any evaluated candidate (e.g. a point of the front the user picks)."""
+        return candidate_policy(self.variants, self.candidates.set_index("candidate").loc[candidate])
 
     def to_json(self) -> dict:
         q = self.holdout
@@ -346,7 +351,29 @@ class SearchResult:
             "build": {k: v for k, v in self.run.to_json().items() if k != "per_layer"} if self.run else None,
             "front": self.candidates[self.candidates.pareto].drop(columns=["fallback"]).to_dict(orient="records"),
             "candidates": len(self.candidates),
+            "variants": {k: v.to_dict() for k, v in self.variants.items()},
         }
+
+
+def candidate_policy(variants: dict, row) -> Policy:
+    """Policy of a candidate row (``method``, ``int8_layers``) on top of its variant's base policy:
+    its INT8 layers INT8, the other eligible layers FP16."""
+    base = variants[row["method"]]
+    int8 = set(filter(None, str(row["int8_layers"]).split(",")))
+    eligible_now = {n for n, p in base.layers.items() if p == "int8"}
+    return base.with_layers({n: ("int8" if n in int8 else "fp16") for n in eligible_now | int8})
+
+
+def front_policy(doc: dict, candidate: int, project: Project) -> Policy:
+    """From a stored ``SearchResult.to_json()`` document: the policy of one front point, validated."""
+    from .policy import policy_from_dict
+
+    rows = {r["candidate"]: r for r in doc["front"]}
+    if candidate not in rows:
+        raise MixprecError(f"candidate {candidate} is not on the stored Pareto front",
+                           "pick one of the front's points: " + ", ".join(map(str, sorted(rows))))
+    variants = {k: policy_from_dict(v, project.model, project.layers) for k, v in doc["variants"].items()}
+    return candidate_policy(variants, rows[candidate])
 
 
 def pareto_flags(quality_vals: np.ndarray, latency_vals: np.ndarray) -> np.ndarray:
@@ -515,7 +542,7 @@ def search(project: Project, budget: Budget | str, methods=CALIB_METHODS, margin
                    "add calibration data")
     pol_pick = switch[pick.method][1]
     policy = pol_pick.with_layers({l.name: ("int8" if l.name in pick.int8 else "fp16") for l in eligible})
-    table = _candidate_table(all_candidates, budget)
+    table = _candidate_table(all_candidates, budget, [l.name for l in eligible])
     run, holdout, met_holdout = None, None, None
     if verify:
         from .runs import build_and_measure
@@ -529,17 +556,16 @@ def search(project: Project, budget: Budget | str, methods=CALIB_METHODS, margin
             ("(meets the budget)" if met_holdout else "(does NOT meet the budget)")
     step(1.0, "done")
     return SearchResult(budget, policy, bool(ok), met_holdout, holdout, message, table, sens[first], run,
-                        time.perf_counter() - t_start, timings)
+                        time.perf_counter() - t_start, timings, {v: switch[v][1] for v in variants})
 
 
-def _candidate_table(cands: list[Candidate], budget: Budget) -> pd.DataFrame:
+def _candidate_table(cands: list[Candidate], budget: Budget, eligible: list[str]) -> pd.DataFrame:
     rows = [(i, c.method, len(c.int8), 0, budget.value_of(c.quality), c.est_ms, c.int8_mac_share, c.est_reformat_pct,
-             c.meets_budget, False, "") for i, c in enumerate(cands)]
+             c.meets_budget, False, "", ",".join(sorted(c.int8))) for i, c in enumerate(cands)]
     df = pd.DataFrame(rows, columns=CANDIDATE_COLUMNS).drop_duplicates(["quality", "est_ms"], ignore_index=True)
     cands = [cands[i] for i in df.candidate]
     q = df.quality.to_numpy() if budget.op == ">=" else -df.quality.to_numpy()
     df["pareto"] = pareto_flags(q, df.est_ms.to_numpy())
-    names = sorted({l for c in cands for l in c.int8} | set())
-    df["n_fallback"] = [len(names) - len(c.int8) if names else 0 for c in cands]
-    df["fallback"] = [",".join(sorted(set(names) - set(c.int8))) for c in cands]
+    df["n_fallback"] = [len(eligible) - len(c.int8) for c in cands]
+    df["fallback"] = [",".join(sorted(set(eligible) - set(c.int8))) for c in cands]
     return df

@@ -67,3 +67,19 @@ def test_unmeetable_budget_says_so(tiny_cnn):
     r = search(tiny_cnn, "snr_db>=200", workers=1, verify=False)
     assert not r.met_on_dev and r.message.startswith("NO policy meets snr_db>=200")
     assert r.policy.precision_counts()["int8"] >= 0 and len(r.candidates) > 0
+
+
+def test_front_policies_are_usable(tiny_transformer):
+    import json
+
+    from core.search import front_policy
+
+    r = search(tiny_transformer, "cosine_mean>=0.999", workers=1, verify=False)
+    doc = json.loads(json.dumps(r.to_json()))  # what a job stores
+    for row in doc["front"]:
+        pol = front_policy(doc, row["candidate"], tiny_transformer)
+        int8 = {n for n, p in pol.layers.items() if p == "int8"}
+        assert int8 == set(filter(None, row["int8_layers"].split(","))) and pol.model_sha256 == r.policy.model_sha256
+        assert r.policy_for(row["candidate"]) == pol
+    with pytest.raises(MixprecError, match="not on the stored Pareto front"):
+        front_policy(doc, 10_000, tiny_transformer)
