@@ -16,6 +16,10 @@ from .runs import int8_mac_fraction, list_runs
 
 EDITOR_COLUMNS = ["name", "op_type", "macs", "sensitivity", "eligible", "precision"]
 DIFF_COLUMNS = ["name", "op_type", "built", "now"]
+COMPARE_COLUMNS = ["name", "op_type", "macs", "isolated_rank", "isolated_delta", "cumulative_rank", "cos_drop",
+                   "added_cos_drop"]
+FRONT_COLUMNS = ["candidate", "method", "n_int8", "quality", "est_ms", "int8_mac_share", "est_reformat_pct",
+                 "meets_budget"]
 
 
 def select_layers(layers: list[Layer], op_types=None, regex: str | None = None) -> list[str]:
@@ -57,6 +61,27 @@ def editor_table(project: Project, policy: Policy, ranking: pd.DataFrame | None)
     rows = [(l.name, l.op_type, l.macs, sens.get(l.name), l.eligible, policy.layers.get(l.name, "fp32"))
             for l in project.layers]
     return pd.DataFrame(rows, columns=EDITOR_COLUMNS)
+
+
+def ranking_comparison(cumulative: pd.DataFrame | None, isolated: pd.DataFrame) -> pd.DataFrame:
+    """One row per INT8-eligible layer (COMPARE_COLUMNS), most harmful on its own first: its rank
+    and cosine drop in the isolated (or leave-one-out) ranking next to its rank among the same
+    layers in the cumulative ranking (all eligible layers INT8)."""
+    df = isolated.rename(columns={"rank": "isolated_rank", "delta": "isolated_delta"})
+    cum = pd.DataFrame(columns=["name", "cos_drop", "added_cos_drop"]) if cumulative is None else \
+        cumulative[cumulative["name"].isin(df["name"])]
+    cum = cum.sort_values("cos_drop", ascending=False, kind="stable")[["name", "cos_drop", "added_cos_drop"]]
+    cum.insert(1, "cumulative_rank", range(1, len(cum) + 1))
+    out = df.merge(cum, on="name", how="left").sort_values("isolated_rank", kind="stable", ignore_index=True)
+    return out[COMPARE_COLUMNS]
+
+
+def search_tables(doc: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """From a stored search document: every evaluated candidate (with the ``pareto`` flag) and the
+    front (FRONT_COLUMNS, fastest first)."""
+    cands = pd.DataFrame(doc.get("candidate_table") or doc["front"])
+    front = cands[cands["pareto"].astype(bool)].sort_values("est_ms", ignore_index=True)
+    return cands, front[FRONT_COLUMNS]
 
 
 def policy_summary(project: Project, policy: Policy) -> dict:

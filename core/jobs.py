@@ -96,8 +96,11 @@ def ranking_key(model_sha256: str, calib_sha256: str, eval_sha256: str, method: 
     return sha256_bytes(f"{model_sha256}|{calib_sha256}|{eval_sha256}|{method}".encode())[:32]
 
 
-def project_ranking_key(project, method: str = "minmax") -> str:
-    return ranking_key(project.model.sha256, project.calib_data.sha256, project.eval_data.sha256, method)
+def project_ranking_key(project, method: str = "minmax", mode: str = "cumulative") -> str:
+    """Key of a stored ranking: the cumulative (Polygraphy) one, or an ``isolated`` /
+    ``leave-one-out`` one (core.search), or any other stored analysis named by ``mode``."""
+    return ranking_key(project.model.sha256, project.calib_data.sha256, project.eval_data.sha256,
+                       method if mode == "cumulative" else f"{mode}:{method}")
 
 
 def ranking_path(ws: Workspace, key: str) -> Path:
@@ -126,6 +129,44 @@ def _run_rank(params: dict, ws: Workspace, progress) -> str:
     return str(path)
 
 
+def _run_isolated(params: dict, ws: Workspace, progress) -> str:
+    from .search import sensitivity
+    from .workspace import atomic_write_text
+
+    progress(0.01, "opening the model")
+    project = _open(params, ws)
+    method, mode = params.get("method", "minmax"), params.get("mode", "isolated")
+    table = sensitivity(project, mode, method, workers=int(params.get("workers", 2)), progress=progress).table
+    path = ranking_path(ws, project_ranking_key(project, method, mode))
+    atomic_write_text(path, table.to_csv(index=False))
+    return str(path)
+
+
+def search_path(ws: Workspace, project, budget: str, smooth: bool) -> Path:
+    """Where the search of this model, data, budget (normalised, ``str(Budget)``) and smoothing is stored."""
+    return ws.sub("searches") / f"{project_ranking_key(project, f'{budget}|smooth={bool(smooth)}', 'search')}.json"
+
+
+def load_search(ws: Workspace, project, budget: str, smooth: bool) -> dict | None:
+    """The stored search document (``SearchResult.to_json()`` plus ``candidate_table`` and
+    ``chosen``), or None if this search was never run."""
+    return _read_json(search_path(ws, project, budget, smooth))
+
+
+def _run_search(params: dict, ws: Workspace, progress) -> str:
+    from .search import search
+
+    progress(0.01, "opening the model")
+    project = _open(params, ws)
+    smooth = bool(params.get("smooth"))
+    r = search(project, params["budget"], smooth=smooth, workers=int(params.get("workers", 2)), progress=progress)
+    table = r.candidates.drop(columns=["fallback"])
+    doc = r.to_json() | {
+        "candidate_table": table.to_dict(orient="records"),
+        "chosen": next((int(c) for c in table.candidate if r.policy_for(c).sha256 == r.policy.sha256), None)}
+    return str(atomic_write_json(search_path(ws, project, str(r.budget), smooth), doc))
+
+
 def _run_sleep(params: dict, ws: Workspace, progress) -> str:
     """Diagnostic kind (tests): sleep in steps, reporting progress; writes a small result file."""
     steps = int(params.get("steps", 10))
@@ -150,7 +191,13 @@ def _run_crash(params: dict, ws: Workspace, progress) -> str:
     raise MixprecError("the diagnostic job failed on purpose", "nothing to fix")
 
 
-KINDS = {"build": _run_build, "rank": _run_rank, "sleep": _run_sleep, "crash": _run_crash}
+KINDS = {"build": _run_build, "rank": _run_rank, "isolated": _run_isolated, "search": _run_search,
+         "sleep": _run_sleep, "crash": _run_crash}
+ANALYSIS_KINDS = ("rank", "isolated", "search")  # one at a time, in the "rank" queue, beside the builds
+
+
+def _terminate(signum, frame):
+    raise SystemExit(128 + signum)  # unwind on cancel, so worker pools (search trials) shut down too
 
 
 def _child_main(record_path: str) -> None:
@@ -168,8 +215,11 @@ def _child_main(record_path: str) -> None:
 
     ws = Workspace(record.parent.parent)
     os.nice(CHILD_NICENESS)
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         result = KINDS[job.kind](job.params, ws, progress)
+    except SystemExit:
+        raise
     except MixprecError as e:
         atomic_write_json(outcome_path, {"error": str(e)})
         sys.exit(3)
@@ -419,7 +469,7 @@ def _default_queue(kind: str, params: dict) -> str:
 
         backend, _ = select_backend(params.get("backend", "auto"))
         return f"build-{backend.name}"
-    return kind
+    return "rank" if kind in ANALYSIS_KINDS else kind
 
 
 def build_params(model: str, policy_json: str, data: str | None = None, eval_data: str | None = None,
@@ -433,6 +483,20 @@ def rank_params(model: str, data: str | None = None, eval_data: str | None = Non
                 method: str = "minmax", max_samples: int = 16) -> dict:
     return {"model": str(model), "data": data, "eval_data": eval_data, "method": method,
             "max_samples": max_samples}
+
+
+def isolated_params(model: str, data: str | None = None, eval_data: str | None = None, method: str = "minmax",
+                    mode: str = "isolated") -> dict:
+    return {"model": str(model), "data": data, "eval_data": eval_data, "method": method, "mode": mode}
+
+
+def search_params(model: str, data: str | None = None, eval_data: str | None = None,
+                  budget: str = "cosine_mean>=0.99", smooth: bool = False) -> dict:
+    """The parameters of a ``search`` job; the budget is checked (MixprecError) and normalised here."""
+    from .search import Budget
+
+    return {"model": str(model), "data": data, "eval_data": eval_data, "budget": str(Budget.parse(budget)),
+            "smooth": bool(smooth)}
 
 
 if __name__ == "__main__":

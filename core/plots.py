@@ -220,3 +220,62 @@ def plot_op_types(inventory: pd.DataFrame) -> go.Figure:
                          marker={"color": PRECISION_COLORS["INT8"]}), row=1, col=2)
     fig.update_layout(title="Layers and MACs by op type", template=TEMPLATE)
     return fig
+
+
+# --- search: isolated vs cumulative sensitivity (core.dashboard.COMPARE_COLUMNS), Pareto front
+# --- of the evaluated candidates (core.search.CANDIDATE_COLUMNS) -----------------------------
+def plot_sensitivity_compare(cumulative_df: pd.DataFrame | None, isolated_df: pd.DataFrame, top_n: int = 20) -> go.Figure:
+    """The ``top_n`` layers most harmful on their own (isolated cosine drop, left) next to their
+    cosine drop when every eligible layer is INT8 (cumulative, right), on a shared layer axis."""
+    from .dashboard import ranking_comparison
+
+    _check(isolated_df, ["rank", "name", "op_type", "delta"], "isolated sensitivity")
+    df = ranking_comparison(cumulative_df, isolated_df).head(top_n).iloc[::-1]
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.03,
+                        subplot_titles=("On its own (isolated)", "Cumulative (all eligible INT8)"))
+    for col, x, rank, color in ((1, "isolated_delta", "isolated_rank", PRECISION_COLORS["INT8"]),
+                                (2, "cos_drop", "cumulative_rank", PRECISION_COLORS["FP32"])):
+        fig.add_trace(go.Bar(
+            y=df["name"].tolist(), x=df[x].tolist(), orientation="h", name=x.replace("_", " "),
+            marker={"color": color}, customdata=df[["op_type", rank]].values.tolist(),
+            hovertemplate="%{y}<br>%{customdata[0]} · rank %{customdata[1]}<br>%{x:.4g}<extra></extra>"),
+            row=1, col=col)
+        fig.update_xaxes(title_text="Cosine drop vs FP32", row=1, col=col)
+    fig.update_layout(title=f"Top {len(df)} layers by isolated sensitivity, against their cumulative drop",
+                      template=TEMPLATE, showlegend=False, height=max(400, 24 * len(df)))
+    return fig
+
+
+PARETO_COLUMNS = ["candidate", "method", "n_int8", "quality", "est_ms", "int8_mac_share", "est_reformat_pct",
+                  "pareto"]
+
+
+def plot_pareto(candidates_df: pd.DataFrame, chosen: int | None = None, budget=None) -> go.Figure:
+    """Quality against estimated latency of every evaluated candidate; the non-dominated ones
+    highlighted and connected, ``chosen`` (a candidate id) starred. ``budget`` (a
+    ``core.search.Budget``) names the y axis, draws its threshold and flips the axis when lower
+    is better."""
+    _check(candidates_df, PARETO_COLUMNS, "candidates")
+    df = candidates_df.sort_values("est_ms")
+    front = df["pareto"].astype(bool)
+    fig = go.Figure()
+    for rows, name, style in ((df[~front], "other candidates", {"mode": "markers", "marker": {"color": OTHER_COLOR}}),
+                              (df[front], "Pareto front", {"mode": "lines+markers", "marker": {
+                                  "color": PRECISION_COLORS["INT8"], "size": 10}}),
+                              (df[df["candidate"] == chosen], "chosen", {"mode": "markers", "marker": {
+                                  "color": "#E45756", "size": 18, "symbol": "star"}})):
+        if name == "chosen" and rows.empty:
+            continue
+        fig.add_trace(go.Scatter(
+            x=rows["est_ms"].tolist(), y=rows["quality"].tolist(), name=name, **style,
+            customdata=rows[["candidate", "n_int8", "int8_mac_share", "est_reformat_pct", "method"]].values.tolist(),
+            hovertemplate="candidate %{customdata[0]} · %{customdata[4]} calibration<br>%{x:.3f} ms · %{y:.5f}<br>"
+                          "%{customdata[1]} layers INT8 · %{customdata[2]:.0%} of eligible MACs INT8<br>"
+                          "reformat %{customdata[3]:.1f}%<extra></extra>"))
+    metric = budget.metric if budget is not None else "quality"
+    if budget is not None:
+        fig.add_hline(y=budget.value, line_dash="dash", line_color="#E45756", annotation_text=f"budget {budget}")
+        if budget.op == "<=":
+            fig.update_yaxes(autorange="reversed")
+    return _titled(fig, f"Pareto front: {int(front.sum())} of {len(df)} candidates (quality on the dev half)",
+                   "Estimated latency (ms)", metric, legend_title_text="")

@@ -1,30 +1,26 @@
-"""Sensitivity: Polygraphy layer-wise ranking (all eligible layers INT8 vs FP32), as a background job."""
+"""Sensitivity: the cumulative Polygraphy ranking (all eligible layers INT8 vs FP32) next to the
+isolated one (one layer at a time, core.search), each computed once by a background job."""
 import streamlit as st
 
 from core.compare import RANK_METRICS
-from core.jobs import rank_params
-from core.plots import plot_ranking
+from core.dashboard import ranking_comparison
+from core.jobs import isolated_params, rank_params
+from core.plots import plot_ranking, plot_sensitivity_compare
 from core.policy import CALIB_METHODS
+from core.search import MODES
 from ui import common as ui
 
 ui.header("Sensitivity", "How far each layer's output drifts from FP32 when every eligible layer is INT8 "
-          "(ONNX Runtime, Polygraphy Comparator). Errors are cumulative; 'added_cos_drop' isolates a layer's own share.")
+          "(ONNX Runtime, Polygraphy Comparator). Errors are cumulative; 'added_cos_drop' isolates a layer's own share, "
+          "and the isolated ranking below quantizes one layer at a time.")
 p = ui.project()
 src = ui.source()
 method = st.selectbox("Calibration method", CALIB_METHODS, key="rank_method")
 table = ui.ranking(p, method)
-mine = [j for j in ui.manager().jobs(kind="rank")
-        if j.params.get("model") == src["model"] and j.params.get("data") == src["data"]
-        and j.params.get("eval_data") == src["eval_data"] and j.params.get("method") == method]
-if any(j.active for j in mine):
-    ui.job_panel(kind="rank", only=[j.id for j in mine], limit=1)
-elif table is None:
-    st.info("This model and data have not been ranked with this calibration method yet.")
-    if mine and mine[0].status != "done":
-        st.error(f"The last ranking {mine[0].status}: {mine[0].error}")
-    if st.button("Run the ranking", type="primary", key="run_rank"):
-        ui.submit("rank", rank_params(src["model"], src["data"], src["eval_data"], method), f"rank {p.model.name}")
-        st.rerun()
+st.subheader("Cumulative (Polygraphy)")
+ui.job_button("rank", rank_params(src["model"], src["data"], src["eval_data"], method), f"rank {p.model.name}",
+              "Run the ranking", "run_rank", table is not None,
+              "This model and data have not been ranked with this calibration method yet.")
 if table is not None:
     st.caption(f"Stored ranking of {len(table)} layers (kept per model, calibration and evaluation data, and method: "
                "revisiting does not recompute).")
@@ -35,3 +31,19 @@ if table is not None:
     top = c2.number_input("Top N", 1, max(1, len(table)), min(20, max(1, len(table))), key="rank_top")
     st.plotly_chart(plot_ranking(table, metric, top), key="ranking_chart")
     st.dataframe(table, hide_index=True, height=400)
+
+st.subheader("Isolated (one layer at a time)")
+labels = {"isolated": "Isolated (one layer at a time)", "leave-one-out": "Leave-one-out (all but one layer INT8)"}
+mode = st.radio("Mode", MODES, horizontal=True, key="iso_mode", format_func=labels.get)
+iso = ui.ranking(p, method, mode)
+ui.job_button("isolated", isolated_params(src["model"], src["data"], src["eval_data"], method, mode),
+              f"{mode} {p.model.name}", labels[mode], "run_isolated", iso is not None,
+              f"No {mode} ranking yet for this model, data and calibration method: each eligible layer is "
+              "measured on the dev half of the evaluation data (calibrated once, trials in parallel).")
+if iso is not None:
+    st.caption("delta: cosine drop with only this layer INT8 (isolated), or cosine gain when only this layer "
+               "leaves INT8 (leave-one-out). Next to it: the layer's rank and drop in the cumulative ranking"
+               + ("." if table is not None else " (run the cumulative ranking above to fill them in)."))
+    n = st.number_input("Top N", 1, len(iso), min(20, len(iso)), key="iso_top")
+    st.plotly_chart(plot_sensitivity_compare(table, iso, n), key="compare_chart")
+    st.dataframe(ranking_comparison(table, iso), hide_index=True, height=400)

@@ -2,11 +2,13 @@
 import streamlit as st
 
 from core.backends import BACKENDS
-from core.dashboard import editor_table, last_built_policy, policy_diff, policy_summary, select_layers, \
-    set_precision, top_sensitive
+from core.dashboard import editor_table, last_built_policy, policy_diff, policy_summary, search_tables, \
+    select_layers, set_precision, top_sensitive
 from core.errors import MixprecError
 from core.inventory import PRECISIONS
-from core.jobs import build_params
+from core.jobs import build_params, load_search, search_params
+from core.plots import plot_pareto
+from core.search import Budget, front_policy
 from ui import common as ui
 
 ui.header("Precision", "Choose FP32 / FP16 / INT8 per layer, then Rebuild. INT8 applies to eligible layers only "
@@ -52,6 +54,37 @@ with st.expander("Bulk actions", expanded=True):
     if st.button("Reset to defaults", key="reset"):
         ui.set_policy(p, p.default_policy())
         ui.flash("Reset: LayerNorm, Softmax and embeddings FP16; eligible layers INT8")
+
+with st.expander("Search under a budget", expanded=True):
+    src = ui.source()
+    s1, s2 = st.columns([3, 1])
+    budget = s1.text_input("Quality budget", "cosine_mean>=0.99", key="search_budget",
+                           help="METRIC>=VALUE or METRIC<=VALUE: cosine_mean, cosine_min, snr_db, knn5_overlap, "
+                                "top1_agreement (>=) or top1_drop (<=, e.g. top1_drop<=0.5%)")
+    smooth = s2.checkbox("SmoothQuant-style smoothing", key="search_smooth")
+    try:
+        params = search_params(src["model"], src["data"], src["eval_data"], budget, smooth)
+    except MixprecError as e:
+        st.error(str(e))
+        params = None
+    doc = params and load_search(p.ws, p, params["budget"], smooth)
+    if params:
+        ui.job_button("search", params, f"search {params['budget']} · {p.model.name}", "Start the search",
+                      "start_search", doc is not None, "Not searched yet for this budget: the search chooses on half "
+                      "of the evaluation data and verifies on the other half (MiniLM: a few minutes).")
+    if doc:
+        (st.success if doc["met_on_dev"] and doc["met_on_holdout"] is not False else st.warning)(doc["message"])
+        cands, front = search_tables(doc)
+        st.plotly_chart(plot_pareto(cands, doc.get("chosen"), Budget.parse(doc["budget"])), key="pareto_chart")
+        st.dataframe(front, hide_index=True)
+        f1, f2 = st.columns([3, 1])
+        points = {r.candidate: f"#{r.candidate}{' (chosen)' if r.candidate == doc.get('chosen') else ''}: "
+                  f"{r.n_int8} layers INT8, {r.method}, {r.est_ms:.3f} ms, {r.quality:.4f}" for r in front.itertuples()}
+        pick = f1.selectbox("Front point", list(points), format_func=points.get, key="front_pick")
+        f2.write("")
+        if f2.button("Use this policy", type="primary", key="use_front"):
+            ui.set_policy(p, front_policy(doc, int(pick), p))
+            ui.flash(f"Front point #{pick} is now the current policy: Rebuild to measure it.", rerun=True)
 ui.show_flash()
 
 pol = ui.policy(p)

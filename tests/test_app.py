@@ -94,7 +94,77 @@ def test_sensitivity_rank_job_and_stored_result(ws):
     at.radio(key="rank_metric").set_value("snr_db").run()
     ok(at)
     again = ok(page("2_Sensitivity"))  # a new session: the stored ranking, no recomputation
-    assert not again.button and len(JobManager.for_workspace(ws).jobs()) == 1
+    assert [b.key for b in again.button] == ["run_isolated"] and len(JobManager.for_workspace(ws).jobs()) == 1
+
+
+def test_isolated_ranking_next_to_cumulative(ws):
+    at = ok(page("2_Sensitivity", model="sample:tiny-transformer"))
+    at.button(key="run_rank").click().run()
+    at.button(key="run_isolated").click().run()
+    jobs = wait_all(ws)
+    assert {j.kind for j in jobs} == {"rank", "isolated"} and {j.queue for j in jobs} == {"rank"}
+    at.run()
+    ok(at)
+    charts = at.get("plotly_chart")
+    assert len(charts) == 2 and len(at.dataframe) == 2 and not at.button
+    both = at.dataframe[1].value
+    assert list(both.columns[:5]) == ["name", "op_type", "macs", "isolated_rank", "isolated_delta"]
+    assert both["isolated_rank"].tolist() == list(range(1, 9)) and sorted(both["cumulative_rank"]) == list(range(1, 9))
+    fig = json.loads(charts[1].proto.spec)
+    assert [t["xaxis"] for t in fig["data"]] == ["x", "x2"] and len(fig["data"][0]["y"]) == 8
+    at.radio(key="iso_mode").set_value("leave-one-out").run()
+    ok(at)
+    assert at.button(key="run_isolated").label.startswith("Leave-one-out")
+    again = ok(page("2_Sensitivity", model="sample:tiny-transformer"))  # stored: nothing to recompute
+    assert not again.button and len(again.get("plotly_chart")) == 2
+
+
+def policy_key(ws, model: str) -> str:
+    from core.project import open_project
+
+    p = open_project(model, ws=ws)
+    return f"policy:{p.model.sha256}:{p.calib_data.sha256}"
+
+
+def test_search_under_budget_pareto_and_use_this_policy(ws):
+    from core.jobs import load_search
+    from core.project import open_project
+    from core.search import front_policy
+
+    model = "sample:tiny-transformer"
+    at = ok(page("3_Precision", model=model))
+    assert at.text_input(key="search_budget").value == "cosine_mean>=0.99" and not at.get("plotly_chart")
+    at.button(key="start_search").click().run()
+    (job,) = wait_all(ws)
+    assert job.kind == "search" and job.params["budget"] == "cosine_mean>=0.99" and job.params["smooth"] is False
+    at.run()
+    ok(at)
+    assert "meets cosine_mean>=0.99" in at.success[0].value and "held-out half" in at.success[0].value
+    (chart,) = at.get("plotly_chart")
+    names = [t["name"] for t in json.loads(chart.proto.spec)["data"]]
+    assert names[:2] == ["other candidates", "Pareto front"]
+    project = open_project(model, ws=ws)
+    doc = load_search(ws, project, "cosine_mean>=0.99", False)
+    pick = at.selectbox(key="front_pick")
+    assert pick.options and pick.value == doc["front"][0]["candidate"]
+    at.button(key="use_front").click().run()
+    ok(at)
+    assert "is now the current policy" in at.success[0].value
+    assert at.session_state[policy_key(ws, model)].sha256 == front_policy(doc, pick.value, project).sha256
+    again = ok(page("3_Precision", model=model))  # a new session: the stored search, no recomputation
+    assert len(again.get("plotly_chart")) == 1 and len(JobManager.for_workspace(ws).jobs()) == 1
+
+
+def test_search_bad_budget_shows_the_fix(ws):
+    at = page("3_Precision", model="sample:tiny-transformer")
+    at.text_input(key="search_budget").input("cosine>=0.99").run()
+    assert len(at.error) == 1 and "cannot read the budget" in at.error[0].value and "Fix:" in at.error[0].value
+    assert not [b for b in at.button if b.key == "start_search"] and at.button(key="rebuild")
+    at.text_input(key="search_budget").input("snr_db<=30").run()
+    assert "the wrong way" in at.error[0].value and "snr_db>=30" in at.error[0].value
+    at.text_input(key="search_budget").input("snr_db >= 30").run()
+    ok(at)
+    assert at.button(key="start_search") and not JobManager.for_workspace(ws).jobs()
 
 
 def test_precision_toggle_rebuild_results_and_compare(ws):

@@ -121,8 +121,8 @@ def show_flash() -> None:
         st.success(st.session_state.pop("flash"))
 
 
-def ranking(p: Project, method: str = "minmax"):
-    return load_ranking(p.ws, project_ranking_key(p, method))
+def ranking(p: Project, method: str = "minmax", mode: str = "cumulative"):
+    return load_ranking(p.ws, project_ranking_key(p, method, mode))
 
 
 # --- jobs --------------------------------------------------------------------------------------
@@ -135,6 +135,21 @@ def submit(kind: str, params: dict, label: str) -> Job | None:
     st.session_state.setdefault("my_jobs", []).append(job.id)
     st.query_params["job"] = job.id
     return job
+
+
+def job_button(kind: str, params: dict, label: str, button: str, key: str, stored: bool, missing: str) -> None:
+    """The job behind a stored result: its live row while it runs; else, if the result is not
+    ``stored`` yet, ``missing``, the last failure and a button that starts it."""
+    mine = [j for j in manager().jobs(kind=kind) if all(j.params.get(k) == v for k, v in params.items())]
+    if any(j.active for j in mine):
+        job_panel(kind=kind, only=[j.id for j in mine], limit=1)
+    elif not stored:
+        st.info(missing)
+        if mine and mine[0].status != "done":
+            st.error(f"The last run {mine[0].status}: {mine[0].error}")
+        if st.button(button, type="primary", key=key):
+            submit(kind, params, label)
+            st.rerun()
 
 
 def job_row(job: Job) -> None:
