@@ -8,7 +8,7 @@ from core.errors import MixprecError
 from core.inventory import PRECISIONS
 from core.jobs import build_params, load_search, search_params
 from core.plots import plot_pareto
-from core.search import Budget, front_policy
+from core.search import BUDGET_METRICS, Budget, front_policy
 from ui import common as ui
 
 ui.header("Precision", "Choose FP32 / FP16 / INT8 per layer, then Rebuild. INT8 applies to eligible layers only "
@@ -55,12 +55,11 @@ with st.expander("Bulk actions", expanded=True):
         ui.set_policy(p, p.default_policy())
         ui.flash("Reset: LayerNorm, Softmax and embeddings FP16; eligible layers INT8")
 
-with st.expander("Search under a budget", expanded=True):
+with st.expander("Search under a budget"):
     src = ui.source()
     s1, s2 = st.columns([3, 1])
     budget = s1.text_input("Quality budget", "cosine_mean>=0.99", key="search_budget",
-                           help="METRIC>=VALUE or METRIC<=VALUE: cosine_mean, cosine_min, snr_db, knn5_overlap, "
-                                "top1_agreement (>=) or top1_drop (<=, e.g. top1_drop<=0.5%)")
+                           help="METRIC>=VALUE, or top1_drop<=VALUE (e.g. 0.5%); METRIC: " + ", ".join(BUDGET_METRICS))
     smooth = s2.checkbox("SmoothQuant-style smoothing", key="search_smooth")
     try:
         params = search_params(src["model"], src["data"], src["eval_data"], budget, smooth)
@@ -83,8 +82,11 @@ with st.expander("Search under a budget", expanded=True):
         pick = f1.selectbox("Front point", list(points), format_func=points.get, key="front_pick")
         f2.write("")
         if f2.button("Use this policy", type="primary", key="use_front"):
-            ui.set_policy(p, front_policy(doc, int(pick), p))
-            ui.flash(f"Front point #{pick} is now the current policy: Rebuild to measure it.", rerun=True)
+            try:
+                ui.set_policy(p, front_policy(doc, int(pick), p))
+                ui.flash(f"Front point #{pick} is now the current policy: Rebuild to measure it.", rerun=True)
+            except MixprecError as e:
+                st.error(str(e))
 ui.show_flash()
 
 pol = ui.policy(p)

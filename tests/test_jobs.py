@@ -7,7 +7,9 @@ import time
 
 import pytest
 
-from core.jobs import Job, JobManager, build_params, load_ranking, project_ranking_key, rank_params
+from core.errors import MixprecError
+from core.jobs import Job, JobManager, build_params, isolated_params, load_ranking, project_ranking_key, \
+    rank_params, search_params
 from core.project import open_project
 from core.workspace import Workspace, atomic_write_json
 
@@ -45,6 +47,24 @@ def test_rank_job_stores_ranking_by_model_data_and_method(ws, mgr):
     table = load_ranking(ws, key)
     assert table is not None and len(table) > 0 and "cos_drop" in table.columns
     assert load_ranking(ws, project_ranking_key(project, "entropy")) is None
+
+
+def test_isolated_job_stores_its_table_beside_the_cumulative_one(ws, mgr):
+    project = open_project("sample:tiny-transformer", ws=ws)
+    job = mgr.submit("isolated", isolated_params("sample:tiny-transformer"))
+    assert job.queue == "rank"  # analyses share one queue, builds are not blocked
+    done = mgr.wait(job.id, 120)
+    assert done.status == "done", done.error
+    table = load_ranking(ws, project_ranking_key(project, "minmax", "isolated"))
+    assert table["rank"].tolist() == list(range(1, 9)) and set(table["mode"]) == {"isolated"}
+    assert load_ranking(ws, project_ranking_key(project)) is None
+    assert load_ranking(ws, project_ranking_key(project, "minmax", "leave-one-out")) is None
+
+
+def test_search_params_normalise_and_check_the_budget():
+    assert search_params("m", budget=" top1_drop <= 0.5% ")["budget"] == "top1_drop<=0.005"
+    with pytest.raises(MixprecError, match="cannot read the budget"):
+        search_params("m", budget="cosine>0.9")
 
 
 def test_user_error_in_job_carries_message(ws, mgr):
