@@ -8,6 +8,7 @@ from core.plots import plot_quality_vs_latency, plot_run_latency, plot_run_layer
 from core.policy import uniform_policy
 from core.runs import list_runs, load_run_per_layer
 from ui import common as ui
+from ui import engine_report
 
 ui.header("Build and results", "Builds run one at a time per backend, in child processes: a crash or a cancel "
           "never takes the dashboard down. Latency is measured interleaved against FP32 on this machine.")
@@ -19,6 +20,8 @@ if st.button("Build the all-FP16 baseline", key="fp16_baseline"):
     ui.submit("build", build_params(src["model"], uniform_policy(p.model, p.layers, "fp16").to_json(), src["data"],
                                     src["eval_data"], label="all-FP16"), "all-FP16 baseline")
     st.rerun()
+
+engine_report.section([l.name for l in p.layers])
 
 runs = list_runs(p.ws, p.model.sha256)
 st.subheader(f"Runs of {p.model.name}")

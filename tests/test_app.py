@@ -234,3 +234,22 @@ def test_job_of_a_dead_server_shows_interrupted(ws):
     at = page("4_Build_and_results")
     assert any("interrupted" in m.value for m in at.markdown)
     assert at.error and "stopped while this job was timing" in at.error[0].value
+
+
+@pytest.mark.parametrize("fixture,count", [("a100-resnet-qat", 12), ("a100-resnet-fp16", 2)])
+def test_results_page_imports_trtexec_reports(ws, trt_reports_dir, fixture, count):
+    at = ok(page("4_Build_and_results"))
+    at.text_input(key="trt_graph_path").input(str(trt_reports_dir / f"{fixture}.graph.json"))
+    at.text_input(key="trt_profile_path").input(str(trt_reports_dir / f"{fixture}.profile.json")).run()
+    ok(at)
+    assert any(f"{count} reformat layers" in m.value for m in at.markdown)
+    assert len(at.get("plotly_chart")) == 4  # no runs yet: every chart is the report's
+
+
+def test_results_page_rejects_a_bad_report(ws, trt_reports_dir, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"Layers": ["conv1", "relu1"]}')
+    at = ok(page("4_Build_and_results"))
+    at.text_input(key="trt_graph_path").input(str(bad)).run()
+    assert at.error and "profilingVerbosity=detailed" in at.error[0].value
+    assert not at.exception
