@@ -368,6 +368,7 @@ class JobManager:
         job = Job(id=time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8], kind=kind,
                   label=label or kind, queue=queue, params=params)
         with self._lock:
+            job.created = time.time()  # stamped in queue order: FIFO by `created` holds across threads
             self._save(job)
             self._queues.setdefault(queue, deque()).append(job.id)
             t = self._threads.get(queue)
