@@ -15,10 +15,14 @@ from .errors import MixprecError
 from .model import LoadedModel, resolve_input_shapes
 
 
+LABEL_KEYS = ("labels", "label")
+
+
 @dataclass
 class Dataset:
     arrays: dict[str, np.ndarray]
     source: str  # file name or "generated"
+    labels: np.ndarray | None = None  # optional class index per sample (key "labels" in the .npz)
 
     @property
     def num_samples(self) -> int:
@@ -38,7 +42,14 @@ class Dataset:
         return [{k: v[i:i + batch] for k, v in self.arrays.items()} for i in range(0, n - batch + 1, batch)]
 
     def take(self, n: int) -> "Dataset":
-        return Dataset({k: v[:n] for k, v in self.arrays.items()}, self.source)
+        return self.slice(0, n)
+
+    def slice(self, start: int, stop: int | None = None) -> "Dataset":
+        """Samples ``start:stop`` (labels included)."""
+        cut = slice(start, stop)
+        tag = f"[{start or ''}:{'' if stop is None else stop}]"
+        return Dataset({k: v[cut] for k, v in self.arrays.items()}, self.source + tag,
+                       None if self.labels is None else self.labels[cut])
 
 
 def load_npz(source, model: LoadedModel | None = None, name: str | None = None) -> Dataset:
@@ -79,6 +90,13 @@ def load_npz(source, model: LoadedModel | None = None, name: str | None = None) 
 def check_dataset(ds: Dataset, model: LoadedModel) -> None:
     problems = []
     names = [s.name for s in model.inputs]
+    for key in LABEL_KEYS:
+        if key in ds.arrays and key not in names:
+            labels = ds.arrays.pop(key)
+            if labels.ndim != 1 or labels.dtype.kind not in "iu":
+                problems.append(f"{key}: want one integer class index per sample, got {labels.dtype} {labels.shape}")
+            else:
+                ds.labels = labels.astype(np.int64)
     missing = [n for n in names if n not in ds.arrays]
     if missing:
         problems.append(f"missing inputs: {', '.join(missing)} (the file has {', '.join(sorted(ds.arrays))})")
@@ -97,6 +115,9 @@ def check_dataset(ds: Dataset, model: LoadedModel) -> None:
         for axis, d in enumerate(spec.shape):
             if axis > 0 and isinstance(d, int) and d > 0 and a.shape[axis] != d:
                 problems.append(f"{spec.name}: axis {axis} is {a.shape[axis]}, model wants {d}")
+    n = next((v.shape[0] for k, v in ds.arrays.items() if k in names and v.ndim), None)
+    if ds.labels is not None and n is not None and len(ds.labels) != n:
+        problems.append(f"labels: {len(ds.labels)} labels for {n} samples")
     if problems:
         raise MixprecError(f"the data in {ds.source} does not fit the model's inputs",
                            "save one array per input, keyed by input name, samples along axis 0", details=problems)

@@ -15,6 +15,8 @@ class Quality:
     top1_agreement: float | None  # where the output looks like logits
     knn5_overlap: float | None    # where the output looks like embeddings (rows of a retrieval set)
     samples: int
+    top1_accuracy: float | None = None       # with labelled evaluation data
+    fp32_top1_accuracy: float | None = None  # FP32's accuracy on the same labels
 
 
 def _rows(outputs: list[np.ndarray]) -> np.ndarray:
@@ -59,12 +61,18 @@ def looks_like_embeddings(ref: np.ndarray, k: int = 5) -> bool:
     return ref.ndim == 2 and ref.shape[0] > k and ref.shape[1] >= 8
 
 
-def quality(ref_outputs: list[np.ndarray], cand_outputs: list[np.ndarray], output_name: str = "") -> Quality:
-    """Compare the primary output batch by batch (lists of arrays with the sample axis first)."""
+def quality(ref_outputs: list[np.ndarray], cand_outputs: list[np.ndarray], output_name: str = "",
+            labels: np.ndarray | None = None) -> Quality:
+    """Compare the primary output batch by batch (lists of arrays with the sample axis first);
+    with ``labels`` (one class index per sample) also top-1 accuracy of both."""
     ref, cand = _rows(ref_outputs), _rows(cand_outputs)
     cos = cosine_rows(ref, cand)
     logits = looks_like_logits(ref, output_name)
     top1 = float(np.mean(ref.argmax(1) == cand.argmax(1))) if logits else None
     knn = knn_overlap(ref, cand) if looks_like_embeddings(ref) and not logits else None
+    acc = ref_acc = None
+    if labels is not None and ref.ndim == 2 and ref.shape[1] >= 2:
+        labels = np.asarray(labels)[: ref.shape[0]]
+        acc, ref_acc = float(np.mean(cand.argmax(1) == labels)), float(np.mean(ref.argmax(1) == labels))
     return Quality(float(cos.mean()), float(cos.min()), snr_db(ref, cand), float(np.max(np.abs(ref - cand))),
-                   top1, knn, int(ref.shape[0]))
+                   top1, knn, int(ref.shape[0]), acc, ref_acc)

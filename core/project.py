@@ -71,8 +71,7 @@ def open_project(model_spec, data=None, eval_data=None, ws: Workspace | None = N
             raise MixprecError(f"{calib.source} has {n} samples: too few to hold some out for evaluation",
                                "give at least 4 samples, or a separate evaluation .npz (--eval)")
         cut = n - max(1, n // 4)
-        evald = Dataset({k: v[cut:] for k, v in calib.arrays.items()}, f"{calib.source}[{cut}:]")
-        calib = Dataset({k: v[:cut] for k, v in calib.arrays.items()}, f"{calib.source}[:{cut}]")
+        evald, calib = calib.slice(cut), calib.slice(0, cut)
     shapes = resolve_input_shapes(model, calib.arrays if calib else None, batch, shape_overrides)
     if calib is None:
         calib = generate_dataset(model, 32, seed=0, shapes=shapes)

@@ -147,7 +147,7 @@ def build_and_measure(project: Project, policy: Policy, backend: str = "auto", l
         batches = project.eval_data.batches(_eval_batch(project))
         step(0.35, f"evaluating quality on {project.eval_data.num_samples} held-out samples")
         q = quality(_reference_outputs(be, reference, project, batches, out_name),
-                    _outputs(be, engine, batches, out_name), out_name)
+                    _outputs(be, engine, batches, out_name), out_name, project.eval_data.labels)
         feed = project.eval_data.batches(project.input_shapes[project.model.inputs[0].name][0])[0]
         step(0.6, f"timing candidate vs FP32 interleaved ({iterations} pairs)")
         lat = be.time_interleaved(engine, reference, feed, warmup, iterations)

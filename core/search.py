@@ -74,7 +74,9 @@ class Budget:
         return cls(metric, op, value)
 
     def value_of(self, q: Quality) -> float:
-        if self.metric == "top1_drop":
+        if self.metric == "top1_drop":  # accuracy drop with labels, else disagreement with FP32's top-1
+            if q.top1_accuracy is not None:
+                return q.fp32_top1_accuracy - q.top1_accuracy
             return float("nan") if q.top1_agreement is None else 1.0 - q.top1_agreement
         v = getattr(q, self.metric)
         return float("nan") if v is None else float(v)
@@ -96,7 +98,8 @@ class Budget:
 _W: dict = {}
 
 
-def _worker_init(model_path: str, batches, switch_inputs: list[str], ref: list, out_name: str, threads: int):
+def _worker_init(model_path: str, batches, switch_inputs: list[str], ref: list, out_name: str, threads: int,
+                 labels=None):
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -104,7 +107,7 @@ def _worker_init(model_path: str, batches, switch_inputs: list[str], ref: list, 
     so.log_severity_level = 3
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     _W.update(sess=ort.InferenceSession(model_path, so, providers=["CPUExecutionProvider"]), batches=batches,
-              switches=switch_inputs, ref=ref, out=out_name)
+              switches=switch_inputs, ref=ref, out=out_name, labels=labels)
 
 
 def _worker_eval(on: frozenset) -> Quality:
@@ -112,19 +115,20 @@ def _worker_eval(on: frozenset) -> Quality:
     flags = {name: np.array(name in on) for name in _W["switches"]}
     for b in _W["batches"]:
         outs.append(sess.run([_W["out"]], {**b, **flags})[0])
-    return quality(_W["ref"], outs, _W["out"])
+    return quality(_W["ref"], outs, _W["out"], _W["labels"])
 
 
 class TrialPool:
     """Worker processes that each hold one session of the switchable model."""
 
-    def __init__(self, model_path, batches, switch_inputs: dict[str, str], ref, out_name, workers: int = 2):
+    def __init__(self, model_path, batches, switch_inputs: dict[str, str], ref, out_name, workers: int = 2,
+                 labels=None):
         self.names = switch_inputs  # layer -> input name
         threads = 1 if workers > 1 else 0
         self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
                                         initializer=_worker_init,
                                         initargs=(str(model_path), batches, list(switch_inputs.values()), ref,
-                                                  out_name, threads))
+                                                  out_name, threads, labels))
 
     def evaluate(self, int8_sets: list[set[str]], progress=None, should_stop=None) -> list[Quality]:
         futures = [self.pool.submit(_worker_eval, frozenset(self.names[l] for l in s)) for s in int8_sets]
@@ -160,8 +164,7 @@ def split_eval(ds: Dataset) -> tuple[Dataset, Dataset]:
         raise MixprecError(f"the evaluation data has {n} samples: too few to split into dev and held-out halves",
                            "give at least 4 evaluation samples (--eval)")
     cut = n // 2
-    return (Dataset({k: v[:cut] for k, v in ds.arrays.items()}, f"{ds.source}[:{cut}]"),
-            Dataset({k: v[cut:] for k, v in ds.arrays.items()}, f"{ds.source}[{cut}:]"))
+    return ds.slice(0, cut), ds.slice(cut)
 
 
 def _batches(project: Project, ds: Dataset):
@@ -247,7 +250,7 @@ def sensitivity(project: Project, mode: str = "isolated", method: str = "minmax"
         sw = _switchable(project, base, calib, method)
         batches = _batches(project, data)
         ref, out_name = _reference(project, batches)
-        pool = TrialPool(sw.path, batches, sw.switches, ref, out_name, workers)
+        pool = TrialPool(sw.path, batches, sw.switches, ref, out_name, workers, data.labels)
     try:
         res = pool.evaluate(sets, lambda f, t: step(0.1 + 0.9 * f, f"{mode}: {t}"), should_stop)
     finally:
@@ -470,7 +473,7 @@ def search(project: Project, budget: Budget | str, methods=CALIB_METHODS, margin
         calib = calibrate(project.model, project.calib_data, pol_m.calibration, project.ws)
         switch[m] = (_switchable(project, pol_m, calib, m), pol_m)
         sw = switch[m][0]
-        with TrialPool(sw.path, batches, sw.switches, ref, out_name, workers) as pool:
+        with TrialPool(sw.path, batches, sw.switches, ref, out_name, workers, dev.labels) as pool:
             sens[m] = sensitivity(project, "isolated", m, base, dev, workers,
                                   lambda f, t, k=k: step(0.02 + 0.4 * (k + f) / len(methods), f"isolated ({m}): {t}"),
                                   should_stop, pool)
@@ -499,7 +502,7 @@ def search(project: Project, budget: Budget | str, methods=CALIB_METHODS, margin
                                    pol_s.with_layers({l.name: "int8" for l in eligible}), project.layers, project.ws)
         sw = _switchable(project, pol_s, calib_s, "smoothed")
         switch["smoothed"] = (sw, pol_s)
-        with TrialPool(sw.path, batches, sw.switches, ref, out_name, workers) as pool:
+        with TrialPool(sw.path, batches, sw.switches, ref, out_name, workers, dev.labels) as pool:
             sens["smoothed"] = sensitivity(project, "isolated", first, pol_s, dev, workers,
                                            lambda f, t: step(0.43, f"isolated (smoothed): {t}"), should_stop, pool)
         variants.append("smoothed")
@@ -525,7 +528,7 @@ def search(project: Project, budget: Budget | str, methods=CALIB_METHODS, margin
         order = sorted((l.name for l in eligible),
                        key=lambda n: (lat.gain_ms[n] > eps, -(drop[n] / max(lat.gain_ms[n], eps))))
         sw = switch[v][0]
-        with TrialPool(sw.path, batches, sw.switches, ref, out_name, workers) as pool:
+        with TrialPool(sw.path, batches, sw.switches, ref, out_name, workers, dev.labels) as pool:
             s = _Searcher(project, budget, pool, lat, v, margin, eligible, step)
             chosen.append(s.run(order))
             all_candidates.extend(s.seen.values())

@@ -52,3 +52,14 @@ def test_dataset_hash_changes_with_content(tiny_cnn):
     a = generate_dataset(tiny_cnn.model, 4, seed=0)
     b = generate_dataset(tiny_cnn.model, 4, seed=1)
     assert a.sha256 != b.sha256 and a.sha256 == generate_dataset(tiny_cnn.model, 4, seed=0).sha256
+
+
+def test_labels_are_kept_apart_and_checked(tmp_path, tiny_cnn):
+    p = tmp_path / "labelled.npz"
+    np.savez(p, image=np.zeros((4, 3, 32, 32), np.float32), labels=np.array([1, 2, 3, 4]))
+    ds = load_npz(p, tiny_cnn.model)
+    assert set(ds.arrays) == {"image"} and ds.labels.tolist() == [1, 2, 3, 4]
+    assert ds.slice(1, 3).labels.tolist() == [2, 3] and ds.slice(1, 3).num_samples == 2
+    np.savez(p, image=np.zeros((4, 3, 32, 32), np.float32), labels=np.array([1, 2]))
+    with pytest.raises(MixprecError, match="2 labels for 4 samples"):
+        load_npz(p, tiny_cnn.model)

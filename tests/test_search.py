@@ -83,3 +83,26 @@ def test_front_policies_are_usable(tiny_transformer):
         assert r.policy_for(row["candidate"]) == pol
     with pytest.raises(MixprecError, match="not on the stored Pareto front"):
         front_policy(doc, 10_000, tiny_transformer)
+
+
+def test_top1_drop_budget_uses_labels(tiny_cnn, tmp_path):
+    from dataclasses import replace
+
+    from conftest import run_model
+    from core.data import load_npz
+    from core.runs import build_and_measure
+
+    ev = tiny_cnn.eval_data
+    pred = run_model(tiny_cnn.model.proto, ev.batches(1)).argmax(1)
+    labels = pred.copy()
+    labels[-4:] = (labels[-4:] + 1) % 10  # FP32 is right on all but the last 4 samples
+    path = tmp_path / "eval.npz"
+    np.savez(path, **ev.arrays, labels=labels)
+    labelled = replace(tiny_cnn, eval_data=load_npz(path, tiny_cnn.model))
+    r = build_and_measure(labelled, tiny_cnn.default_policy(), iterations=5, profile_iterations=2)
+    n = ev.num_samples
+    assert r.quality.fp32_top1_accuracy == pytest.approx((n - 4) / n)
+    b = Budget.parse("top1_drop<=0.5%")
+    assert b.value_of(r.quality) == pytest.approx(r.quality.fp32_top1_accuracy - r.quality.top1_accuracy)
+    res = search(labelled, "top1_drop<=0.5%", workers=1)
+    assert res.met_on_dev and res.met_on_holdout and res.holdout.top1_accuracy is not None
