@@ -32,7 +32,7 @@ import onnx_graphsurgeon as gs
 
 from .calibration import CalibrationResult
 from .errors import MixprecError
-from .inventory import NON_COMPUTE, Layer
+from .inventory import NON_COMPUTE
 from .model import LoadedModel
 from .policy import Policy
 
@@ -352,6 +352,3 @@ def compile_policy(model: LoadedModel, policy: Policy, calib: CalibrationResult 
                            "calibrate first (mixprec calibrates automatically in `build`), or set those layers to fp16/fp32")
     return _Compiler(model, policy, calib, target, switchable).run()
 
-
-def layer_names(layers: list[Layer]) -> list[str]:
-    return [l.name for l in layers]

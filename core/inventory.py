@@ -7,7 +7,6 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import onnx
 import pandas as pd
-from onnx import TensorProto
 
 from .model import FLOAT_TYPES, LoadedModel, resolve_input_shapes, with_static_shapes
 
@@ -144,9 +143,3 @@ def build_inventory(model: LoadedModel, data: dict | None = None) -> list[Layer]
 def inventory_frame(layers: list[Layer]) -> pd.DataFrame:
     return pd.DataFrame([asdict(layer) for layer in layers], columns=INVENTORY_COLUMNS)
 
-
-def is_float_type(elem_type: int) -> bool:
-    return elem_type in FLOAT_TYPES
-
-
-__all__ = ["Layer", "build_inventory", "inventory_frame", "INT8_ELIGIBLE", "PRECISIONS", "TensorProto"]

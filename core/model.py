@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from .errors import MixprecError
 from .workspace import Workspace, sha256_bytes
@@ -303,9 +303,3 @@ def with_static_shapes(model: LoadedModel, shapes: dict[str, tuple[int, ...]]) -
     except Exception:  # noqa: BLE001 - fall back to the symbolic shapes
         return model.proto
 
-
-def initializer_array(model: onnx.ModelProto, name: str) -> np.ndarray | None:
-    for init in model.graph.initializer:
-        if init.name == name:
-            return numpy_helper.to_array(init)
-    return None

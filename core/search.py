@@ -81,11 +81,6 @@ class Budget:
         v = getattr(q, self.metric)
         return float("nan") if v is None else float(v)
 
-    def check_applicable(self, q: Quality) -> None:
-        if math.isnan(self.value_of(q)):
-            raise MixprecError(f"the metric {self.metric} does not apply to this model's output",
-                               "use cosine_mean, cosine_min or snr_db (top-1 needs logits, knn5 needs embeddings)")
-
     def met(self, q: Quality, margin: float = 0.0) -> bool:
         v = self.value_of(q)
         return v >= self.value + margin if self.op == ">=" else v <= self.value - margin
@@ -464,6 +459,9 @@ def search(project: Project, budget: Budget | str, methods=CALIB_METHODS, margin
                            "there is nothing to search: build the FP16 policy instead")
     batches = _batches(project, dev)
     ref, out_name = _reference(project, batches)
+    if math.isnan(budget.value_of(quality(ref, ref, out_name, dev.labels))):
+        raise MixprecError(f"the budget metric {budget.metric} does not apply to {project.model.name}'s output",
+                           "use cosine_mean, cosine_min or snr_db (top-1 needs logits, knn5_overlap needs embeddings)")
     timings = {}
     # 1) isolated sensitivity per calibration method (one switchable model each)
     sens, switch = {}, {}

@@ -106,3 +106,8 @@ def test_top1_drop_budget_uses_labels(tiny_cnn, tmp_path):
     assert b.value_of(r.quality) == pytest.approx(r.quality.fp32_top1_accuracy - r.quality.top1_accuracy)
     res = search(labelled, "top1_drop<=0.5%", workers=1)
     assert res.met_on_dev and res.met_on_holdout and res.holdout.top1_accuracy is not None
+
+
+def test_budget_metric_must_apply(tiny_transformer):
+    with pytest.raises(MixprecError, match="does not apply"):
+        search(tiny_transformer, "top1_drop<=1%", workers=1, verify=False)
