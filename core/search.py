@@ -439,13 +439,14 @@ def default_margin(budget: Budget) -> float:
 
 
 def search(project: Project, budget: Budget | str, methods=CALIB_METHODS, margin: float | None = None,
-           workers: int = 2, verify: bool = True, smooth: bool = False, smooth_alpha: float = 0.5,
-           smooth_top: int = 12, progress=None, should_stop=None) -> SearchResult:
+           workers: int = 2, verify: bool = True, smooth: bool = False, smooth_alpha: float = 0.75,
+           smooth_top: int | None = None, progress=None, should_stop=None) -> SearchResult:
     """A policy meeting ``budget`` on held-out data with the most INT8 latency benefit.
 
     ``smooth`` adds a variant with SmoothQuant-style scaling (``smooth_alpha``) on the inputs of
-    the ``smooth_top`` most sensitive MatMuls with constant weights; it is kept only if its
-    best candidate beats the unsmoothed ones."""
+    the ``smooth_top`` most sensitive MatMuls with constant weights (default: all of them); it is
+    kept only if its best candidate beats the unsmoothed ones. (MiniLM, cosine_mean>=0.995:
+    alpha 0.5 on all 36 → 76 % of MACs INT8; alpha 0.75 → 97 %.)"""
     t_start = time.perf_counter()
     budget = Budget.parse(budget) if isinstance(budget, str) else budget
     if margin is None:  # headroom on dev so the held-out half meets the budget too
@@ -494,7 +495,7 @@ def search(project: Project, budget: Budget | str, methods=CALIB_METHODS, margin
     if smooth:
         weighted = {l.name for l in eligible if l.op_type == "MatMul" and len(l.inputs) > 1
                     and l.inputs[1] in project.model.initializer_names()}
-        targets = [n for n in sens[first].table.name if n in weighted][:smooth_top]
+        targets = [n for n in sens[first].table.name if n in weighted][:smooth_top or len(weighted)]
         pol_s = switch[first][1].with_smoothing({n: smooth_alpha for n in targets})
         calib_s = calibrate_policy(project.model, project.calib_data,
                                    pol_s.with_layers({l.name: "int8" for l in eligible}), project.layers, project.ws)

@@ -136,3 +136,26 @@ def test_ort_target_runs_layernorm_in_real_fp16(tiny_transformer):
     assert inits[ln.input[1]] == onnx.TensorProto.FLOAT16  # typed: native kernel
     mm = next(n for n in proto.graph.node if n.op_type == "MatMul")
     assert any(n.op_type == "Cast" and n.output[0] == mm.input[0] for n in proto.graph.node)  # simulated
+
+
+def test_smoothing_moves_scale_into_weights(tiny_transformer):
+    from core.calibration import calibrate_policy
+
+    layer = "/ffn/up/MatMul"
+    base = tiny_transformer.default_policy()
+    pol = base.with_smoothing({layer: 0.75})
+    calib = calibrate_policy(tiny_transformer.model, tiny_transformer.calib_data, pol, tiny_transformer.layers,
+                             tiny_transformer.ws)
+    x = next(l for l in tiny_transformer.layers if l.name == layer).inputs[0]
+    assert calib.channels[x].shape == (32,) and (calib.channels[x] > 0).all()
+    proto = compile_policy(tiny_transformer.model, pol, calib).proto
+    nodes = {n.name: n for n in proto.graph.node}
+    mul = nodes[f"{layer}/smooth/Mul"]
+    assert nodes[f"{layer}/x0/QuantizeLinear"].input[0] == mul.output[0]
+    feeds = tiny_transformer.eval_data.batches(1)[:8]
+    ref = run_model(tiny_transformer.model.proto, feeds)
+    smoothed = run_model(proto, feeds)
+    assert cosine_rows(ref.astype(np.float64), smoothed.astype(np.float64)).min() > 0.999
+    with pytest.raises(MixprecError, match="per-channel statistics"):
+        compile_policy(tiny_transformer.model, pol, calibrate(tiny_transformer.model, tiny_transformer.calib_data,
+                                                              pol.calibration, tiny_transformer.ws))
