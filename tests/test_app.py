@@ -253,3 +253,9 @@ def test_results_page_rejects_a_bad_report(ws, trt_reports_dir, tmp_path):
     at.text_input(key="trt_graph_path").input(str(bad)).run()
     assert at.error and "profilingVerbosity=detailed" in at.error[0].value
     assert not at.exception
+
+
+def test_sidebar_says_which_backend_and_why(ws):
+    at = ok(page("1_Model"))
+    text = " ".join(c.value for c in at.sidebar.caption)
+    assert "Backend (auto): onnxruntime" in text and "TensorRT not chosen" in text

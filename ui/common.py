@@ -38,6 +38,15 @@ def header(title: str, caption: str = "") -> None:
         active = [j for j in manager().jobs(limit=50) if j.active]
         st.caption(f"{len(active)} job(s) queued or running" if active else "No job running")
         st.caption(f"Workspace: `{workspace().root}`")
+        st.caption(f"Backend (auto): {auto_backend()}")
+
+
+@st.cache_resource(show_spinner=False)
+def auto_backend() -> str:
+    """Which backend `auto` picks here, and why (TensorRT needs the package and a CUDA device)."""
+    from core.backends import select_backend
+
+    return select_backend("auto")[1]
 
 
 # --- the model and data of this session -------------------------------------------------------
