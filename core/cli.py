@@ -281,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--workers", type=int, default=2, help="parallel worker processes (default 2)")
     sp.add_argument("--out", help="where to write the policy JSON (default: workspace/policies/)")
     sp.add_argument("--smooth", action="store_true",
-                    help="also try SmoothQuant-style smoothing of the most sensitive MatMuls (kept only if it pays)")
+                    help="also try SmoothQuant-style smoothing (alpha 0.75) of every MatMul with weights (kept only if it pays)")
     sp = sub.add_parser("sample", help="write a bundled sample: model.onnx, calib.npz, eval.npz")
     sp.add_argument("name", choices=("minilm", "tiny-cnn", "tiny-transformer"))
     sp.add_argument("--out", required=True)
