@@ -36,9 +36,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def server(tmp_path_factory):
-    """A dashboard on a free localhost port with its own workspace; yields (url, workspace)."""
+    """A fresh dashboard per test on a free localhost port with its own workspace; yields (url, workspace)."""
     ws = tmp_path_factory.mktemp("e2e-ws")
     port = _free_port()
     env = {**os.environ, "MIXPREC_WORKSPACE": str(ws)}
@@ -94,6 +94,17 @@ def _idle(page, timeout: float = 300):
     page.wait_for_timeout(500)
 
 
+def _set_label(page, text: str):
+    """Type the run label and let the app commit it (Enter, then blur) before anything else is clicked."""
+    box = page.get_by_label("Run label")
+    box.fill(text)
+    box.press("Enter")
+    _idle(page)
+    box.press("Tab")
+    _idle(page)
+    assert box.input_value() == text
+
+
 def _shot(page, tmp_path: Path, name: str):
     page.screenshot(path=str(tmp_path / f"{name}.png"))
     out = os.environ.get("MIXPREC_SCREENSHOTS")
@@ -129,8 +140,7 @@ def test_minilm_toggle_rebuild_and_results(server, browser, tmp_path):
     page.get_by_label("Layer name (regular expression)").fill(LAYER.replace(".", r"\.") + "$")
     page.get_by_role("button", name="Set by name").click()
     page.get_by_text("1 layer(s) → FP16").wait_for()
-    page.get_by_label("Run label").fill(LABEL)
-    page.get_by_label("Run label").press("Enter")
+    _set_label(page, LABEL)
     _idle(page)
     page.get_by_role("button", name="Rebuild").click()
     page.get_by_text(LABEL).first.wait_for()
@@ -169,8 +179,7 @@ def test_four_sessions_build_at_once(server, browser):
     pages = [_new_page(browser, url, "/Precision?model=sample:tiny-cnn") for _ in range(4)]
     for i, page in enumerate(pages):
         _idle(page)
-        page.get_by_label("Run label").fill(f"session {i}")
-        page.get_by_label("Run label").press("Enter")
+        _set_label(page, f"session {i}")
         _idle(page)
     t_click = time.time()
     for page in pages:  # four clicks at once

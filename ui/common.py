@@ -184,8 +184,9 @@ def job_panel(kind: str | None = None, only: list[str] | None = None, limit: int
         jobs = [j for j in jobs if j.id in only]
     jobs = jobs[:limit]
     seen = st.session_state.setdefault("active_seen", set())
+    mine = set(st.session_state.get("my_jobs", []))  # only this session's jobs rerun its page: no rerun storms
     ended = [j.id for j in jobs if not j.active and j.id in seen]
-    seen.update(j.id for j in jobs if j.active)
+    seen.update(j.id for j in jobs if j.active and j.id in mine)
     if not jobs:
         st.caption("No jobs yet.")
     for job in jobs:
