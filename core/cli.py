@@ -68,6 +68,23 @@ def _shape_overrides(items: list[str] | None) -> dict[str, int]:
     return out
 
 
+def parse_trt_profiles(items: list[str] | None) -> dict:
+    """``NAME=MIN:OPT:MAX`` with shapes written ``1x64`` → ``{NAME: ((1, 64), …)}``."""
+    out = {}
+    for item in items or []:
+        name, _, spec = item.partition("=")
+        try:
+            shapes = tuple(tuple(int(d) for d in part.split("x")) for part in spec.split(":"))
+        except ValueError:
+            shapes = ()
+        if not name or len(shapes) != 3:
+            raise MixprecError(f"bad --trt-profile {item!r}",
+                               "write --trt-profile INPUT=MIN:OPT:MAX with shapes like 1x16, "
+                               "e.g. --trt-profile input_ids=1x16:1x64:16x128")
+        out[name] = shapes
+    return out
+
+
 def _project(args, progress=None):
     from .project import open_project
 
@@ -120,7 +137,9 @@ def cmd_build(args):
     bar = Progress("build")
     p = _project(args, bar)
     policy = _policy(args, p)
-    r = build_and_measure(p, policy, backend=args.backend, progress=bar, iterations=args.iterations)
+    trt = {"profiles": parse_trt_profiles(args.trt_profile) or None,
+           "workspace_bytes": int(args.trt_workspace_gb * (1 << 30))}
+    r = build_and_measure(p, policy, backend=args.backend, progress=bar, iterations=args.iterations, trt_options=trt)
     bar.done()
     doc = r.to_json()
     q = r.quality
@@ -264,6 +283,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--calibration", default="minmax", choices=("minmax", "entropy", "percentile"))
     sp.add_argument("--network-default", default="fp32", choices=("fp32", "fp16"))
     sp.add_argument("--iterations", type=int, default=30, help="interleaved timing pairs (default 30)")
+    sp.add_argument("--trt-profile", action="append", metavar="INPUT=MIN:OPT:MAX",
+                    help="TensorRT optimisation profile of a dynamic input, shapes like 1x64 (default: the "
+                         "run's shape as opt, batch 1..16 where the batch is dynamic)")
+    sp.add_argument("--trt-workspace-gb", type=float, default=4.0, help="TensorRT builder workspace (default 4 GiB)")
     sp = add("export", cmd_export, "export a policy as JSON, trtexec/Polygraphy commands or compiled ONNX")
     sp.add_argument("--policy", help="policy JSON (default: the default policy)")
     sp.add_argument("--format", required=True, choices=EXPORT_FORMATS)

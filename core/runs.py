@@ -120,12 +120,13 @@ def _reference_outputs(backend, reference, project: Project, batches, name) -> l
 
 def build_and_measure(project: Project, policy: Policy, backend: str = "auto", label: str = "",
                       progress=None, warmup: int = 3, iterations: int = 30,
-                      profile_iterations: int = 5, onnx_bytes: bytes | None = None) -> RunResult:
+                      profile_iterations: int = 5, onnx_bytes: bytes | None = None,
+                      trt_options: dict | None = None) -> RunResult:
     """Compile, build, evaluate, time and profile one policy; store the run atomically.
     ``onnx_bytes`` measures an ONNX made elsewhere (e.g. by ORT's quantize_static) instead of
     compiling ``policy``, which then only describes it (precision counts, MAC share)."""
     step = progress or (lambda f, t: None)
-    be, reason = select_backend(backend)
+    be, reason = select_backend(backend, **(trt_options or {}))
     ws = project.ws
     t_start = time.perf_counter()
     step(0.05, f"calibrating ({policy.calibration.method})")

@@ -99,3 +99,19 @@ def test_rank_json_is_clean_stdout(ws, tiny_cnn):
     doc = json.loads(cli(ws, "rank", "sample:tiny-cnn", "--json", "--samples", "4").stdout)
     assert doc["samples"] == 4 and len(doc["layers"]) == len(tiny_cnn.layers)
     assert doc["layers"][0]["rank"] == 1
+
+
+def test_trt_profile_flag_parses_and_reaches_the_backend(ws, tmp_path):
+    from core.backends.tensorrt import TensorRTBackend, profile_shapes
+    from core.cli import parse_trt_profiles
+    from core.errors import MixprecError
+
+    prof = parse_trt_profiles(["input_ids=1x16:1x64:16x128"])
+    assert prof == {"input_ids": ((1, 16), (1, 64), (16, 128))}
+    assert profile_shapes({"input_ids": (1, 64)}, prof)["input_ids"][2] == (16, 128)
+    assert TensorRTBackend(profiles=prof, workspace_bytes=1 << 30).profiles == prof
+    with pytest.raises(MixprecError, match="INPUT=MIN:OPT:MAX"):
+        parse_trt_profiles(["input_ids=1x16:1x64"])
+    p = cli(ws, "build", "sample:tiny-cnn", "--backend", "tensorrt", "--trt-profile", "image=1x3x32x32:1x3x32x32:4x3x32x32",
+            check=False)
+    assert p.returncode == 2 and "TensorRT backend cannot run here" in p.stderr

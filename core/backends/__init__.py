@@ -34,8 +34,9 @@ def tensorrt_available() -> tuple[bool, str]:
     return True, f"TensorRT {version} on {device[0]} (compute capability {device[1]})"
 
 
-def select_backend(name: str = "auto") -> tuple[Backend, str]:
-    """The backend to use, and a sentence saying why it was chosen."""
+def select_backend(name: str = "auto", **trt_options) -> tuple[Backend, str]:
+    """The backend to use, and a sentence saying why it was chosen. ``trt_options`` (profiles,
+    workspace_bytes, mode) configure the TensorRT backend when it is the one chosen."""
     if name not in BACKENDS:
         raise MixprecError(f"unknown backend {name!r}", f"use one of {', '.join(BACKENDS)}")
     trt_ok, trt_why = tensorrt_available()
@@ -45,7 +46,7 @@ def select_backend(name: str = "auto") -> tuple[Backend, str]:
                                "use --backend onnxruntime, or run on a machine with an NVIDIA GPU and TensorRT")
         from .tensorrt import TensorRTBackend
 
-        return TensorRTBackend(), f"tensorrt: {trt_why}"
+        return TensorRTBackend(**trt_options), f"tensorrt: {trt_why}"
     ok, why = OnnxRuntimeBackend.available()
     if not ok:
         raise MixprecError(f"no backend can run here: {why}", "pip install -r requirements.txt")
