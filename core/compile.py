@@ -126,6 +126,7 @@ class _Compiler:
         self.rep: set[str] = set()   # ort: float32 tensors whose values are exactly float16 values
         self.new_nodes: list[gs.Node] = []
         self.const_copies: dict[tuple[str, str], gs.Constant] = {}
+        self.origin: dict[str, str] = {}  # name of a Cast-made version -> the original tensor's name
         self.switches: dict[str, gs.Variable] | None = {} if switchable else None
         self.smoothing = dict(policy.smoothing)
         self.amax_override: dict[str, float] = {}
@@ -141,6 +142,7 @@ class _Compiler:
         if key not in self.versions:
             to_onnx = onnx.TensorProto.FLOAT16 if to == np.float16 else onnx.TensorProto.FLOAT
             self.versions[key] = self._node("Cast", [var], f"{var.name}/Cast_{tag}", {"to": to_onnx}, to, var.shape)
+            self.origin[self.versions[key].name] = self.origin.get(var.name, var.name)
         return self.versions[key]
 
     def _fp32(self, var):
@@ -173,6 +175,7 @@ class _Compiler:
             h = self._cast(var, np.float16, "fp16")
             back = self._node("Cast", [h], f"{var.name}/Cast_r16", {"to": onnx.TensorProto.FLOAT}, np.float32, var.shape)
             self.versions[key] = back
+            self.origin[back.name] = self.origin.get(var.name, var.name)
             self.rep.add(back.name)
         return self.versions[key]
 
@@ -289,14 +292,11 @@ class _Compiler:
             qv = self._node("QuantizeLinear", [t, sc, zc], f"{node.name}/x{i}/QuantizeLinear",
                             dtype=np.uint8 if u8 else np.int8, shape=t.shape)
             return self._node("DequantizeLinear", [qv, sc, zc], f"{node.name}/x{i}/DequantizeLinear",
-                                        dtype=np.float32, shape=t.shape)
+                              dtype=np.float32, shape=t.shape)
         return None
 
     def _original_name(self, var) -> str:
-        for (name, _), v in self.versions.items():
-            if v is var:
-                return name
-        return var.name
+        return self.origin.get(var.name, var.name)
 
     # --- driver -------------------------------------------------------------------------
     def run(self) -> CompiledModel:

@@ -190,13 +190,15 @@ def _switchable(project: Project, base: Policy, calib, method_tag: str) -> _Swit
     return _Switchable(str(path), compiled.switch_inputs)
 
 
-def _reference(project: Project, batches):
+def _reference(project: Project, ds: Dataset, batches):
+    """FP32 outputs on ``ds`` (cached per model and data by runs._reference_outputs)."""
     from .backends import select_backend
-    from .runs import _outputs, _reference as ref_engine
+    from .runs import _reference as ref_engine, _reference_outputs
 
     be, _ = select_backend("onnxruntime")
     out_name = next(o.name for o in project.model.outputs if o.is_float)
-    return _outputs(be, ref_engine(be, project), batches, out_name), out_name
+    sub = replace(project, eval_data=ds)
+    return _reference_outputs(be, ref_engine(be, project), sub, batches, out_name), out_name
 
 
 # --- isolated / leave-one-out sensitivity ---------------------------------------------------
@@ -244,7 +246,7 @@ def sensitivity(project: Project, mode: str = "isolated", method: str = "minmax"
         step(0.05, "compiling the switchable model")
         sw = _switchable(project, base, calib, method)
         batches = _batches(project, data)
-        ref, out_name = _reference(project, batches)
+        ref, out_name = _reference(project, data, batches)
         pool = TrialPool(sw.path, batches, sw.switches, ref, out_name, workers, data.labels)
     try:
         res = pool.evaluate(sets, lambda f, t: step(0.1 + 0.9 * f, f"{mode}: {t}"), should_stop)
@@ -270,7 +272,6 @@ class LatencyModel:
     fp32_total_ms: float
     gain_ms: dict[str, float]
     qdq_ms: dict[str, float]
-    measured: bool
 
     def estimate(self, int8: set[str]) -> tuple[float, float]:
         """Estimated latency (ms) and reformat share (%) of a policy with these INT8 layers."""
@@ -304,7 +305,7 @@ def latency_model(project: Project, base: Policy, calib) -> LatencyModel:
         else:  # fused away or unprofiled: MACs share of the measured total gain
             gain[l.name] = float(t32.sum() - t8.sum()) * l.macs / total_macs
             qdq[l.name] = 0.0
-    return LatencyModel(float(p32.ms.sum()), gain, qdq, True)
+    return LatencyModel(float(p32.ms.sum()), gain, qdq)
 
 
 # --- the search -------------------------------------------------------------------------------
@@ -386,9 +387,8 @@ def pareto_flags(quality_vals: np.ndarray, latency_vals: np.ndarray) -> np.ndarr
 
 
 class _Searcher:
-    def __init__(self, project, budget, pool, lat: LatencyModel, method, margin, eligible, step):
-        self.project, self.budget, self.pool, self.lat = project, budget, pool, lat
-        self.method, self.margin, self.eligible, self.step = method, margin, eligible, step
+    def __init__(self, budget, pool, lat: LatencyModel, method, margin, eligible):
+        self.budget, self.pool, self.lat, self.method, self.margin = budget, pool, lat, method, margin
         self.macs = {l.name: l.macs for l in eligible}
         self.total_macs = max(sum(self.macs.values()), 1)
         self.seen: dict[frozenset, Candidate] = {}
@@ -459,7 +459,7 @@ def search(project: Project, budget: Budget | str, methods=CALIB_METHODS, margin
         raise MixprecError(f"{project.model.name} has no INT8-eligible layers (MatMul, Gemm, Conv, ConvTranspose)",
                            "there is nothing to search: build the FP16 policy instead")
     batches = _batches(project, dev)
-    ref, out_name = _reference(project, batches)
+    ref, out_name = _reference(project, dev, batches)
     if math.isnan(budget.value_of(quality(ref, ref, out_name, dev.labels))):
         raise MixprecError(f"the budget metric {budget.metric} does not apply to {project.model.name}'s output",
                            "use cosine_mean, cosine_min or snr_db (top-1 needs logits, knn5_overlap needs embeddings)")
@@ -528,7 +528,7 @@ def search(project: Project, budget: Budget | str, methods=CALIB_METHODS, margin
                        key=lambda n: (lat.gain_ms[n] > eps, -(drop[n] / max(lat.gain_ms[n], eps))))
         sw = switch[v][0]
         with TrialPool(sw.path, batches, sw.switches, ref, out_name, workers, dev.labels) as pool:
-            s = _Searcher(project, budget, pool, lat, v, margin, eligible, step)
+            s = _Searcher(budget, pool, lat, v, margin, eligible)
             chosen.append(s.run(order))
             all_candidates.extend(s.seen.values())
         timings[f"search_{v}_s"] = time.perf_counter() - t0
