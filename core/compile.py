@@ -1,7 +1,8 @@
 """Compiler: precision policy → explicit-precision ONNX, with onnx-graphsurgeon.
 
 * INT8 layers get QuantizeLinear/DequantizeLinear on their activation inputs (per-tensor,
-  symmetric, scale = amax/127 from calibration) and DequantizeLinear on int8 weights
+  symmetric, scale = amax/127 from calibration; one QuantizeLinear per tensor, shared by its
+  INT8 consumers, each with its own DequantizeLinear) and DequantizeLinear on int8 weights
   (per-channel, symmetric). This is TensorRT's explicit-quantization format.
 * FP16 layers get float16 inputs and weights, with Casts at the precision boundaries.
 * Ops that do no arithmetic (Reshape, Transpose, Gather…) follow their inputs' precision.
@@ -130,6 +131,7 @@ class _Compiler:
         self.switches: dict[str, gs.Variable] | None = {} if switchable else None
         self.smoothing = dict(policy.smoothing)
         self.amax_override: dict[str, float] = {}
+        self.quantized: dict[tuple[str, float], tuple[gs.Variable, gs.Constant, gs.Constant]] = {}
 
     # --- helpers ------------------------------------------------------------------------
     def _node(self, op, inputs, name, attrs=None, dtype=np.float32, shape=None):
@@ -285,12 +287,19 @@ class _Compiler:
                     "MatMul/Gemm/Conv/ConvTranspose), or set this layer to fp16/fp32")
             else:
                 amax = self.calib.amax(src)
-            scale = np.array(max(amax, 1e-8) / 127.0, dtype=np.float32)
-            zp = np.array(128, dtype=np.uint8) if u8 else np.array(0, dtype=np.int8)
-            sc = gs.Constant(f"{node.name}/x{i}_scale", scale)
-            zc = gs.Constant(f"{node.name}/x{i}_zero_point", zp)
-            qv = self._node("QuantizeLinear", [t, sc, zc], f"{node.name}/x{i}/QuantizeLinear",
-                            dtype=np.uint8 if u8 else np.int8, shape=t.shape)
+            # one QuantizeLinear per (tensor, scale), shared by every INT8 consumer (e.g. Q, K and V
+            # of one LayerNorm output); each consumer gets its own DequantizeLinear, the QDQ form
+            # that TensorRT and ORT's QDQ fusions expect
+            key = (t.name, float(amax))
+            if key not in self.quantized:
+                scale = np.array(max(amax, 1e-8) / 127.0, dtype=np.float32)
+                zp = np.array(128, dtype=np.uint8) if u8 else np.array(0, dtype=np.int8)
+                sc = gs.Constant(f"{node.name}/x{i}_scale", scale)
+                zc = gs.Constant(f"{node.name}/x{i}_zero_point", zp)
+                qv = self._node("QuantizeLinear", [t, sc, zc], f"{node.name}/x{i}/QuantizeLinear",
+                                dtype=np.uint8 if u8 else np.int8, shape=t.shape)
+                self.quantized[key] = (qv, sc, zc)
+            qv, sc, zc = self.quantized[key]
             return self._node("DequantizeLinear", [qv, sc, zc], f"{node.name}/x{i}/DequantizeLinear",
                               dtype=np.float32, shape=t.shape)
         return None

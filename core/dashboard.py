@@ -19,7 +19,7 @@ DIFF_COLUMNS = ["name", "op_type", "built", "now"]
 COMPARE_COLUMNS = ["name", "op_type", "macs", "isolated_rank", "isolated_delta", "cumulative_rank", "cos_drop",
                    "added_cos_drop"]
 FRONT_COLUMNS = ["candidate", "method", "n_int8", "quality", "est_ms", "int8_mac_share", "est_reformat_pct",
-                 "meets_budget"]
+                 "boundaries", "meets_budget"]
 
 
 def select_layers(layers: list[Layer], op_types=None, regex: str | None = None) -> list[str]:
@@ -80,6 +80,8 @@ def search_tables(doc: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
     """From a stored search document: every evaluated candidate (with the ``pareto`` flag) and the
     front (FRONT_COLUMNS, fastest first)."""
     cands = pd.DataFrame(doc.get("candidate_table") or doc["front"])
+    if "boundaries" not in cands:  # stored by mixprec before the latency model counted them
+        cands["boundaries"] = pd.NA
     front = cands[cands["pareto"].astype(bool)].sort_values("est_ms", ignore_index=True)
     return cands, front[FRONT_COLUMNS]
 

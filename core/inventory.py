@@ -56,6 +56,12 @@ def _shape_map(proto: onnx.ModelProto, batch: int) -> dict[str, tuple[int, ...]]
     return shapes
 
 
+def tensor_shapes(model: LoadedModel, input_shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """Concrete shape of every tensor whose shape inference resolves, for these input shapes."""
+    batch = next(iter(input_shapes.values()))[0] if input_shapes else 1
+    return _shape_map(with_static_shapes(model, input_shapes), batch)
+
+
 def _macs(node: onnx.NodeProto, shapes: dict[str, tuple[int, ...]]) -> int:
     out = shapes.get(node.output[0]) if node.output else None
     ins = [shapes.get(i) for i in node.input]

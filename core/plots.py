@@ -247,7 +247,7 @@ def plot_sensitivity_compare(cumulative_df: pd.DataFrame | None, isolated_df: pd
 
 
 PARETO_COLUMNS = ["candidate", "method", "n_int8", "quality", "est_ms", "int8_mac_share", "est_reformat_pct",
-                  "pareto"]
+                  "boundaries", "pareto"]
 
 
 def plot_pareto(candidates_df: pd.DataFrame, chosen: int | None = None, budget=None) -> go.Figure:
@@ -268,10 +268,11 @@ def plot_pareto(candidates_df: pd.DataFrame, chosen: int | None = None, budget=N
             continue
         fig.add_trace(go.Scatter(
             x=rows["est_ms"].tolist(), y=rows["quality"].tolist(), name=name, **style,
-            customdata=rows[["candidate", "n_int8", "int8_mac_share", "est_reformat_pct", "method"]].values.tolist(),
+            customdata=rows[["candidate", "n_int8", "int8_mac_share", "est_reformat_pct", "method",
+                             "boundaries"]].values.tolist(),
             hovertemplate="candidate %{customdata[0]} · %{customdata[4]} calibration<br>%{x:.3f} ms · %{y:.5f}<br>"
                           "%{customdata[1]} layers INT8 · %{customdata[2]:.0%} of eligible MACs INT8<br>"
-                          "reformat %{customdata[3]:.1f}%<extra></extra>"))
+                          "reformat %{customdata[3]:.1f}% · %{customdata[5]} INT8/FP16 boundaries<extra></extra>"))
     metric = budget.metric if budget is not None else "quality"
     if budget is not None:
         fig.add_hline(y=budget.value, line_dash="dash", line_color="#E45756", annotation_text=f"budget {budget}")

@@ -38,18 +38,20 @@ from .calibration import calibrate, calibrate_policy
 from .compile import compile_policy
 from .data import Dataset
 from .errors import MixprecError
+from .inventory import tensor_shapes
+from .latency import LatencyModel, fit_latency_model, fusable_edges
 from .metrics import Quality, quality
 from .policy import CALIB_METHODS, Policy
 from .project import Project
 from .workspace import atomic_write_bytes, atomic_write_json, sha256_bytes
 
-SEARCH_FORMAT_VERSION = 1
+SEARCH_FORMAT_VERSION = 2  # 2: one shared QuantizeLinear per tensor
 MODES = ("isolated", "leave-one-out")
 BUDGET_METRICS = {"cosine_mean": "max", "cosine_min": "max", "snr_db": "max", "knn5_overlap": "max",
                   "top1_agreement": "max", "top1_drop": "min"}
 SENSITIVITY_COLUMNS = ["rank", "name", "op_type", "macs", "mode", "method", "cosine", "delta", "snr_db"]
 CANDIDATE_COLUMNS = ["candidate", "method", "n_int8", "n_fallback", "quality", "est_ms", "int8_mac_share",
-                     "est_reformat_pct", "meets_budget", "pareto", "fallback", "int8_layers"]
+                     "est_reformat_pct", "boundaries", "meets_budget", "pareto", "fallback", "int8_layers"]
 
 
 # --- budget -------------------------------------------------------------------------------
@@ -264,48 +266,27 @@ def sensitivity(project: Project, mode: str = "isolated", method: str = "minmax"
     return Sensitivity(df, mode, method, baseline, time.perf_counter() - t0, False)
 
 
-# --- latency model ---------------------------------------------------------------------------
-@dataclass
-class LatencyModel:
-    """Per-layer INT8 gain in ms (FP32 time − INT8 time incl. its Q/DQ), from ORT profiles."""
-
-    fp32_total_ms: float
-    gain_ms: dict[str, float]
-    qdq_ms: dict[str, float]
-
-    def estimate(self, int8: set[str]) -> tuple[float, float]:
-        """Estimated latency (ms) and reformat share (%) of a policy with these INT8 layers."""
-        total = self.fp32_total_ms - sum(self.gain_ms.get(l, 0.0) for l in int8)
-        rf = sum(self.qdq_ms.get(l, 0.0) for l in int8)
-        return total, 100.0 * rf / total if total > 0 else 0.0
-
-
+# --- latency model (core.latency) ---------------------------------------------------------------
 def latency_model(project: Project, base: Policy, calib) -> LatencyModel:
+    """Fit ``core.latency.LatencyModel`` on ORT profiles of ``base`` with every eligible layer
+    FP16 (the search's fallback), with every eligible layer INT8, and of the FP32 reference."""
     from .backends import select_backend
     from .runs import _reference as ref_engine
 
     be, _ = select_backend("onnxruntime")
     eligible = [l for l in project.layers if l.eligible]
     feed = project.eval_data.batches(project.input_shapes[project.model.inputs[0].name][0])[0]
-    folder = project.ws.sub("search", project.model.sha256[:16], "latency")
-    int8_pol = base.with_layers({l.name: "int8" for l in eligible})
-    eng = be.build(project.model, int8_pol, calib, folder, project.input_shapes)
-    p8 = be.profile(eng, feed, 10, project.layers, int8_pol)
-    p32 = be.profile(ref_engine(be, project), feed, 10, project.layers, int8_pol.with_layers(
-        {l.name: "fp32" for l in project.layers}))
-    t8 = p8.groupby("layer").ms.sum()
-    q8 = p8[p8.is_reformat].groupby("layer").ms.sum()
-    t32 = p32.groupby("layer").ms.sum()
-    gain, qdq = {}, {}
-    total_macs = max(sum(l.macs for l in eligible), 1)
-    for l in eligible:
-        if l.name in t8 and l.name in t32:
-            gain[l.name] = float(t32[l.name] - t8[l.name])
-            qdq[l.name] = float(q8.get(l.name, 0.0))
-        else:  # fused away or unprofiled: MACs share of the measured total gain
-            gain[l.name] = float(t32.sum() - t8.sum()) * l.macs / total_macs
-            qdq[l.name] = 0.0
-    return LatencyModel(float(p32.ms.sum()), gain, qdq)
+    profiles = {}
+    for prec in ("int8", "fp16"):
+        pol = base.with_layers({l.name: prec for l in eligible})
+        folder = project.ws.sub("search", project.model.sha256[:16], "latency", prec)
+        eng = be.build(project.model, pol, calib, folder, project.input_shapes)
+        profiles[prec] = be.profile(eng, feed, 10, project.layers, pol)
+    fp32 = base.with_layers({l.name: "fp32" for l in project.layers})
+    profiles["fp32"] = be.profile(ref_engine(be, project), feed, 10, project.layers, fp32)
+    shapes = tensor_shapes(project.model, project.input_shapes)
+    return fit_latency_model(profiles["fp16"], profiles["int8"], profiles["fp32"], project.layers,
+                             fusable_edges(project.model, project.layers, shapes), shapes)
 
 
 # --- the search -------------------------------------------------------------------------------
@@ -318,6 +299,7 @@ class Candidate:
     int8_mac_share: float
     est_reformat_pct: float
     meets_budget: bool
+    boundaries: int = 0  # edges between an INT8 layer and an FP16 one (core.latency)
 
 
 @dataclass
@@ -399,7 +381,7 @@ class _Searcher:
             for s, q in zip(todo, self.pool.evaluate([set(s) for s in todo])):
                 est, rf = self.lat.estimate(set(s))
                 self.seen[s] = Candidate(self.method, s, q, est, sum(self.macs[l] for l in s) / self.total_macs, rf,
-                                         self.budget.met(q, self.margin))
+                                         self.budget.met(q, self.margin), self.lat.boundaries(set(s)))
         return [self.seen[frozenset(s)] for s in sets]
 
     def run(self, order: list[str]) -> Candidate:
@@ -416,19 +398,33 @@ class _Searcher:
             mid = (lo + hi) // 2
             ok = self.eval([set(order[mid:])])[0].meets_budget
             lo, hi = (lo, mid) if ok else (mid, hi)
-        # refinement: try each fallback layer back in INT8, most time saved first
+        # refinement: try the fallback layers back in INT8, the one that saves the most time
+        # *now* first — a layer next to an INT8 neighbour also saves the conversions between them
         int8 = set(order[hi:])
-        for layer in sorted((l for l in order[:hi] if l not in slow), key=lambda l: -self.lat.gain_ms[l]):
+        todo = [l for l in order[:hi] if l not in slow]
+        while todo:
+            now = self.lat.estimate(int8)[0]
+            layer = max(todo, key=lambda l: now - self.lat.estimate(int8 | {l})[0])
+            todo.remove(layer)
             if self.eval([int8 | {layer}])[0].meets_budget:
                 int8 = int8 | {layer}
         return self.best()
 
     def best(self) -> Candidate:
-        """The fastest (estimated) candidate that meets the budget, else the best quality."""
+        """The fastest (estimated) candidate that meets the budget — at equal time the one with
+        fewer INT8/FP16 boundaries, then the better quality — else the best quality."""
         ok = [c for c in self.seen.values() if c.meets_budget]
         if ok:
-            return min(ok, key=lambda c: (c.est_ms, -self.budget.value_of(c.quality)))
+            return min(ok, key=_preference(self.budget))
         return max(self.seen.values(), key=lambda c: self.budget.value_of(c.quality))
+
+
+def _preference(budget: Budget):
+    """Sort key among candidates that meet the budget: estimated time (to 0.1 %), then fewer
+    boundaries (contiguous INT8 regions), then quality."""
+    def key(c: Candidate):
+        return (round(math.log(max(c.est_ms, 1e-9)), 3), c.boundaries, -budget.value_of(c.quality))
+    return key
 
 
 def default_margin(budget: Budget) -> float:
@@ -534,7 +530,7 @@ def search(project: Project, budget: Budget | str, methods=CALIB_METHODS, margin
         timings[f"search_{v}_s"] = time.perf_counter() - t0
     ok = [c for c in chosen if c.meets_budget]
     if ok:
-        pick = min(ok, key=lambda c: (c.est_ms, -budget.value_of(c.quality)))
+        pick = min(ok, key=_preference(budget))
         message = (f"meets {budget} on the dev half with {len(pick.int8)}/{len(eligible)} layers INT8 "
                    f"({100 * pick.int8_mac_share:.0f}% of eligible MACs), {pick.method} calibration")
     else:
@@ -563,7 +559,7 @@ def search(project: Project, budget: Budget | str, methods=CALIB_METHODS, margin
 
 def _candidate_table(cands: list[Candidate], budget: Budget, eligible: list[str]) -> pd.DataFrame:
     rows = [(i, c.method, len(c.int8), 0, budget.value_of(c.quality), c.est_ms, c.int8_mac_share, c.est_reformat_pct,
-             c.meets_budget, False, "", ",".join(sorted(c.int8))) for i, c in enumerate(cands)]
+             c.boundaries, c.meets_budget, False, "", ",".join(sorted(c.int8))) for i, c in enumerate(cands)]
     df = pd.DataFrame(rows, columns=CANDIDATE_COLUMNS).drop_duplicates(["quality", "est_ms"], ignore_index=True)
     cands = [cands[i] for i in df.candidate]
     q = df.quality.to_numpy() if budget.op == ">=" else -df.quality.to_numpy()

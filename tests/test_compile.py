@@ -90,7 +90,15 @@ def test_policy_for_other_model_refused(tiny_cnn, tiny_transformer):
 def test_trt_target_runs_and_is_close(minilm):
     ref, out, compiled = _outputs(minilm, minilm.default_policy(), target="trt", n=8)
     assert cosine_rows(ref.astype(np.float64), out.astype(np.float64)).mean() > 0.95
-    assert compiled.op_counts["QuantizeLinear"] == 48 + 12  # one per activation input of 48 MatMuls
+    # one QuantizeLinear per quantized tensor: 48 MatMuls have 60 activation inputs, and Q, K and V
+    # of each of the 6 layers read the same LayerNorm output (60 - 6 * 2 = 48)
+    assert compiled.op_counts["QuantizeLinear"] == 48
+    assert compiled.op_counts["DequantizeLinear"] == 60 + 36  # one per activation input, one per weight (36 MatMuls)
+    proto = compiled.proto
+    q_of_ln = [n for n in proto.graph.node if n.op_type == "QuantizeLinear" and "layer.0/attention/self/query" in n.name]
+    consumers = [n.name for n in proto.graph.node if q_of_ln[0].output[0] in n.input]
+    assert sorted(consumers) == sorted(f"/encoder/layer.0/attention/self/{k}/MatMul/x0/DequantizeLinear"
+                                       for k in ("query", "key", "value"))
 
 
 def _probe_native_fp16(op):
