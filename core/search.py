@@ -269,24 +269,30 @@ def sensitivity(project: Project, mode: str = "isolated", method: str = "minmax"
 # --- latency model (core.latency) ---------------------------------------------------------------
 def latency_model(project: Project, base: Policy, calib) -> LatencyModel:
     """Fit ``core.latency.LatencyModel`` on ORT profiles of ``base`` with every eligible layer
-    FP16 (the search's fallback), with every eligible layer INT8, and of the FP32 reference."""
+    FP16 (the search's fallback), with every eligible layer INT8, and of the FP32 reference,
+    with their wall-clock medians (interleaved with the reference)."""
     from .backends import select_backend
     from .runs import _reference as ref_engine
 
     be, _ = select_backend("onnxruntime")
     eligible = [l for l in project.layers if l.eligible]
     feed = project.eval_data.batches(project.input_shapes[project.model.inputs[0].name][0])[0]
-    profiles = {}
+    profiles, wall, refs = {}, {}, []
+    ref = ref_engine(be, project)
     for prec in ("int8", "fp16"):
         pol = base.with_layers({l.name: prec for l in eligible})
         folder = project.ws.sub("search", project.model.sha256[:16], "latency", prec)
         eng = be.build(project.model, pol, calib, folder, project.input_shapes)
         profiles[prec] = be.profile(eng, feed, 10, project.layers, pol)
+        t = be.time_interleaved(eng, ref, feed, warmup=10, iterations=40)
+        wall[prec] = t.median_ms
+        refs.append(t.ref_median_ms)
     fp32 = base.with_layers({l.name: "fp32" for l in project.layers})
-    profiles["fp32"] = be.profile(ref_engine(be, project), feed, 10, project.layers, fp32)
+    profiles["fp32"] = be.profile(ref, feed, 10, project.layers, fp32)
+    wall["fp32"] = float(np.median(refs))
     shapes = tensor_shapes(project.model, project.input_shapes)
     return fit_latency_model(profiles["fp16"], profiles["int8"], profiles["fp32"], project.layers,
-                             fusable_edges(project.model, project.layers, shapes), shapes)
+                             fusable_edges(project.model, project.layers, shapes), shapes, wall)
 
 
 # --- the search -------------------------------------------------------------------------------
