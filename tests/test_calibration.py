@@ -53,3 +53,15 @@ def test_trt_cache_format(tmp_path, tiny_cnn):
     name, hexval = lines[1].split(": ")
     scale = np.array([int(hexval, 16)], dtype=np.uint32).view(np.float32)[0]
     assert np.isclose(scale, r.amax(name) / 127.0, rtol=1e-6)
+
+
+def test_entropy_is_not_minmax(tmp_path, tiny_transformer):
+    """ORT's entropy calibrator with its default 128 bins can only pick the full range (= MinMax);
+    with ENTROPY_BINS its KL search clips, as TensorRT's entropy calibrator does."""
+    ws = Workspace(tmp_path)
+    mm = calibrate(tiny_transformer.model, tiny_transformer.calib_data, "minmax", ws)
+    en = calibrate(tiny_transformer.model, tiny_transformer.calib_data, "entropy", ws)
+    assert set(en.ranges) == set(mm.ranges)
+    clipped = [t for t in mm.ranges if en.amax(t) < 0.99 * mm.amax(t)]
+    assert all(en.amax(t) <= mm.amax(t) * (1 + 1e-6) for t in mm.ranges)
+    assert clipped, {t: (en.amax(t), mm.amax(t)) for t in mm.ranges}  # with 128 bins: none
