@@ -214,3 +214,41 @@ def test_four_sessions_build_at_once(server, browser):
     assert answers and max(a[0] for a in answers) < 1.0, sorted(answers, reverse=True)
     for page in pages:
         page.context.close()
+
+
+def test_isolated_ranking_search_and_use_this_policy(server, browser, tmp_path):
+    """Issue 4 in the browser (tiny transformer): the isolated ranking beside the cumulative one,
+    a search under a budget with its Pareto chart, and "Use this policy" making a front point the
+    session's policy on the Precision page."""
+    url, ws = server
+    model = "sample:tiny-transformer"
+    page = _new_page(browser, url, f"/Sensitivity?model={model}")
+    _idle(page)
+    page.get_by_role("button", name="Run the ranking").click()
+    page.get_by_text("Stored ranking of").wait_for(timeout=120_000)
+    _idle(page)
+    page.get_by_role("button", name="Isolated (one layer at a time)").click()
+    compare = page.get_by_test_id("stPlotlyChart").filter(has_text="On its own (isolated)")
+    compare.wait_for(timeout=120_000)
+    _idle(page)
+    assert compare.get_by_text("Cumulative (all eligible INT8)").count() == 1
+    compare.evaluate("e => e.scrollIntoView({block: 'center'})")
+    page.wait_for_timeout(500)
+    _shot(page, tmp_path, "6-isolated-vs-cumulative")
+
+    _goto(page, "Precision")
+    page.get_by_text("Search under a budget").click()
+    page.get_by_role("button", name="Start the search").click()
+    pareto = page.get_by_test_id("stPlotlyChart").filter(has_text="Pareto front")
+    pareto.wait_for(timeout=300_000)
+    _idle(page)
+    assert page.get_by_text("held-out half").first.is_visible()
+    page.get_by_role("button", name="Use this policy").click()
+    page.get_by_text("is now the current policy").wait_for()
+    _idle(page)
+    pareto.evaluate("e => e.scrollIntoView({block: 'center'})")
+    page.wait_for_timeout(500)
+    _shot(page, tmp_path, "7-search-pareto")
+    jobs = JobManager.for_workspace(ws).jobs()
+    assert {j.kind for j in jobs} == {"rank", "isolated", "search"} and all(j.status == "done" for j in jobs)
+    page.context.close()
