@@ -236,7 +236,9 @@ def test_isolated_ranking_search_and_use_this_policy(server, browser, tmp_path):
     page.wait_for_timeout(500)
     _shot(page, tmp_path, "6-isolated-vs-cumulative")
 
-    _goto(page, "Precision")
+    page.goto(f"{url}/Precision?model={model}")
+    page.get_by_role("heading", name="Precision", exact=True).wait_for()
+    _idle(page)
     page.get_by_text("Search under a budget").click()
     page.get_by_role("button", name="Start the search").click()
     pareto = page.get_by_test_id("stPlotlyChart").filter(has_text="Pareto front")
