@@ -39,14 +39,20 @@ def test_isolated_sensitivity_tiny_is_cached(tiny_transformer):
 def test_minilm_isolated_ranking_puts_ffn_down_on_top(minilm):
     s = sensitivity(minilm, "isolated", workers=2)
     assert len(s.table) == 48
-    assert s.table.iloc[0]["name"] in FFN_DOWN
-    assert len(set(s.table.head(6).name) & FFN_DOWN) >= 4, s.table.head(8)
+    # the top of the ranking is FFN down-projections (measured: layers 0-3 at ranks 1-4; the
+    # down-projections of layers 4 and 5 hurt less on their own: ranks 9 and 14)
+    assert set(s.table.head(4).name) <= FFN_DOWN, s.table.head(8)
     delta = s.table.set_index("name").delta
-    kinds = {"down": FFN_DOWN, "up": {n.replace("output/dense", "intermediate/dense") for n in FFN_DOWN},
-             "query": {n.replace("output/dense", "attention/self/query") for n in FFN_DOWN},
-             "attn_out": {n.replace("output/dense", "attention/output/dense") for n in FFN_DOWN}}
+    # and they are the most harmful of the eight MatMul kinds of a layer, on average and at worst
+    kinds = {k: {n.replace("output/dense/MatMul", v) for n in FFN_DOWN} for k, v in {
+        "down": "output/dense/MatMul", "up": "intermediate/dense/MatMul", "query": "attention/self/query/MatMul",
+        "key": "attention/self/key/MatMul", "value": "attention/self/value/MatMul",
+        "scores": "attention/self/MatMul", "context": "attention/self/MatMul_1",
+        "attn_out": "attention/output/dense/MatMul"}.items()}
+    assert set().union(*kinds.values()) == set(s.table.name)
     means = {k: delta[list(v)].mean() for k, v in kinds.items()}
-    assert max(means, key=means.get) == "down", means
+    worst = {k: delta[list(v)].max() for k, v in kinds.items()}
+    assert max(means, key=means.get) == "down" and max(worst, key=worst.get) == "down", means
 
 
 def test_search_meets_budget_on_holdout_and_front_is_nondominated(minilm):
