@@ -216,13 +216,23 @@ def cmd_sensitivity(args):
                      f"{' (cached)' if r.cache_hit else ''}\n" + r.table.head(args.top).to_string(index=False))
 
 
+def _trt_args(sp):
+    sp.add_argument("--trt-profile", action="append", metavar="INPUT=MIN:OPT:MAX",
+                    help="TensorRT optimisation profile of a dynamic input, shapes like 1x64 (default: the "
+                         "run's shape as opt, batch 1..16 where the batch is dynamic)")
+    sp.add_argument("--trt-workspace-gb", type=float, default=4.0, help="TensorRT builder workspace (default 4 GiB)")
+
+
 def cmd_search(args):
     from .search import search
     from .workspace import atomic_write_text
 
     bar = Progress("search")
     p = _project(args, bar)
-    r = search(p, args.budget, workers=args.workers, smooth=args.smooth, progress=bar)
+    trt = {"profiles": parse_trt_profiles(args.trt_profile) or None,
+           "workspace_bytes": int(args.trt_workspace_gb * (1 << 30))}
+    r = search(p, args.budget, workers=args.workers, smooth=args.smooth, progress=bar, backend=args.backend,
+               trt_options=trt)
     bar.done()
     out = Path(args.out) if args.out else p.ws.sub("policies") / f"search-{r.policy.sha256[:12]}.json"
     atomic_write_text(out, r.policy.to_json())
@@ -283,10 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--calibration", default="minmax", choices=("minmax", "entropy", "percentile"))
     sp.add_argument("--network-default", default="fp32", choices=("fp32", "fp16"))
     sp.add_argument("--iterations", type=int, default=30, help="interleaved timing pairs (default 30)")
-    sp.add_argument("--trt-profile", action="append", metavar="INPUT=MIN:OPT:MAX",
-                    help="TensorRT optimisation profile of a dynamic input, shapes like 1x64 (default: the "
-                         "run's shape as opt, batch 1..16 where the batch is dynamic)")
-    sp.add_argument("--trt-workspace-gb", type=float, default=4.0, help="TensorRT builder workspace (default 4 GiB)")
+    _trt_args(sp)
     sp = add("export", cmd_export, "export a policy as JSON, trtexec/Polygraphy commands or compiled ONNX")
     sp.add_argument("--policy", help="policy JSON (default: the default policy)")
     sp.add_argument("--format", required=True, choices=EXPORT_FORMATS)
@@ -305,6 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", help="where to write the policy JSON (default: workspace/policies/)")
     sp.add_argument("--smooth", action="store_true",
                     help="also try SmoothQuant-style smoothing (alpha 0.75) of every MatMul with weights (kept only if it pays)")
+    sp.add_argument("--backend", default="auto", choices=("auto", "onnxruntime", "tensorrt"),
+                    help="backend of the latency model and the verifying build (quality trials run on ONNX Runtime)")
+    _trt_args(sp)
     sp = sub.add_parser("sample", help="write a bundled sample: model.onnx, calib.npz, eval.npz")
     sp.add_argument("name", choices=("minilm", "tiny-cnn", "tiny-transformer"))
     sp.add_argument("--out", required=True)

@@ -267,21 +267,24 @@ def sensitivity(project: Project, mode: str = "isolated", method: str = "minmax"
 
 
 # --- latency model (core.latency) ---------------------------------------------------------------
-def latency_model(project: Project, base: Policy, calib) -> LatencyModel:
-    """Fit ``core.latency.LatencyModel`` on ORT profiles of ``base`` with every eligible layer
-    FP16 (the search's fallback), with every eligible layer INT8, and of the FP32 reference,
-    with their wall-clock medians (interleaved with the reference)."""
+def latency_model(project: Project, base: Policy, calib, backend: str = "onnxruntime",
+                  trt_options: dict | None = None) -> LatencyModel:
+    """Fit ``core.latency.LatencyModel`` on the backend's profiles of ``base`` with every eligible
+    layer FP16 (the search's fallback), with every eligible layer INT8, and of the FP32 reference,
+    with their wall-clock medians (interleaved with the reference). On TensorRT the per-element
+    conversion costs come out zero (its Reformat layers do not carry mixprec's node names), so
+    only the per-layer gains order the candidates there."""
     from .backends import select_backend
     from .runs import _reference as ref_engine
 
-    be, _ = select_backend("onnxruntime")
+    be, _ = select_backend(backend, **(trt_options or {}))
     eligible = [l for l in project.layers if l.eligible]
     feed = project.eval_data.batches(project.input_shapes[project.model.inputs[0].name][0])[0]
     profiles, wall, refs = {}, {}, []
     ref = ref_engine(be, project)
     for prec in ("int8", "fp16"):
         pol = base.with_layers({l.name: prec for l in eligible})
-        folder = project.ws.sub("search", project.model.sha256[:16], "latency", prec)
+        folder = project.ws.sub("search", project.model.sha256[:16], "latency", be.name, prec)
         eng = be.build(project.model, pol, calib, folder, project.input_shapes)
         profiles[prec] = be.profile(eng, feed, 10, project.layers, pol)
         t = be.time_interleaved(eng, ref, feed, warmup=10, iterations=40)
@@ -442,15 +445,21 @@ def default_margin(budget: Budget) -> float:
 
 def search(project: Project, budget: Budget | str, methods=CALIB_METHODS, margin: float | None = None,
            workers: int = 2, verify: bool = True, smooth: bool = False, smooth_alpha: float = 0.75,
-           smooth_top: int | None = None, progress=None, should_stop=None) -> SearchResult:
+           smooth_top: int | None = None, progress=None, should_stop=None, backend: str = "auto",
+           trt_options: dict | None = None) -> SearchResult:
     """A policy meeting ``budget`` on held-out data with the most INT8 latency benefit.
 
     ``smooth`` adds a variant with SmoothQuant-style scaling (``smooth_alpha``) on the inputs of
     the ``smooth_top`` most sensitive MatMuls with constant weights (default: all of them); it is
-    kept only if its best candidate beats the unsmoothed ones. (MiniLM, cosine_mean>=0.995:
+    kept only if its best candidate beats the unsmoothed ones. ``backend`` (``auto`` picks
+    TensorRT where it runs) fits the latency model and builds the verification run; the quality
+    trials always run on ONNX Runtime's switchable model. (MiniLM, cosine_mean>=0.995:
     alpha 0.5 on all 36 → 76 % of MACs INT8; alpha 0.75 → 97 %.)"""
+    from .backends import select_backend
+
     t_start = time.perf_counter()
     budget = Budget.parse(budget) if isinstance(budget, str) else budget
+    select_backend(backend, **(trt_options or {}))  # a backend that cannot run fails now, not minutes in
     if margin is None:  # headroom on dev so the held-out half meets the budget too
         margin = default_margin(budget)
     step = progress or (lambda f, t: None)
@@ -511,7 +520,8 @@ def search(project: Project, budget: Budget | str, methods=CALIB_METHODS, margin
     t0 = time.perf_counter()
     step(0.45, "profiling INT8 and FP32 per layer")
     lat = latency_model(project, switch[first][1], calibrate(project.model, project.calib_data,
-                                                               switch[first][1].calibration, project.ws))
+                                                               switch[first][1].calibration, project.ws),
+                        backend, trt_options)
     timings["latency_model_s"] = time.perf_counter() - t0
     # 3) greedy fallback + refinement per calibration variant
     chosen: list[Candidate] = []
@@ -553,7 +563,7 @@ def search(project: Project, budget: Budget | str, methods=CALIB_METHODS, margin
 
         step(0.88, "verifying the chosen policy on the held-out half")
         held = replace(project, eval_data=test)
-        run = build_and_measure(held, policy, backend="onnxruntime", label=f"search {budget}")
+        run = build_and_measure(held, policy, backend=backend, label=f"search {budget}", trt_options=trt_options)
         holdout = run.quality
         met_holdout = budget.met(holdout)
         message += f"; held-out half: {budget.metric}={budget.value_of(holdout):.4f} " + \

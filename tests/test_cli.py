@@ -115,3 +115,7 @@ def test_trt_profile_flag_parses_and_reaches_the_backend(ws, tmp_path):
     p = cli(ws, "build", "sample:tiny-cnn", "--backend", "tensorrt", "--trt-profile", "image=1x3x32x32:1x3x32x32:4x3x32x32",
             check=False)
     assert p.returncode == 2 and "TensorRT backend cannot run here" in p.stderr
+    # the search says so before any trial runs
+    p = cli(ws, "search", "sample:tiny-cnn", "--budget", "cosine_mean>=0.99", "--backend", "tensorrt", check=False)
+    assert p.returncode == 2 and "TensorRT backend cannot run here" in p.stderr and "Traceback" not in p.stderr
+    assert not (ws.root / "search").exists() or not any((ws.root / "search").rglob("isolated*"))
