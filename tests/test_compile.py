@@ -167,3 +167,22 @@ def test_smoothing_moves_scale_into_weights(tiny_transformer):
     with pytest.raises(MixprecError, match="per-channel statistics"):
         compile_policy(tiny_transformer.model, pol, calibrate(tiny_transformer.model, tiny_transformer.calib_data,
                                                               pol.calibration, tiny_transformer.ws))
+
+
+def test_int8_outputs_option_quantizes_layer_outputs(tiny_cnn):
+    """The analysis option behind bench/bench_int8_outputs.py: Q/DQ after every INT8 layer's
+    output (int8 zero point 0 for TensorRT), the graph's outputs keeping their names."""
+    from core.calibration import calibrate
+
+    pol = tiny_cnn.default_policy()
+    calib = calibrate(tiny_cnn.model, tiny_cnn.calib_data, pol.calibration, tiny_cnn.ws)
+    plain = compile_policy(tiny_cnn.model, pol, calib, target="trt")
+    out = compile_policy(tiny_cnn.model, pol, calib, target="trt", int8_outputs=True)
+    n_int8 = sum(p == "int8" for p in pol.layers.values())
+    assert out.op_counts["QuantizeLinear"] == plain.op_counts["QuantizeLinear"] + n_int8
+    nodes = {n.name: n for n in out.proto.graph.node}
+    q = nodes["/conv1/Conv/y/QuantizeLinear"]
+    assert q.input[0] == nodes["/conv1/Conv"].output[0]
+    zp = next(i for i in out.proto.graph.initializer if i.name == "/conv1/Conv/y_zero_point")
+    assert zp.data_type == onnx.TensorProto.INT8
+    assert [o.name for o in out.proto.graph.output] == [o.name for o in tiny_cnn.model.proto.graph.output]
