@@ -43,9 +43,9 @@ def main():
     calib = calibrate(p.model, p.calib_data, base.calibration, p.ws)
     lat = latency_model(p, base, calib)
     print(f"latency model fitted in {time.perf_counter() - t0:.1f} s: FP32 {lat.fp32_total_ms:.2f} ms, all-FP16 "
-          f"{lat.fp16_total_ms:.2f} ms, all-INT8 {lat.int8_total_ms:.2f} ms (wall-clock); "
-          f"{len(lat.edges)} edges; Q {lat.q_ms_per_element * 1e6:.2f} ns/element, "
-          f"Cast {lat.cast_ms_per_element * 1e6:.2f} ns/element")
+          f"{lat.wall.fp16_total_ms:.2f} ms, all-INT8 {lat.wall.int8_total_ms:.2f} ms (wall-clock); "
+          f"{len(lat.edges)} edges; Q {lat.wall.q_ms_per_element * 1e6:.2f} ns/element, "
+          f"Cast {lat.wall.cast_ms_per_element * 1e6:.2f} ns/element")
     eligible = [l.name for l in p.layers if l.eligible]
     rng = np.random.default_rng(args.seed)
     sets = []

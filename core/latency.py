@@ -91,26 +91,6 @@ class LatencyModel:
     fp32_total_ms: float  # the original model, wall-clock
     edges: list[Edge] = field(default_factory=list)
 
-    @property
-    def fp16_total_ms(self) -> float:
-        return self.wall.fp16_total_ms
-
-    @property
-    def int8_total_ms(self) -> float:
-        return self.wall.int8_total_ms
-
-    @property
-    def gain_ms(self) -> dict[str, float]:
-        return self.wall.gain_ms
-
-    @property
-    def q_ms_per_element(self) -> float:
-        return self.wall.q_ms_per_element
-
-    @property
-    def cast_ms_per_element(self) -> float:
-        return self.wall.cast_ms_per_element
-
     def island_ms(self, int8: set[str]) -> float:
         """Extra conversion time (wall-clock) where an edge changes precision."""
         return self.wall.island_ms(self.edges, int8)

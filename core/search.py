@@ -396,7 +396,7 @@ class _Searcher:
     def run(self, order: list[str]) -> Candidate:
         """``order``: fallback priority, worst quality cost per latency gain first. Layers whose
         INT8 saves no time start in the fallback set and never return."""
-        slow = [l for l in order if self.lat.gain_ms.get(l, 0.0) <= 0]
+        slow = [l for l in order if self.lat.wall.gain_ms.get(l, 0.0) <= 0]
         order = slow + [l for l in order if l not in slow]
         lo, hi = len(slow), len(order)  # smallest fallback count k that meets the budget (binary search)
         if self.eval([set(order[lo:])])[0].meets_budget:
@@ -537,7 +537,7 @@ def search(project: Project, budget: Budget | str, methods=CALIB_METHODS, margin
         # harm per benefit: layers whose INT8 saves no time go first, then the worst drop per ms saved
         eps = 1e-6
         order = sorted((l.name for l in eligible),
-                       key=lambda n: (lat.gain_ms[n] > eps, -(drop[n] / max(lat.gain_ms[n], eps))))
+                       key=lambda n: (lat.wall.gain_ms[n] > eps, -(drop[n] / max(lat.wall.gain_ms[n], eps))))
         sw = switch[v][0]
         with TrialPool(sw.path, batches, sw.switches, ref, out_name, workers, dev.labels) as pool:
             s = _Searcher(budget, pool, lat, v, margin, eligible)

@@ -37,13 +37,13 @@ def test_edges_follow_data_movement_only(tiny_transformer, tiny_cnn):
 def test_fit_on_real_profiles_is_exact_at_both_ends(tt_latency, tiny_transformer):
     lat = tt_latency
     eligible = {l.name for l in tiny_transformer.layers if l.eligible}
-    assert lat.estimate(eligible)[0] == pytest.approx(lat.int8_total_ms, rel=1e-9)
-    assert lat.estimate(set())[0] == pytest.approx(lat.fp16_total_ms, rel=1e-9)
-    assert lat.fp16_total_ms > 0 and lat.int8_total_ms > 0 and lat.fp32_total_ms > 0
+    assert lat.estimate(eligible)[0] == pytest.approx(lat.wall.int8_total_ms, rel=1e-9)
+    assert lat.estimate(set())[0] == pytest.approx(lat.wall.fp16_total_ms, rel=1e-9)
+    assert lat.wall.fp16_total_ms > 0 and lat.wall.int8_total_ms > 0 and lat.fp32_total_ms > 0
     # measured from the profiles' conversion nodes (on the tiny model the wall-clock correction may
     # leave them at zero: a per-node overhead larger than a tiny Cast)
     assert lat.profiled.q_ms_per_element > 0 and lat.profiled.cast_ms_per_element > 0
-    assert lat.q_ms_per_element >= 0 and lat.cast_ms_per_element >= 0
+    assert lat.wall.q_ms_per_element >= 0 and lat.wall.cast_ms_per_element >= 0
     assert 0 < lat.estimate(eligible)[1] < 100 and 0 < lat.estimate(set())[1] < 100
     # the reformat share follows the raw profiles, as builds report it
     assert lat.estimate(set())[1] == pytest.approx(100 * lat.profiled.fp16_reformat_ms / lat.profiled.fp16_total_ms)
@@ -66,11 +66,11 @@ def test_islands_cost_conversions(tt_latency):
     assert (lat.boundaries(island), lat.boundaries(pair), lat.boundaries(set())) == (1, 0, 0)
     numel = next(e.numel for e in lat.edges if e.consumer == "/attn/out/MatMul")
     assert numel == 16 * 32  # [1, 16 tokens, 32]
-    assert lat.island_ms(island) == pytest.approx(lat.q_ms_per_element * numel)
+    assert lat.island_ms(island) == pytest.approx(lat.wall.q_ms_per_element * numel)
     assert lat.island_ms(pair) == 0.0
     lone_av = {"/attn/MatMul_1"}  # INT8 producer, FP16 consumer: the consumer rounds its input to fp16
     assert lat.boundaries(lone_av) == 1
-    assert lat.island_ms(lone_av) == pytest.approx(2 * lat.cast_ms_per_element * numel)
+    assert lat.island_ms(lone_av) == pytest.approx(2 * lat.wall.cast_ms_per_element * numel)
 
 
 def _optimized_ops(project, policy, tmp_path):

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 import pytest
 
 from core.runs import build_and_measure, list_runs, load_run_per_layer
@@ -63,26 +65,19 @@ def test_minilm_ffn_down_with_int8_outputs_reproduces_the_seed(minilm):
     ``--layerOutputTypes=int8``), the default policy falls to ~0.84 and the six FFN down-projections
     in FP16 lift it by more than 0.05 — their outputs carry the residual stream's outliers.
     mixprec's placement (outputs stay float) starts at 0.981 instead."""
-    import onnxruntime as ort
-
+    from conftest import run_model
     from core.calibration import calibrate
     from core.compile import compile_policy
-    from core.metrics import quality
+    from core.metrics import cosine_rows
 
     base = minilm.default_policy()
     calib = calibrate(minilm.model, minilm.calib_data, base.calibration, minilm.ws)
     feeds = minilm.eval_data.batches(1)
-    name = minilm.model.proto.graph.output[0].name
-
-    def outputs(proto):
-        s = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
-        return [s.run([name], f)[0] for f in feeds]
-
-    ref = outputs(minilm.model.proto)
+    ref = run_model(minilm.model.proto, feeds)
 
     def cosine(policy, int8_outputs):
-        return quality(ref, outputs(compile_policy(minilm.model, policy, calib, int8_outputs=int8_outputs).proto),
-                       name, None).cosine_mean
+        out = run_model(compile_policy(minilm.model, policy, calib, int8_outputs=int8_outputs).proto, feeds)
+        return float(cosine_rows(ref.astype(np.float64), out.astype(np.float64)).mean())
 
     default_out = cosine(base, True)
     down_out = cosine(base.with_layers({n: "fp16" for n in FFN_DOWN}), True)

@@ -154,7 +154,7 @@ def test_search_fits_its_latency_model_on_tensorrt(ws):
     base = project.default_policy()
     lat = latency_model(project, base, calibrate(project.model, project.calib_data, base.calibration, ws), "tensorrt")
     eligible = {l.name for l in project.layers if l.eligible}
-    assert lat.fp16_total_ms > 0 and lat.int8_total_ms > 0 and lat.fp32_total_ms > 0
-    assert lat.estimate(eligible)[0] == pytest.approx(lat.int8_total_ms, rel=1e-9)
+    assert lat.wall.fp16_total_ms > 0 and lat.wall.int8_total_ms > 0 and lat.fp32_total_ms > 0
+    assert lat.estimate(eligible)[0] == pytest.approx(lat.wall.int8_total_ms, rel=1e-9)
     r = search(project, "cosine_mean>=0.99", methods=("minmax",), workers=1, backend="tensorrt")
     assert r.run is not None and r.run.backend == "tensorrt" and r.met_on_holdout is not None
