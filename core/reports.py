@@ -284,12 +284,17 @@ def latency_by_type(layers: pd.DataFrame) -> pd.DataFrame:
 
 
 def reformat_summary(layers: pd.DataFrame) -> ReformatSummary:
-    total = float(layers["time_ms"].sum(min_count=1))
-    reformats = layers[layers["is_reformat"]]
-    ms = math.nan if math.isnan(total) else float(reformats["time_ms"].sum())
-    elided = layers["name"].str.match(_COPY_NODE.pattern) & (layers["layer_type"] == "NoOp")
-    return ReformatSummary(count=len(reformats), ms=ms, pct=_share(ms, total), total_ms=total,
-                           elided=int(elided.sum()))
+    """Reformat overhead of a per-layer table: a TensorRT engine report's (``time_ms``, with
+    ``layer_type``) or a backend profile's (``PER_LAYER_COLUMNS``: ``ms``), rows flagged
+    ``is_reformat``."""
+    col = "time_ms" if "time_ms" in layers else "ms"
+    total = float(layers[col].sum(min_count=1))
+    reformats = layers[layers["is_reformat"].astype(bool)]
+    ms = math.nan if math.isnan(total) else float(reformats[col].sum())
+    elided = 0
+    if "layer_type" in layers:
+        elided = int((layers["name"].str.match(_COPY_NODE.pattern) & (layers["layer_type"] == "NoOp")).sum())
+    return ReformatSummary(count=len(reformats), ms=ms, pct=_share(ms, total), total_ms=total, elided=elided)
 
 
 def _walk(start: int, tensors: list[list[str]], edges: dict[str, list[int]],

@@ -14,12 +14,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .backends import Latency, Reformat, select_backend, summarize_reformat
+from .backends import Latency, select_backend
 from .calibration import calibrate_policy
 from .errors import MixprecError
+from .evaluation import engine_outputs, eval_batch, output_name, reference_engine, reference_outputs, timing_feed
 from .metrics import Quality, quality
 from .policy import Policy
 from .project import Project
+from .reports import ReformatSummary, reformat_summary
 from .workspace import Workspace, atomic_save_npz, atomic_write_json, atomic_write_text
 
 RUN_FORMAT_VERSION = 1
@@ -44,7 +46,7 @@ class RunResult:
     backend_reason: str
     policy_sha256: str
     latency: Latency
-    reformat: Reformat
+    reformat: ReformatSummary
     quality: Quality
     precision_counts: dict[str, int]
     int8_mac_fraction: float
@@ -92,32 +94,6 @@ def int8_mac_fraction(project: Project, policy: Policy) -> float:
     return int8 / total if total else 0.0
 
 
-EVAL_BATCH = 16
-
-
-def _reference(backend, project: Project):
-    """The FP32 engine, built once per model and backend."""
-    ref_dir = project.ws.sub("reference", backend.name, project.model.sha256[:16])
-    return backend.reference(project.model, ref_dir, project.input_shapes)
-
-
-def _outputs(backend, engine, batches, name):
-    with backend.runner(engine) as r:
-        return [np.asarray(r.infer(b)[name]) for b in batches]
-
-
-def _reference_outputs(backend, reference, project: Project, batches, name) -> list[np.ndarray]:
-    """FP32 outputs on the evaluation data, cached by model + data + output + format version."""
-    key = f"outputs-v{RUN_FORMAT_VERSION}-{project.eval_data.sha256[:16]}-{len(batches)}-{name.replace('/', '_')}.npz"
-    path = Path(reference.compiled_path).parent / key
-    if path.is_file():
-        with np.load(path, allow_pickle=False) as z:
-            return [z[f"b{i}"] for i in range(len(z.files))]
-    outs = _outputs(backend, reference, batches, name)
-    atomic_save_npz(path, {f"b{i}": o for i, o in enumerate(outs)})
-    return outs
-
-
 def build_and_measure(project: Project, policy: Policy, backend: str = "auto", label: str = "",
                       progress=None, warmup: int = 3, iterations: int = 30,
                       profile_iterations: int = 5, onnx_bytes: bytes | None = None,
@@ -143,13 +119,13 @@ def build_and_measure(project: Project, policy: Policy, backend: str = "auto", l
         else:
             raise MixprecError(f"the {be.name} backend cannot measure a prebuilt ONNX", "use --backend onnxruntime")
         build_seconds = time.perf_counter() - t_start
-        reference = _reference(be, project)
-        out_name = next(o.name for o in project.model.outputs if o.is_float)
-        batches = project.eval_data.batches(_eval_batch(project))
+        reference = reference_engine(be, project)
+        out_name = output_name(project)
+        batches = project.eval_data.batches(eval_batch(project))
         step(0.35, f"evaluating quality on {project.eval_data.num_samples} held-out samples")
-        q = quality(_reference_outputs(be, reference, project, batches, out_name),
-                    _outputs(be, engine, batches, out_name), out_name, project.eval_data.labels)
-        feed = project.eval_data.batches(project.input_shapes[project.model.inputs[0].name][0])[0]
+        q = quality(reference_outputs(be, reference, project, batches, out_name),
+                    engine_outputs(be, engine, batches, out_name), out_name, project.eval_data.labels)
+        feed = timing_feed(project)
         step(0.6, f"timing candidate vs FP32 interleaved ({iterations} pairs)")
         lat = be.time_interleaved(engine, reference, feed, warmup, iterations)
         step(0.85, "profiling per layer")
@@ -157,7 +133,7 @@ def build_and_measure(project: Project, policy: Policy, backend: str = "auto", l
         result = RunResult(
             run_id=run_id, run_dir=ws.runs / run_id, created=time.time(), label=label or _auto_label(policy),
             model_name=project.model.name, model_sha256=project.model.sha256, backend=be.name,
-            backend_reason=reason, policy_sha256=policy.sha256, latency=lat, reformat=summarize_reformat(per_layer),
+            backend_reason=reason, policy_sha256=policy.sha256, latency=lat, reformat=reformat_summary(per_layer),
             quality=q, precision_counts=policy.precision_counts(), int8_mac_fraction=int8_mac_fraction(project, policy),
             build_seconds=build_seconds, calibration_method=policy.calibration.method,
             calibration_cache_hit=calib.cache_hit if calib else None, per_layer=per_layer,
@@ -171,14 +147,6 @@ def build_and_measure(project: Project, policy: Policy, backend: str = "auto", l
         raise
     step(1.0, "done")
     return result
-
-
-def _eval_batch(project: Project) -> int:
-    """Evaluate in batches where every input's batch axis is dynamic (same numerics, less time)."""
-    dynamic = all(0 in s.dynamic_axes for s in project.model.inputs)
-    n = project.eval_data.num_samples
-    return max(d for d in range(1, min(EVAL_BATCH, n) + 1) if n % d == 0) if dynamic else \
-        project.input_shapes[project.model.inputs[0].name][0]
 
 
 def _auto_label(policy: Policy) -> str:

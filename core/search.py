@@ -38,6 +38,7 @@ from .calibration import calibrate, calibrate_policy
 from .compile import compile_policy
 from .data import Dataset
 from .errors import MixprecError
+from .evaluation import eval_batches, output_name, reference_engine, reference_on, timing_feed
 from .inventory import tensor_shapes
 from .latency import LatencyModel, fit_latency_model, fusable_edges
 from .metrics import Quality, quality
@@ -165,10 +166,7 @@ def split_eval(ds: Dataset) -> tuple[Dataset, Dataset]:
 
 
 def _batches(project: Project, ds: Dataset):
-    from .runs import _eval_batch
-
-    sub = replace(project, eval_data=ds)
-    return ds.batches(_eval_batch(sub))
+    return eval_batches(project, ds)
 
 
 @dataclass
@@ -195,12 +193,9 @@ def _switchable(project: Project, base: Policy, calib, method_tag: str) -> _Swit
 def _reference(project: Project, ds: Dataset, batches):
     """FP32 outputs on ``ds`` (cached per model and data by runs._reference_outputs)."""
     from .backends import select_backend
-    from .runs import _reference as ref_engine, _reference_outputs
 
     be, _ = select_backend("onnxruntime")
-    out_name = next(o.name for o in project.model.outputs if o.is_float)
-    sub = replace(project, eval_data=ds)
-    return _reference_outputs(be, ref_engine(be, project), sub, batches, out_name), out_name
+    return reference_on(be, project, ds, batches), output_name(project)
 
 
 # --- isolated / leave-one-out sensitivity ---------------------------------------------------
@@ -275,13 +270,12 @@ def latency_model(project: Project, base: Policy, calib, backend: str = "onnxrun
     conversion costs come out zero (its Reformat layers do not carry mixprec's node names), so
     only the per-layer gains order the candidates there."""
     from .backends import select_backend
-    from .runs import _reference as ref_engine
 
     be, _ = select_backend(backend, **(trt_options or {}))
     eligible = [l for l in project.layers if l.eligible]
-    feed = project.eval_data.batches(project.input_shapes[project.model.inputs[0].name][0])[0]
+    feed = timing_feed(project)
     profiles, wall, refs = {}, {}, []
-    ref = ref_engine(be, project)
+    ref = reference_engine(be, project)
     for prec in ("int8", "fp16"):
         pol = base.with_layers({l.name: prec for l in eligible})
         folder = project.ws.sub("search", project.model.sha256[:16], "latency", be.name, prec)

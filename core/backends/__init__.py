@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..errors import MixprecError
-from .base import Backend, Engine, Latency, Reformat, Runner, summarize_reformat
+from .base import Backend, Engine, Latency, Runner
 from .onnxruntime import OnnxRuntimeBackend
 
 BACKENDS = ("auto", "onnxruntime", "tensorrt")
@@ -54,5 +54,5 @@ def select_backend(name: str = "auto", **trt_options) -> tuple[Backend, str]:
     return OnnxRuntimeBackend(), f"onnxruntime: {reason}"
 
 
-__all__ = ["Backend", "Engine", "Latency", "Reformat", "Runner", "select_backend", "summarize_reformat",
+__all__ = ["Backend", "Engine", "Latency", "Runner", "select_backend",
            "tensorrt_available", "BACKENDS"]

@@ -40,13 +40,6 @@ class Latency:
     iterations: int
 
 
-@dataclass(frozen=True)
-class Reformat:
-    count: int
-    ms: float
-    pct: float
-
-
 class Runner(ABC):
     """Polygraphy-style runner: ``activate()``, ``infer(feed)``, ``deactivate()``; also a context manager."""
 
@@ -94,13 +87,6 @@ class Backend(ABC):
     def profile(self, engine: Engine, feed: dict[str, np.ndarray], iterations: int,
                 layers: list[Layer], policy: Policy) -> pd.DataFrame:
         """Per-layer time, columns ``PER_LAYER_COLUMNS``; conversion nodes flagged ``is_reformat``."""
-
-
-def summarize_reformat(per_layer: pd.DataFrame) -> Reformat:
-    total = float(per_layer["ms"].sum())
-    rf = per_layer[per_layer["is_reformat"]]
-    ms = float(rf["ms"].sum())
-    return Reformat(int(len(rf)), ms, 100.0 * ms / total if total > 0 else 0.0)
 
 
 def latency_from_pairs(cand: list[float], ref: list[float]) -> Latency:

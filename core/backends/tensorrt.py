@@ -37,6 +37,7 @@ import pandas as pd
 
 from ..compile import compile_policy
 from ..errors import MixprecError
+from ..evaluation import EVAL_BATCH
 from ..reports import parse_layers
 from ..workspace import Workspace, atomic_write_bytes, atomic_write_json, sha256_bytes
 from .base import PER_LAYER_COLUMNS, Backend, Engine, Latency, Runner, latency_from_pairs
@@ -127,7 +128,7 @@ def profile_shapes(input_shapes: dict[str, tuple[int, ...]], overrides: dict | N
     ``max_batch`` (default: the batch runs.py evaluates quality with). ``overrides`` replaces an
     input's range; it must contain the project's shape."""
     if max_batch is None:
-        from ..runs import EVAL_BATCH as max_batch
+        max_batch = EVAL_BATCH
     overrides = dict(overrides or {})
     unknown = sorted(set(overrides) - set(input_shapes))
     if unknown:
@@ -428,7 +429,7 @@ class TensorRTBackend(Backend):
     def __init__(self, ws: Workspace | None = None, profiles: dict | None = None,
                  workspace_bytes: int = DEFAULT_WORKSPACE_BYTES, mode: str = "auto"):
         """``profiles``: ``{input: (min, opt, max)}`` replacing the default ranges of :func:`profile_shapes`
-        (quality is evaluated in batches of up to ``runs.EVAL_BATCH`` where the batch axis is dynamic, so a
+        (quality is evaluated in batches of up to ``evaluation.EVAL_BATCH`` where the batch axis is dynamic, so a
         range should reach that); ``workspace_bytes``: the builder's workspace pool; ``mode``: ``auto``
         (by TensorRT version), ``strongly-typed`` or ``legacy``."""
         if mode not in MODES:

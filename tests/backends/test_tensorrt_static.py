@@ -197,7 +197,7 @@ def test_profile_shapes_default_and_override():
 
 
 def test_profile_shapes_cover_the_evaluation_batch_on_dynamic_batch_axes():
-    from core.runs import EVAL_BATCH
+    from core.evaluation import EVAL_BATCH
 
     got = trt_backend.profile_shapes({"ids": (2, 64), "mask": (2, 64)}, dynamic_batch={"ids"})
     assert got["ids"] == ((1, 64), (2, 64), (EVAL_BATCH, 64)) and got["mask"] == ((2, 64),) * 3
