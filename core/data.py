@@ -41,9 +41,6 @@ class Dataset:
         n = self.num_samples
         return [{k: v[i:i + batch] for k, v in self.arrays.items()} for i in range(0, n - batch + 1, batch)]
 
-    def take(self, n: int) -> "Dataset":
-        return self.slice(0, n)
-
     def slice(self, start: int, stop: int | None = None) -> "Dataset":
         """Samples ``start:stop`` (labels included)."""
         cut = slice(start, stop)

@@ -1,4 +1,4 @@
-"""Model loading and validation (``ModelFromPath``), in Polygraphy's loader style.
+"""Model loading and validation, in Polygraphy's loader style (``load_model`` is its ``ModelFromPath``).
 
 A model is given as a path or a bundled sample (``sample:minilm``,
 ``sample:tiny-cnn``, ``sample:tiny-transformer``). Loading validates the file
@@ -16,8 +16,10 @@ import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper
+from onnx.external_data_helper import _get_all_tensors, load_external_data_for_model, uses_external_data
 
 from .errors import MixprecError
+from .samples import materialize_sample
 from .workspace import Workspace, sha256_bytes
 
 FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
@@ -102,8 +104,6 @@ def _spec(vi: onnx.ValueInfoProto) -> TensorSpec:
 
 def _check_external_data(model: onnx.ModelProto, base_dir: Path) -> None:
     """Refuse external data outside the model's folder (never read it); report missing files."""
-    from onnx.external_data_helper import _get_all_tensors, uses_external_data
-
     outside, missing = [], []
     base = base_dir.resolve()
     for t in _get_all_tensors(model):
@@ -175,8 +175,6 @@ def assign_stable_names(model: onnx.ModelProto) -> list[str]:
 
 
 def resolve_sample(spec: str, ws: Workspace | None = None, progress=None):
-    from .samples import materialize_sample
-
     return materialize_sample(spec[len(SAMPLE_PREFIX):], ws or Workspace.default(), progress=progress)
 
 
@@ -184,8 +182,6 @@ def model_from_bytes(data: bytes, path: Path, name: str | None = None, sample: s
     model = _parse(data, path)
     _check_external_data(model, path.parent)
     if any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer):
-        from onnx.external_data_helper import load_external_data_for_model
-
         load_external_data_for_model(model, str(path.parent))
     try:
         onnx.checker.check_model(model)
@@ -230,7 +226,7 @@ def model_from_bytes(data: bytes, path: Path, name: str | None = None, sample: s
 
 
 def load_model(spec: str | os.PathLike, ws: Workspace | None = None, progress=None) -> LoadedModel:
-    """``ModelFromPath``: load a model from a path or ``sample:NAME`` and validate it."""
+    """Load a model from a path or ``sample:NAME`` and validate it."""
     spec_s = str(spec)
     sample = None
     if spec_s.startswith(SAMPLE_PREFIX):
@@ -252,8 +248,6 @@ def load_model(spec: str | os.PathLike, ws: Workspace | None = None, progress=No
     data = path.read_bytes()
     return model_from_bytes(data, path, name=f"sample:{sample}" if sample else None, sample=sample)
 
-
-ModelFromPath = load_model
 
 
 def resolve_input_shapes(

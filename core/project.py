@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from .data import Dataset, check_dataset, generate_dataset, load_npz
 from .errors import MixprecError
 from .inventory import Layer, build_inventory, inventory_frame
-from .model import SAMPLE_PREFIX, LoadedModel, load_model, resolve_input_shapes
+from .model import LoadedModel, load_model, resolve_input_shapes
 from .policy import CalibrationSettings, Policy, default_policy
+from .samples import materialize_sample
 from .workspace import Workspace
 
 
@@ -28,12 +29,6 @@ class Project:
 
     def inventory(self):
         return inventory_frame(self.layers)
-
-    def layer(self, name: str) -> Layer:
-        for l in self.layers:
-            if l.name == name:
-                return l
-        raise MixprecError(f"no layer named {name!r} in {self.model.name}", "list the layers with `python -m core inspect MODEL`")
 
     @property
     def eligible_macs(self) -> int:
@@ -58,8 +53,6 @@ def open_project(model_spec, data=None, eval_data=None, ws: Workspace | None = N
     ws = ws or Workspace.default()
     model = load_model(model_spec, ws, progress=progress)
     if model.sample:
-        from .samples import materialize_sample
-
         paths = materialize_sample(model.sample, ws)
         data = data if data is not None else paths.calib
         eval_data = eval_data if eval_data is not None else paths.eval
@@ -80,6 +73,3 @@ def open_project(model_spec, data=None, eval_data=None, ws: Workspace | None = N
     layers = build_inventory(model, calib.arrays)
     return Project(model, layers, calib, evald, shapes, ws)
 
-
-def is_sample(spec: str) -> bool:
-    return str(spec).startswith(SAMPLE_PREFIX)

@@ -38,7 +38,7 @@ def test_corrupt_cache_is_recomputed(tmp_path, tiny_cnn):
 
 def test_methods_differ_and_percentile_clips(tmp_path, minilm):
     ws = Workspace(tmp_path)
-    ds = minilm.calib_data.take(16)
+    ds = minilm.calib_data.slice(0, 16)
     mm = calibrate(minilm.model, ds, "minmax", ws)
     pc = calibrate(minilm.model, ds, "percentile", ws)
     t = "/encoder/layer.0/intermediate/intermediate_act_fn/Mul_1_output_0"
