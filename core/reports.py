@@ -25,7 +25,8 @@ Definitions (each is tested in ``tests/test_reports.py``):
     ``NoOp`` run no kernel (0 ms); they are counted apart, as ``ReformatSummary.elided``.
 ``onnx_nodes`` / ``qdq_nodes``
     ONNX node names the layer came from: the ``Metadata`` field split on ``\\x1E``/``\\x1F`` (with
-    ``[ONNX Layer: ...]`` unwrapped) where present, else the fused layer name split on ``" + "``.
+    ``[ONNX Layer: <node> | ...]`` unwrapped to ``<node>``, :func:`metadata_nodes`) where present,
+    else the fused layer name split on ``" + "``.
     Q/DQ node names go to ``qdq_nodes``. Names TensorRT made up (``(Unnamed Layer* N) [...]``,
     ``reshape_after_...``) are dropped, and a ``Reformatting CopyNode for ...`` layer has no ONNX
     node. Without the ONNX model these are candidates (fused initializers such as
@@ -78,7 +79,10 @@ UNKNOWN = "UNKNOWN"
 _COPY_NODE = re.compile(r"^Reformatting CopyNode for (Input|Output) Tensor \d+ to ")
 _QDQ = re.compile(r"(Quantize|Dequantize)Linear")
 _TRT_MADE = re.compile(r"\(Unnamed Layer\* \d+\)|^(reshape|unsqueeze_node|copied_squeeze)_after_")
-_ONNX_LAYER = re.compile(r"\[ONNX Layer: (.*?)\](?=\[|[\x1e\x1f]|$)")
+# One "[ONNX Layer: <node> | <property> | ...]" entry of a layer's Metadata (TensorRT >= 10's ONNX
+# parser writes one per node; an engine layer joins its nodes' entries with \x1e/\x1f). The node name
+# ends at the first "|" (local function, doc string); an entry ends at a "]" before the next one.
+_ONNX_LAYER = re.compile(r"\[ONNX Layer: (.*?)(?:\s*\|[^\x1e\x1f]*?)?\](?=\[|[\x1e\x1f]|$)")
 
 
 @dataclass(frozen=True)
@@ -112,10 +116,16 @@ def datatype(fmt: str) -> str:
     return UNKNOWN
 
 
+def metadata_nodes(metadata: str | None) -> list[str]:
+    """The ONNX node names of the ``[ONNX Layer: <node> | ...]`` entries in a TensorRT layer's
+    ``Metadata`` (network or engine layer), in order; ``[]`` when it has none."""
+    return [n for n in (m.strip() for m in _ONNX_LAYER.findall(metadata or "")) if n]
+
+
 def onnx_names(layer_name: str, metadata: str | None = None) -> tuple[list[str], list[str]]:
     """``(onnx_nodes, qdq_nodes)`` of one engine layer (see the module docstring)."""
     if metadata:
-        parts = _ONNX_LAYER.findall(metadata) or re.split(r"[\x1e\x1f]", metadata)
+        parts = metadata_nodes(metadata) or re.split(r"[\x1e\x1f]", metadata)
     elif _COPY_NODE.match(layer_name):
         parts = []
     else:
@@ -263,8 +273,6 @@ def parse_layers(graph, profile=None) -> tuple[pd.DataFrame, list[str], int | No
 
 # ---------------------------------------------------------------------------- derived tables
 
-
-
 def _grouped(layers: pd.DataFrame, key: str, columns: list[str]) -> pd.DataFrame:
     groups = layers.groupby(key, sort=False)["time_ms"]
     table = pd.DataFrame({"layers": groups.size(), "time_ms": groups.sum(min_count=1)})
@@ -374,12 +382,6 @@ class EngineReport:
         """From parsed JSON (the dict of the layer info, the list of the profile)."""
         layers, bindings, runs = parse_layers(graph, profile)
         return cls(name=name, layers=layers, bindings=bindings, profiled_runs=runs)
-
-    @classmethod
-    def from_bytes(cls, graph_bytes: bytes, profile_bytes: bytes | None = None,
-                   name: str = "engine") -> EngineReport:
-        """From file contents, e.g. uploads."""
-        return load_engine_report(graph_bytes, profile_bytes, name=name)
 
     @property
     def has_profile(self) -> bool:

@@ -1,4 +1,8 @@
-"""core.reports and its charts in core.plots, on the real A100 trtexec reports in shared/fixtures."""
+"""core.reports and its charts in core.plots, on the real A100 trtexec reports in shared/fixtures.
+
+Uploads (file contents as bytes) are read with ``load_engine_report``: ``EngineReport.from_bytes``, which only
+these tests used, was removed as dead code (issue 9); the tests of it now call ``load_engine_report`` on the
+same bytes."""
 from __future__ import annotations
 
 import json
@@ -137,9 +141,9 @@ def test_datatype(fmt, expected):
     assert datatype(fmt) == expected
 
 
-def test_from_bytes_and_parsed_objects_equal_paths(reports, trt_reports_dir):
+def test_bytes_and_parsed_objects_equal_paths(reports, trt_reports_dir):
     graph, profile = paths(trt_reports_dir, "qat")
-    uploaded = EngineReport.from_bytes(graph.read_bytes(), profile.read_bytes(), name="upload")
+    uploaded = load_engine_report(graph.read_bytes(), profile.read_bytes(), name="upload")
     assert uploaded.name == "upload"
     pd.testing.assert_frame_equal(uploaded.layers, reports["qat"].layers)
     parsed = load_engine_report(*raw(trt_reports_dir, "qat"))
@@ -187,6 +191,8 @@ def test_to_json(reports):
     ("fused", "Conv_1\x1eRelu_2", (["Conv_1", "Relu_2"], [])),
     ("fused", "[ONNX Layer: /m/Conv]\x1f[ONNX Layer: /m/input_quantizer/QuantizeLinear]",
      (["/m/Conv"], ["/m/input_quantizer/QuantizeLinear"])),
+    ("fused", "[ONNX Layer: /f/MatMul | Local Function: f]\x1e[ONNX Layer: /f/Add | doc]",
+     (["/f/MatMul", "/f/Add"], [])),
 ])
 def test_onnx_names(name, metadata, expected):
     assert onnx_names(name, metadata) == expected
@@ -263,7 +269,7 @@ def test_not_json(tmp_path):
     msg = _error(tmp_path, '{"Layers": [')
     assert "g.json is not JSON" in msg and "--exportLayerInfo" in msg
     with pytest.raises(MixprecError, match="uploaded layer info is not JSON"):
-        EngineReport.from_bytes(b"\xff\xfe\x00garbage")
+        load_engine_report(b"\xff\xfe\x00garbage")
 
 
 def test_plain_string_layers_need_detailed_verbosity(tmp_path):

@@ -1,37 +1,16 @@
-"""Backends behind one interface. ``auto`` picks TensorRT where it can run, else ONNX Runtime."""
+"""Backends behind one interface. ``auto`` picks TensorRT where it can run, else ONNX Runtime.
+
+The registry lives here; each backend module says whether it can run (``available()``) and
+shares its helpers through :mod:`.base`. Both backend modules import without TensorRT or a GPU
+(TensorRT and Polygraphy's TensorRT loaders are imported inside the functions that use them)."""
 from __future__ import annotations
 
 from ..errors import MixprecError
 from .base import Backend, Engine, Latency, Runner
 from .onnxruntime import OnnxRuntimeBackend
+from .tensorrt import TensorRTBackend, tensorrt_available
 
 BACKENDS = ("auto", "onnxruntime", "tensorrt")
-
-
-def tensorrt_available() -> tuple[bool, str]:
-    """Whether the TensorRT backend can run here (TensorRT >= 10, Polygraphy, a CUDA device), and why (not)."""
-    from .tensorrt import INSTALL, MIN_VERSION, cuda_device, parse_version
-
-    try:
-        import tensorrt as trt
-
-        version = str(trt.__version__)
-    except Exception:  # noqa: BLE001 - the PyPI stub raises at import
-        return False, f"TensorRT not installed ({INSTALL})"
-    try:
-        too_old = parse_version(version) < MIN_VERSION
-    except MixprecError:
-        too_old = True
-    if too_old:
-        return False, f"TensorRT {version} is installed but mixprec needs TensorRT 10.0 or newer ({INSTALL})"
-    try:
-        import polygraphy.backend.trt  # noqa: F401
-    except Exception:  # noqa: BLE001
-        return False, f"TensorRT {version} is installed but Polygraphy is not (pip install polygraphy)"
-    device = cuda_device()
-    if device is None:
-        return False, f"TensorRT {version} is installed but no CUDA device is usable (no NVIDIA GPU or driver)"
-    return True, f"TensorRT {version} on {device[0]} (compute capability {device[1]})"
 
 
 def select_backend(name: str = "auto", **trt_options) -> tuple[Backend, str]:
@@ -39,13 +18,11 @@ def select_backend(name: str = "auto", **trt_options) -> tuple[Backend, str]:
     workspace_bytes, mode) configure the TensorRT backend when it is the one chosen."""
     if name not in BACKENDS:
         raise MixprecError(f"unknown backend {name!r}", f"use one of {', '.join(BACKENDS)}")
-    trt_ok, trt_why = tensorrt_available()
+    trt_ok, trt_why = TensorRTBackend.available()
     if name == "tensorrt" or (name == "auto" and trt_ok):
         if not trt_ok:
             raise MixprecError(f"the TensorRT backend cannot run here: {trt_why}",
                                "use --backend onnxruntime, or run on a machine with an NVIDIA GPU and TensorRT")
-        from .tensorrt import TensorRTBackend
-
         return TensorRTBackend(**trt_options), f"tensorrt: {trt_why}"
     ok, why = OnnxRuntimeBackend.available()
     if not ok:
@@ -54,5 +31,5 @@ def select_backend(name: str = "auto", **trt_options) -> tuple[Backend, str]:
     return OnnxRuntimeBackend(), f"onnxruntime: {reason}"
 
 
-__all__ = ["Backend", "Engine", "Latency", "Runner", "select_backend",
-           "tensorrt_available", "BACKENDS"]
+__all__ = ["Backend", "Engine", "Latency", "Runner", "OnnxRuntimeBackend", "TensorRTBackend",
+           "select_backend", "tensorrt_available", "BACKENDS"]

@@ -11,13 +11,12 @@ import os
 import time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from ..compile import CONVERSION_OPS, compile_policy
 from ..errors import MixprecError
 from ..workspace import atomic_write_bytes
-from .base import PER_LAYER_COLUMNS, Backend, Engine, Latency, Runner, latency_from_pairs
+from .base import Backend, Engine, Latency, ProfileRow, Runner, latency_from_pairs, per_layer_frame
 
 
 def session_options(optimized_path: Path | None = None, profile_prefix: str | None = None,
@@ -144,11 +143,13 @@ class OnnxRuntimeBackend(Backend):
         finally:
             final = Path(engine.compiled_path).parent / "ort-profile.json"
             os.replace(trace, final)
-        return per_layer_table(events, iterations + 3, layers, policy)
+        return per_layer_from_trace(events, iterations + 3, layers, policy)
 
 
-def per_layer_table(events: list, runs: int, layers, policy) -> pd.DataFrame:
-    """Aggregate ORT profiler node events into mean ms per node per run, mapped back to layers."""
+def per_layer_from_trace(events: list, runs: int, layers, policy) -> pd.DataFrame:
+    """``PER_LAYER_COLUMNS`` from ONNX Runtime's profiler trace (``events``, over ``runs`` runs):
+    mean ms per node per run, each node mapped back to its layer; Q/DQ and Cast nodes are the
+    conversions."""
     totals: dict[str, float] = {}
     ops: dict[str, str] = {}
     for ev in events:
@@ -157,23 +158,6 @@ def per_layer_table(events: list, runs: int, layers, policy) -> pd.DataFrame:
         node = ev["name"][: -len("_kernel_time")]
         totals[node] = totals.get(node, 0.0) + ev.get("dur", 0) / 1e3
         ops[node] = ev.get("args", {}).get("op_name", "?")
-    names = sorted((l.name for l in layers), key=len, reverse=True)
-    rows = []
-    for node, ms in totals.items():
-        layer = _owner(node, names)
-        prec = policy.layers.get(layer, "") if layer else ""
-        rows.append((node, ops[node], layer or "", prec, ms / runs, ops[node] in CONVERSION_OPS))
-    df = pd.DataFrame(rows, columns=[c for c in PER_LAYER_COLUMNS if c != "pct"])
-    total = df["ms"].sum()
-    df["pct"] = 100.0 * df["ms"] / total if total > 0 else 0.0
-    return df[PER_LAYER_COLUMNS].sort_values("ms", ascending=False, ignore_index=True)
-
-
-def _owner(node: str, names_longest_first: list[str]) -> str | None:
-    """The inventory layer an optimized node came from: compiled node names start with
-    their layer's name (``<layer>/x0/QuantizeLinear``); ORT's fusions keep or extend them."""
-    for n in names_longest_first:
-        if node == n or node.startswith(n + "/") or node.startswith(n + "_"):
-            return n
-    return None
-
+    rows = [ProfileRow(node, ops[node], (node,), ms / runs, ops[node] in CONVERSION_OPS)
+            for node, ms in totals.items()]
+    return per_layer_frame(rows, layers, policy)

@@ -18,7 +18,8 @@ Two build paths, picked by the installed TensorRT version (:func:`build_mode`):
 Engines are bound to the GPU model and the TensorRT version: they are cached in
 ``engines/tensorrt/`` under a key of everything they depend on (:func:`engine_cache_key`).
 Importing this module needs neither TensorRT nor a GPU; ``tensorrt`` and Polygraphy's TensorRT
-loaders are imported inside the functions that use them.
+loaders are imported inside the functions that use them. :func:`tensorrt_available` says whether
+this backend can run here.
 """
 from __future__ import annotations
 
@@ -38,10 +39,9 @@ import pandas as pd
 from ..compile import compile_policy
 from ..errors import MixprecError
 from ..evaluation import EVAL_BATCH
-from ..reports import parse_layers
+from ..reports import metadata_nodes, parse_layers
 from ..workspace import Workspace, atomic_write_bytes, atomic_write_json, sha256_bytes
-from .base import PER_LAYER_COLUMNS, Backend, Engine, Latency, Runner, latency_from_pairs
-from .onnxruntime import _owner
+from .base import Backend, Engine, Latency, ProfileRow, Runner, latency_from_pairs, per_layer_frame
 
 MODES = ("auto", "strongly-typed", "legacy")
 MIN_VERSION = (10, 0)          # TensorRT 10 API: execute_async_v3, ILayer.metadata, named tensors
@@ -49,7 +49,6 @@ STRONG_TYPING_FROM = (10, 12)  # per-layer precision APIs deprecated, superseded
 LEGACY_REMOVED_IN = (11, 0)    # ... and removed
 DEFAULT_WORKSPACE_BYTES = 4 << 30
 CACHE_FORMAT = 1
-TRT_DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8"}  # policy precision -> trt attribute
 INT8_COMPUTE = ("CONVOLUTION", "DECONVOLUTION", "MATRIX_MULTIPLY")  # the layers of an INT8 node that run int8
 NO_PRECISION = ("CONSTANT", "SHAPE")  # layers a precision constraint must not touch
 INSTALL = "pip install tensorrt-cu12 or tensorrt-cu13 on a machine with an NVIDIA GPU"
@@ -125,8 +124,8 @@ def profile_shapes(input_shapes: dict[str, tuple[int, ...]], overrides: dict | N
                    dynamic_batch=(), max_batch: int | None = None) -> dict:
     """``{input: (min, opt, max)}``. By default opt is the project's shape and so are min and max,
     except that inputs in ``dynamic_batch`` (axis 0 dynamic in the model) take batches from 1 up to
-    ``max_batch`` (default: the batch runs.py evaluates quality with). ``overrides`` replaces an
-    input's range; it must contain the project's shape."""
+    ``max_batch`` (default: ``evaluation.EVAL_BATCH``, the batch quality is evaluated in).
+    ``overrides`` replaces an input's range; it must contain the project's shape."""
     if max_batch is None:
         max_batch = EVAL_BATCH
     overrides = dict(overrides or {})
@@ -163,14 +162,12 @@ def engine_cache_key(parts: dict) -> str:
     return sha256_bytes(doc.encode())[:32]
 
 
-_ONNX_LAYER = re.compile(r"\[ONNX Layer: ([^\]|]+?)\s*[\]|]")
-
-
 def layer_node(layer_name: str, metadata: str | None = None) -> str:
-    """The ONNX node a network layer was parsed from: ``[ONNX Layer: <node> | ...]`` in its
-    metadata (TensorRT >= 10.0's parser), else the layer's name (the parser names layers after nodes)."""
-    m = _ONNX_LAYER.search(metadata or "")
-    return m.group(1) if m else layer_name
+    """The ONNX node a network layer was parsed from: the first ``[ONNX Layer: <node> | ...]`` in its
+    metadata (TensorRT >= 10.0's parser, read by :func:`core.reports.metadata_nodes`), else the
+    layer's name (the parser names layers after nodes)."""
+    nodes = metadata_nodes(metadata)
+    return nodes[0] if nodes else layer_name
 
 
 class LayerTimes:
@@ -201,23 +198,21 @@ class LayerTimes:
         return [{"count": max((len(t) for t in self.times), default=0)}, *rows]
 
 
-def per_layer_table(graph: dict, profile: list, layers, policy) -> pd.DataFrame:
-    """``PER_LAYER_COLUMNS`` from the engine inspector's JSON and the profiler's records: each
-    engine layer with the policy layer it runs (the first of its ONNX nodes, or the Q/DQ and
-    Cast nodes compiled for a layer, that names one) and that layer's policy precision."""
+def per_layer_from_reports(graph: dict, profile: list, layers, policy) -> pd.DataFrame:
+    """``PER_LAYER_COLUMNS`` from the engine inspector's JSON and the profiler's records (trtexec's
+    ``--exportLayerInfo``/``--exportProfile``, read by :func:`core.reports.parse_layers`): each engine
+    layer with the policy layer it runs (the first of its ONNX nodes, or the Q/DQ and Cast nodes
+    compiled for a layer, that names one) and that layer's policy precision."""
     try:
         table = parse_layers(graph, profile)[0]
     except MixprecError as e:
         raise MixprecError(f"the engine's layer information and its profile do not match: {e.what}",
                            "rebuild the engine (delete it from engines/tensorrt/) so it is built with "
                            "detailed profiling verbosity") from e
-    names = sorted((l.name for l in layers), key=len, reverse=True)
-    owners = [next((o for o in (_owner(n, names) for n in (*nodes, *qdq)) if o), "")
-              for nodes, qdq in zip(table["onnx_nodes"], table["qdq_nodes"])]
-    df = pd.DataFrame({"name": table["name"], "op_type": table["layer_type"], "layer": owners,
-                       "precision": [policy.layers.get(o, "") for o in owners], "ms": table["time_ms"],
-                       "pct": table["pct"].fillna(0.0), "is_reformat": table["is_reformat"].astype(bool)})
-    return df[PER_LAYER_COLUMNS].sort_values("ms", ascending=False, ignore_index=True)
+    columns = ("name", "layer_type", "onnx_nodes", "qdq_nodes", "time_ms", "is_reformat")
+    rows = [ProfileRow(name, kind, (*nodes, *qdq), ms, bool(reformat))
+            for name, kind, nodes, qdq, ms, reformat in zip(*(table[c] for c in columns))]
+    return per_layer_frame(rows, layers, policy)
 
 
 # ---------------------------------------------------------------------------- TensorRT and the GPU
@@ -228,6 +223,30 @@ def _trt():
     except Exception as e:  # noqa: BLE001 - the PyPI stub raises at import
         raise MixprecError("TensorRT is not installed", INSTALL_FIX) from e
     return trt
+
+
+def tensorrt_available() -> tuple[bool, str]:
+    """Whether the TensorRT backend can run here (TensorRT >= 10, Polygraphy, a CUDA device), and why (not)."""
+    try:
+        import tensorrt as trt
+
+        version = str(trt.__version__)
+    except Exception:  # noqa: BLE001 - the PyPI stub raises at import
+        return False, f"TensorRT not installed ({INSTALL})"
+    try:
+        too_old = parse_version(version) < MIN_VERSION
+    except MixprecError:
+        too_old = True
+    if too_old:
+        return False, f"TensorRT {version} is installed but mixprec needs TensorRT 10.0 or newer ({INSTALL})"
+    try:
+        import polygraphy.backend.trt  # noqa: F401
+    except Exception:  # noqa: BLE001
+        return False, f"TensorRT {version} is installed but Polygraphy is not (pip install polygraphy)"
+    device = cuda_device()
+    if device is None:
+        return False, f"TensorRT {version} is installed but no CUDA device is usable (no NVIDIA GPU or driver)"
+    return True, f"TensorRT {version} on {device[0]} (compute capability {device[1]})"
 
 
 def cuda_device(ordinal: int = 0) -> tuple[str, str] | None:
@@ -298,7 +317,7 @@ def legacy_constraints(network, policy, calib, trt):
     ``{layer: output dtype}`` and ``{tensor: amax}`` for the inputs of INT8 layers. INT8 nodes run
     int8 in their Convolution/Deconvolution/MatrixMultiply layers and hand the network default's
     float type on (as trtexec --layerOutputTypes in policy.trtexec_legacy_command)."""
-    dtype = {p: getattr(trt, n) for p, n in TRT_DTYPES.items()}
+    dtype = {"fp32": trt.float32, "fp16": trt.float16, "int8": trt.int8}  # policy precision -> TensorRT type
     int8_kinds = {getattr(trt.LayerType, n) for n in INT8_COMPUTE}
     skip = {getattr(trt.LayerType, n) for n in NO_PRECISION}
     amax = {t: calib.amax(t) for t in calib.ranges} if calib is not None else {}
@@ -442,8 +461,6 @@ class TensorRTBackend(Backend):
 
     @classmethod
     def available(cls):
-        from . import tensorrt_available
-
         return tensorrt_available()
 
     def _config(self, trt, mode: str, shapes: dict, fp16: bool = False, int8: bool = False):
@@ -570,4 +587,4 @@ class TensorRTBackend(Backend):
         out = Path(engine.artifact_path).parent
         atomic_write_json(out / "trt-layers.json", graph)  # trtexec --exportLayerInfo / --exportProfile
         atomic_write_json(out / "trt-profile.json", records)
-        return per_layer_table(graph, records, layers, policy)
+        return per_layer_from_reports(graph, records, layers, policy)

@@ -147,8 +147,6 @@ def test_every_tensorrt_attribute_is_listed_and_documented():
     listed_prefixes = {c.rsplit(".", 1)[0] for c in listed}
     for chain in chains:
         assert chain in listed or chain in listed_prefixes, f"{chain} is used but not in TENSORRT_API"
-    for name in trt_backend.TRT_DTYPES.values():
-        assert f"trt.{name}" in listed
     for name in (*trt_backend.INT8_COMPUTE, *trt_backend.NO_PRECISION):
         assert f"trt.LayerType.{name}" in listed
     doc = (REPO / "docs" / "tensorrt-api-check.md").read_text()
@@ -235,6 +233,7 @@ def test_engine_cache_key():
     ("fc_1", "[ONNX Layer: fc]", "fc"),
     ("x", "[ONNX Layer: /encoder/layer.0/MatMul | Local Function: f]", "/encoder/layer.0/MatMul"),
     ("node_of_y", "", "node_of_y"),
+    ("q + c", "[ONNX Layer: /q/QuantizeLinear]\x1f[ONNX Layer: /m/Conv]", "/q/QuantizeLinear"),
 ])
 def test_layer_node(name, metadata, node):
     assert trt_backend.layer_node(name, metadata) == node
@@ -258,12 +257,12 @@ def _fixture(name):
     return json.loads((d / f"{name}.graph.json").read_text()), json.loads((d / f"{name}.profile.json").read_text())
 
 
-def test_per_layer_table_maps_engine_layers_to_policy_layers():
+def test_per_layer_from_reports_maps_engine_layers_to_policy_layers():
     graph, profile = _fixture("a100-resnet-qat")
     layers = [SimpleNamespace(name=n) for n in ("Conv_9", "Conv_22", "Conv_34", "MaxPool_12", "Conv_95")]
     policy = Policy("resnet", "0" * 64, "fp32", {"Conv_9": "int8", "Conv_22": "int8", "Conv_34": "fp16",
                                                   "MaxPool_12": "fp32", "Conv_95": "int8"})
-    df = trt_backend.per_layer_table(graph, profile, layers, policy)
+    df = trt_backend.per_layer_from_reports(graph, profile, layers, policy)
     assert list(df.columns) == PER_LAYER_COLUMNS and len(df) == len(graph["Layers"])
     row = df.set_index("name").loc["conv1.weight + QuantizeLinear_7 + Conv_9"]
     assert (row.layer, row.precision, row.op_type, bool(row.is_reformat)) == \
@@ -276,7 +275,7 @@ def test_per_layer_table_maps_engine_layers_to_policy_layers():
     assert df["pct"].sum() == pytest.approx(100.0) and df["ms"].is_monotonic_decreasing
 
 
-def test_per_layer_table_maps_compiled_qdq_names_to_their_layer():
+def test_per_layer_from_reports_maps_compiled_qdq_names_to_their_layer():
     graph = {"Layers": [
         {"Name": "conv1/x0/QuantizeLinear", "LayerType": "Reformat", "Origin": "QDQ",
          "Inputs": [{"Name": "image", "Format/Datatype": "Row major linear FP32"}],
@@ -287,13 +286,13 @@ def test_per_layer_table_maps_compiled_qdq_names_to_their_layer():
     profile = [{"count": 2}, {"name": "conv1/x0/QuantizeLinear", "averageMs": 0.01, "medianMs": 0.01},
                {"name": "conv1/w1/DequantizeLinear + conv1 + relu1", "averageMs": 0.03, "medianMs": 0.03}]
     policy = Policy("m", "0" * 64, "fp32", {"conv1": "int8", "relu1": "fp32"})
-    df = trt_backend.per_layer_table(graph, profile, [SimpleNamespace(name="conv1"), SimpleNamespace(name="relu1")],
-                                     policy)
+    df = trt_backend.per_layer_from_reports(graph, profile, [SimpleNamespace(name="conv1"),
+                                                             SimpleNamespace(name="relu1")], policy)
     assert df["layer"].tolist() == ["conv1", "conv1"] and df["is_reformat"].tolist() == [False, True]
     assert df["precision"].tolist() == ["int8", "int8"] and df["ms"].tolist() == [0.03, 0.01]
 
 
-def test_per_layer_table_names_a_mismatched_profile():
+def test_per_layer_from_reports_names_a_mismatched_profile():
     graph, profile = _fixture("a100-resnet-fp16")
     with pytest.raises(MixprecError, match="layer information and its profile do not match"):
-        trt_backend.per_layer_table(graph, profile[:-1], [], Policy("m", "0" * 64, "fp32", {}))
+        trt_backend.per_layer_from_reports(graph, profile[:-1], [], Policy("m", "0" * 64, "fp32", {}))
