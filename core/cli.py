@@ -10,9 +10,18 @@ import math
 import sys
 from pathlib import Path
 
+from .backends import BACKENDS
 from .errors import MixprecError
-
-EXPORT_FORMATS = ("json", "trtexec", "trtexec-typed", "polygraphy", "onnx", "calib-cache")
+from .compile import TARGETS
+from .export import EXPORT_FORMATS, export_policy
+from .policy import CALIB_METHODS, NETWORK_DEFAULTS, load_policy
+from .project import open_project
+from .reports import load_engine_report
+from .runs import build_and_measure
+from .samples import SAMPLES, write_sample
+from .search import SearchConfig, search
+from .sensitivity import MODES, RANK_METRICS, rank_layers, sensitivity
+from .workspace import atomic_write_text
 
 
 class Progress:
@@ -85,17 +94,19 @@ def parse_trt_profiles(items: list[str] | None) -> dict:
     return out
 
 
-def _project(args, progress=None):
-    from .project import open_project
+def trt_options(args) -> dict:
+    """The TensorRT backend's options from ``--trt-profile`` and ``--trt-workspace-gb``."""
+    return {"profiles": parse_trt_profiles(args.trt_profile) or None,
+            "workspace_bytes": int(args.trt_workspace_gb * (1 << 30))}
 
+
+def _project(args, progress=None):
     return open_project(args.model, data=getattr(args, "data", None), eval_data=getattr(args, "eval", None),
                         batch=getattr(args, "batch", 1), shape_overrides=_shape_overrides(getattr(args, "dim", None)),
                         progress=progress)
 
 
 def _policy(args, project):
-    from .policy import load_policy
-
     if getattr(args, "policy", None):
         return load_policy(args.policy, project.model, project.layers)
     return project.default_policy(getattr(args, "network_default", "fp32"), getattr(args, "calibration", "minmax"))
@@ -118,8 +129,6 @@ def cmd_inspect(args):
 
 
 def cmd_rank(args):
-    from .compare import rank_layers
-
     bar = Progress("rank")
     p = _project(args, bar)
     r = rank_layers(p, method=args.calibration, metric=args.metric, max_samples=args.samples, progress=bar)
@@ -132,14 +141,11 @@ def cmd_rank(args):
 
 
 def cmd_build(args):
-    from .runs import build_and_measure
-
     bar = Progress("build")
     p = _project(args, bar)
     policy = _policy(args, p)
-    trt = {"profiles": parse_trt_profiles(args.trt_profile) or None,
-           "workspace_bytes": int(args.trt_workspace_gb * (1 << 30))}
-    r = build_and_measure(p, policy, backend=args.backend, progress=bar, iterations=args.iterations, trt_options=trt)
+    r = build_and_measure(p, policy, backend=args.backend, progress=bar, iterations=args.iterations,
+                          trt_options=trt_options(args))
     bar.done()
     doc = r.to_json()
     q = r.quality
@@ -156,54 +162,20 @@ def cmd_build(args):
 
 
 def cmd_export(args):
-    from .calibration import calibrate_policy, trt_calibration_cache
-    from .compile import compile_policy
-    from .policy import polygraphy_command, trtexec_legacy_command, trtexec_typed_command
-    from .workspace import atomic_write_bytes, atomic_write_text
-
     p = _project(args)
     policy = _policy(args, p)
-    out = Path(args.out)
-    fmt = args.format
-    calib = calibrate_policy(p.model, p.calib_data, policy, p.layers, p.ws)
-    if fmt == "json":
-        atomic_write_text(out, policy.to_json())
-    elif fmt == "onnx":
-        atomic_write_bytes(out, compile_policy(p.model, policy, calib, target=args.target).serialized())
-    elif fmt == "calib-cache":
-        if calib is None:
-            raise MixprecError("the policy has no INT8 layer, so there is no calibration cache to export",
-                               "set some layers to int8, or export --format json")
-        atomic_write_text(out, trt_calibration_cache(calib))
-    elif fmt == "trtexec":
-        named = out.with_name(out.stem + ".named.onnx")
-        atomic_write_bytes(named, p.model.serialized())
-        cache = out.with_name(out.stem + ".calib.cache")
-        if calib is not None:
-            atomic_write_text(cache, trt_calibration_cache(calib))
-        atomic_write_text(out, "# TensorRT <= 10.11 (per-layer precision constraints; deprecated in 10.12, removed in 11)\n"
-                          + trtexec_legacy_command(p.model, policy, named.name, cache.name, p.input_shapes) + "\n")
-    elif fmt in ("trtexec-typed", "polygraphy"):
-        compiled = out.with_name(out.stem + ".mixprec.onnx")
-        atomic_write_bytes(compiled, compile_policy(p.model, policy, calib, target="trt").serialized())
-        cmd = (trtexec_typed_command(p.model, compiled.name, p.input_shapes) if fmt == "trtexec-typed"
-               else polygraphy_command(p.model, compiled.name, p.input_shapes))
-        atomic_write_text(out, f"# TensorRT >= 10.12 / 11: strongly typed build of the explicit-precision ONNX\n{cmd}\n")
-    _emit(args, {"format": fmt, "out": str(out), "policy_sha256": policy.sha256},
-          f"wrote {out} ({fmt})")
+    out = export_policy(p, policy, args.format, args.out, target=args.target)
+    _emit(args, {"format": args.format, "out": str(out), "policy_sha256": policy.sha256},
+          f"wrote {out} ({args.format})")
 
 
 def cmd_sample(args):
-    from .samples import write_sample
-
     paths = write_sample(args.name, Path(args.out))
     _emit(args, {"name": paths.name, "model": str(paths.model), "calib": str(paths.calib), "eval": str(paths.eval)},
           f"wrote {paths.model}, {paths.calib}, {paths.eval}")
 
 
 def cmd_sensitivity(args):
-    from .search import sensitivity
-
     bar = Progress("sensitivity")
     p = _project(args, bar)
     r = sensitivity(p, args.mode, args.calibration, workers=args.workers, progress=bar)
@@ -224,20 +196,15 @@ def _trt_args(sp):
 
 
 def cmd_search(args):
-    from .search import search
-    from .workspace import atomic_write_text
-
     bar = Progress("search")
     p = _project(args, bar)
-    trt = {"profiles": parse_trt_profiles(args.trt_profile) or None,
-           "workspace_bytes": int(args.trt_workspace_gb * (1 << 30))}
-    r = search(p, args.budget, workers=args.workers, smooth=args.smooth, progress=bar, backend=args.backend,
-               trt_options=trt)
+    config = SearchConfig(budget=args.budget, workers=args.workers, smooth=args.smooth, backend=args.backend,
+                          trt_options=trt_options(args))
+    r = search(p, config, progress=bar)
     bar.done()
     out = Path(args.out) if args.out else p.ws.sub("policies") / f"search-{r.policy.sha256[:12]}.json"
     atomic_write_text(out, r.policy.to_json())
     doc = r.to_json() | {"policy_path": str(out)}
-    front = r.candidates[r.candidates.pareto].drop(columns=["fallback"]).sort_values("est_ms")
     text = [r.message, f"policy written to {out}  ({r.seconds:.0f} s)"]
     if r.run is not None:
         q, lat = r.run.quality, r.run.latency
@@ -245,14 +212,12 @@ def cmd_search(args):
                     f"{lat.speedup:.2f}x, reformat {r.run.reformat.pct:.1f}%, INT8 MAC share "
                     f"{100 * r.run.int8_mac_fraction:.0f}%")
     text.append("Pareto front (quality on the dev half, estimated latency):")
-    text.append(front.to_string(index=False))
+    text.append(r.front.to_string(index=False))
     _emit(args, doc, "\n".join(text))
     return 0 if r.met_on_dev and r.met_on_holdout is not False else 1
 
 
 def cmd_report(args):
-    from .reports import load_engine_report
-
     rep = load_engine_report(args.graph, args.profile)
     doc = rep.to_json()
     rf = doc["reformat"]
@@ -269,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     def add(name, fn, help_, model=True, data=True):
         sp = sub.add_parser(name, help=help_)
         if model:
-            sp.add_argument("model", help="path to a .onnx file or sample:minilm|tiny-cnn|tiny-transformer")
+            sp.add_argument("model", help="path to a .onnx file or " + "|".join(f"sample:{n}" for n in SAMPLES))
         if data:
             sp.add_argument("--data", help="calibration data .npz (one array per input, samples on axis 0)")
             sp.add_argument("--eval", help="held-out evaluation data .npz (default: the sample's, or the last "
@@ -282,28 +247,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("inspect", cmd_inspect, "model summary and layer inventory")
     sp = add("rank", cmd_rank, "Polygraphy layer-wise FP32-vs-INT8 ranking")
-    sp.add_argument("--calibration", default="minmax", choices=("minmax", "entropy", "percentile"))
-    sp.add_argument("--metric", default="cos_drop", choices=("cos_drop", "added_cos_drop", "snr_db", "max_abs"))
+    sp.add_argument("--calibration", default="minmax", choices=CALIB_METHODS)
+    sp.add_argument("--metric", default="cos_drop", choices=RANK_METRICS)
     sp.add_argument("--samples", type=int, default=16, help="evaluation samples to compare (default 16)")
     sp.add_argument("--top", type=int, default=20)
     sp.add_argument("--all", action="store_true", help="show all layers, not only INT8-eligible ones")
     sp = add("build", cmd_build, "build a policy and measure latency, reformat overhead and quality")
     sp.add_argument("--policy", help="policy JSON (default: the default policy)")
-    sp.add_argument("--backend", default="auto", choices=("auto", "onnxruntime", "tensorrt"))
-    sp.add_argument("--calibration", default="minmax", choices=("minmax", "entropy", "percentile"))
-    sp.add_argument("--network-default", default="fp32", choices=("fp32", "fp16"))
+    sp.add_argument("--backend", default="auto", choices=BACKENDS)
+    sp.add_argument("--calibration", default="minmax", choices=CALIB_METHODS)
+    sp.add_argument("--network-default", default="fp32", choices=NETWORK_DEFAULTS)
     sp.add_argument("--iterations", type=int, default=30, help="interleaved timing pairs (default 30)")
     _trt_args(sp)
     sp = add("export", cmd_export, "export a policy as JSON, trtexec/Polygraphy commands or compiled ONNX")
     sp.add_argument("--policy", help="policy JSON (default: the default policy)")
     sp.add_argument("--format", required=True, choices=EXPORT_FORMATS)
-    sp.add_argument("--target", default="trt", choices=("trt", "ort"), help="int8 encoding of --format onnx")
-    sp.add_argument("--calibration", default="minmax", choices=("minmax", "entropy", "percentile"))
-    sp.add_argument("--network-default", default="fp32", choices=("fp32", "fp16"))
+    sp.add_argument("--target", default="trt", choices=TARGETS, help="int8 encoding of --format onnx")
+    sp.add_argument("--calibration", default="minmax", choices=CALIB_METHODS)
+    sp.add_argument("--network-default", default="fp32", choices=NETWORK_DEFAULTS)
     sp.add_argument("--out", required=True)
     sp = add("sensitivity", cmd_sensitivity, "isolated or leave-one-out per-layer INT8 sensitivity")
-    sp.add_argument("--mode", default="isolated", choices=("isolated", "leave-one-out"))
-    sp.add_argument("--calibration", default="minmax", choices=("minmax", "entropy", "percentile"))
+    sp.add_argument("--mode", default="isolated", choices=MODES)
+    sp.add_argument("--calibration", default="minmax", choices=CALIB_METHODS)
     sp.add_argument("--workers", type=int, default=2, help="parallel worker processes (default 2)")
     sp.add_argument("--top", type=int, default=20)
     sp = add("search", cmd_search, "search the policy with the most INT8 benefit that meets a quality budget")
@@ -312,11 +277,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", help="where to write the policy JSON (default: workspace/policies/)")
     sp.add_argument("--smooth", action="store_true",
                     help="also try SmoothQuant-style smoothing (alpha 0.75) of every MatMul with weights (kept only if it pays)")
-    sp.add_argument("--backend", default="auto", choices=("auto", "onnxruntime", "tensorrt"),
+    sp.add_argument("--backend", default="auto", choices=BACKENDS,
                     help="backend of the latency model and the verifying build (quality trials run on ONNX Runtime)")
     _trt_args(sp)
     sp = sub.add_parser("sample", help="write a bundled sample: model.onnx, calib.npz, eval.npz")
-    sp.add_argument("name", choices=("minilm", "tiny-cnn", "tiny-transformer"))
+    sp.add_argument("name", choices=SAMPLES)
     sp.add_argument("--out", required=True)
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=cmd_sample)

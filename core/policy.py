@@ -1,23 +1,22 @@
 """Precision policy: a versioned JSON document mapping every inventory layer to
-``fp32``/``fp16``/``int8``, validated against the model it was made for, and
-exported as JSON, trtexec command lines and a Polygraphy command."""
+``fp32``/``fp16``/``int8``, validated against the model it was made for (its exports for
+TensorRT are in ``core.export``)."""
 from __future__ import annotations
 
 import json
-import re
-import shlex
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .errors import MixprecError
 from .inventory import PRECISIONS, Layer
-from .model import LoadedModel, resolve_input_shapes
+from .model import LoadedModel
 from .workspace import sha256_bytes
 
 POLICY_FORMAT = "mixprec.policy"
 POLICY_VERSION = 1
 CALIB_METHODS = ("minmax", "entropy", "percentile")
+NETWORK_DEFAULTS = ("fp32", "fp16")  # the precision of layers the policy does not set otherwise
 
 
 @dataclass(frozen=True)
@@ -81,7 +80,7 @@ class Policy:
 def default_policy(model: LoadedModel, layers: list[Layer], network_default: str = "fp32",
                    calibration: CalibrationSettings | None = None) -> Policy:
     """LayerNorm, Softmax and embeddings FP16; INT8-eligible layers INT8; the rest at the network default."""
-    if network_default not in ("fp32", "fp16"):
+    if network_default not in NETWORK_DEFAULTS:
         raise MixprecError(f"network default {network_default!r} is not fp32 or fp16",
                            "pass --network-default fp32 or fp16")
     mapping = {
@@ -112,7 +111,7 @@ def policy_from_dict(doc: dict, model: LoadedModel, layers: list[Layer]) -> Poli
         problems.append(f"model sha256 {str(model_doc.get('sha256'))[:12]}… (policy for {model_doc.get('name')!r}) "
                         f"!= loaded model {model.sha256[:12]}… ({model.name})")
     nd = doc.get("network_default", "fp32")
-    if nd not in ("fp32", "fp16"):
+    if nd not in NETWORK_DEFAULTS:
         problems.append(f"network_default: {nd!r} (want fp32 or fp16)")
     by_name = {l.name: l for l in layers}
     entries = doc.get("layers")
@@ -173,57 +172,3 @@ def policy_from_text(text: str, model: LoadedModel, layers: list[Layer], source:
         raise MixprecError(f"{source} is not valid JSON ({e.msg} at line {e.lineno})",
                            "give a policy JSON exported by mixprec") from e
     return policy_from_dict(doc, model, layers)
-
-
-# --- exports for TensorRT ------------------------------------------------------------------
-TRT_DTYPE = {"fp32": "fp32", "fp16": "fp16", "int8": "int8"}
-_UNSAFE_TRT_NAME = re.compile(r"[,:]")
-
-
-def _shape_flags(model: LoadedModel, shapes: dict[str, tuple[int, ...]] | None) -> list[str]:
-    shapes = shapes or resolve_input_shapes(model)
-    dynamic = [s for s in model.inputs if s.dynamic_axes]
-    if not dynamic:
-        return []
-    spec = ",".join(f"{s.name}:{'x'.join(str(d) for d in shapes[s.name])}" for s in dynamic)
-    return [f"--minShapes={spec}", f"--optShapes={spec}", f"--maxShapes={spec}"]
-
-
-def trtexec_legacy_command(model: LoadedModel, policy: Policy, onnx_path: str = "model.onnx",
-                           calib_cache: str = "calibration.cache", shapes=None) -> str:
-    """TensorRT ≤ 10.11: the original ONNX with per-layer precision constraints."""
-    bad = [n for n in policy.layers if _UNSAFE_TRT_NAME.search(n)]
-    if bad:
-        raise MixprecError("some layer names contain ',' or ':' which trtexec's --layerPrecisions cannot express",
-                           "rename those nodes in the ONNX, or use the typed export (--format trtexec-typed)",
-                           details=bad)
-    precisions = ",".join(f"{n}:{TRT_DTYPE[p]}" for n, p in policy.layers.items())
-    # INT8 layers compute in int8 but hand a float tensor (the network default) to their consumers.
-    outputs = ",".join(f"{n}:{TRT_DTYPE[policy.network_default if p == 'int8' else p]}"
-                       for n, p in policy.layers.items())
-    args = ["trtexec", f"--onnx={onnx_path}", "--fp16", "--int8", f"--calib={calib_cache}",
-            "--precisionConstraints=obey", f"--layerPrecisions={precisions}",
-            f"--layerOutputTypes={outputs}", *_shape_flags(model, shapes),
-            "--profilingVerbosity=detailed", "--exportLayerInfo=layers.json", "--exportProfile=profile.json",
-            "--saveEngine=model.plan"]
-    return shlex.join(args)
-
-
-def trtexec_typed_command(model: LoadedModel, compiled_path: str = "model.mixprec.onnx", shapes=None) -> str:
-    """TensorRT ≥ 10.12 / 11: the compiled explicit-precision ONNX, strongly typed."""
-    args = ["trtexec", f"--onnx={compiled_path}", "--stronglyTyped", *_shape_flags(model, shapes),
-            "--profilingVerbosity=detailed", "--exportLayerInfo=layers.json", "--exportProfile=profile.json",
-            "--separateProfileRun", "--saveEngine=model.plan"]
-    return shlex.join(args)
-
-
-def polygraphy_command(model: LoadedModel, compiled_path: str = "model.mixprec.onnx", shapes=None) -> str:
-    """Polygraphy: build the compiled ONNX strongly typed and compare it against ONNX Runtime FP32."""
-    shapes = shapes or resolve_input_shapes(model)
-    args = ["polygraphy", "run", compiled_path, "--trt", "--strongly-typed", "--onnxrt"]
-    dynamic = [s for s in model.inputs if s.dynamic_axes]
-    if dynamic:
-        for flag in ("--trt-min-shapes", "--trt-opt-shapes", "--trt-max-shapes"):
-            args += [flag, *(f"{s.name}:[{','.join(str(d) for d in shapes[s.name])}]" for s in dynamic)]
-        args += ["--input-shapes", *(f"{s.name}:[{','.join(str(d) for d in shapes[s.name])}]" for s in dynamic)]
-    return shlex.join(args)

@@ -8,23 +8,25 @@ import os
 import shutil
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
+from typing import ClassVar
 
-import numpy as np
 import pandas as pd
 
 from .backends import Latency, select_backend
+from .backends.base import PER_LAYER_COLUMNS
 from .calibration import calibrate_policy
 from .errors import MixprecError
 from .evaluation import engine_outputs, eval_batch, output_name, reference_engine, reference_outputs, timing_feed
 from .metrics import Quality, quality
 from .policy import Policy
 from .project import Project
+from .records import check_format
 from .reports import ReformatSummary, reformat_summary
-from .workspace import Workspace, atomic_save_npz, atomic_write_json, atomic_write_text
+from .workspace import Workspace, atomic_write_json, atomic_write_text
 
-RUN_FORMAT_VERSION = 1
 RUN_COLUMNS = [
     "run_id", "created", "model_name", "model_sha256", "label", "backend", "policy_sha256",
     "latency_median_ms", "latency_p95_ms", "fp32_median_ms", "speedup",
@@ -32,10 +34,18 @@ RUN_COLUMNS = [
     "cosine_mean", "cosine_min", "snr_db", "max_abs", "top1_agreement", "knn5_overlap",
     "n_fp32", "n_fp16", "n_int8", "int8_mac_fraction", "build_seconds",
 ]
+# the files of a run directory runs/<id>/ (the compiled model and engine artifacts are the backend's)
+POLICY_FILE, METRICS_FILE, PER_LAYER_FILE = "policy.json", "metrics.json", "per_layer.csv"
 
 
 @dataclass
 class RunResult:
+    """One build and its measurements. ``to_json()`` is the run's document (``metrics.json``
+    is it without ``per_layer``, which is stored beside it as ``per_layer.csv``)."""
+
+    FORMAT_VERSION: ClassVar[int] = 2  # 2: "kind"; 1 (no kind, else the same) is read by from_json
+    KIND: ClassVar[str] = "run"
+
     run_id: str
     run_dir: Path
     created: float
@@ -60,7 +70,7 @@ class RunResult:
         if q["snr_db"] == float("inf"):
             q["snr_db"] = None
         return {
-            "format_version": RUN_FORMAT_VERSION,
+            "kind": self.KIND, "format_version": self.FORMAT_VERSION,
             "run_id": self.run_id, "run_dir": str(self.run_dir), "created": self.created, "label": self.label,
             "model": {"name": self.model_name, "sha256": self.model_sha256},
             "backend": self.backend, "backend_reason": self.backend_reason, "policy_sha256": self.policy_sha256,
@@ -68,7 +78,7 @@ class RunResult:
                            "fp32_median": self.latency.ref_median_ms, "fp32_p95": self.latency.ref_p95_ms,
                            "iterations": self.latency.iterations},
             "speedup": self.latency.speedup,
-            "reformat": {"count": self.reformat.count, "ms": self.reformat.ms, "pct": self.reformat.pct},
+            "reformat": asdict(self.reformat),
             "quality": q,
             "precision_counts": self.precision_counts,
             "int8_mac_fraction": self.int8_mac_fraction,
@@ -77,15 +87,50 @@ class RunResult:
             "per_layer": self.per_layer.to_dict(orient="records"),
         }
 
+    @classmethod
+    def from_json(cls, doc: dict) -> "RunResult":
+        """The run of a :meth:`to_json` document; ``per_layer`` is optional (an empty
+        PER_LAYER_COLUMNS table without it). A format-1 document (before ``kind``) is read as
+        the same fields; anything else that is not a run of this format is a MixprecError."""
+        if isinstance(doc, dict) and "kind" not in doc and doc.get("format_version") == 1:
+            doc = {**doc, "kind": cls.KIND, "format_version": cls.FORMAT_VERSION}  # migration 1 -> 2
+        check_format(doc, cls.KIND, cls.FORMAT_VERSION, "run")
+        try:
+            lat, q, rf = doc["latency_ms"], dict(doc["quality"]), doc["reformat"]
+            q["snr_db"] = float("inf") if q.get("snr_db") is None else q["snr_db"]
+            rows = doc.get("per_layer")
+            return cls(
+                run_id=doc["run_id"], run_dir=Path(doc["run_dir"]), created=doc["created"],
+                label=doc.get("label", ""), model_name=doc["model"]["name"], model_sha256=doc["model"]["sha256"],
+                backend=doc["backend"], backend_reason=doc.get("backend_reason", ""),
+                policy_sha256=doc["policy_sha256"],
+                latency=Latency(lat["median"], lat["p95"], lat["fp32_median"], lat["fp32_p95"], doc["speedup"],
+                                lat["iterations"]),
+                reformat=ReformatSummary(rf["count"], rf["ms"], rf["pct"], rf.get("total_ms", float("nan")),
+                                         rf.get("elided", 0)),
+                quality=Quality(**{f.name: q.get(f.name) for f in dataclass_fields(Quality)}),
+                precision_counts=dict(doc["precision_counts"]), int8_mac_fraction=doc["int8_mac_fraction"],
+                build_seconds=doc["build_seconds"], calibration_method=doc["calibration"]["method"],
+                calibration_cache_hit=doc["calibration"]["cache_hit"],
+                per_layer=pd.DataFrame(rows or [], columns=PER_LAYER_COLUMNS))
+        except (KeyError, TypeError) as e:
+            raise MixprecError(f"the stored run {doc.get('run_id', '?')} lacks the field {e}",
+                               "delete the run and build the policy again") from e
+
     def row(self) -> dict:
+        """The run as one row of :func:`list_runs` (RUN_COLUMNS; an infinite SNR is None, as stored)."""
         q, lat, rf, pc = self.quality, self.latency, self.reformat, self.precision_counts
-        return dict(zip(RUN_COLUMNS, [
-            self.run_id, self.created, self.model_name, self.model_sha256, self.label, self.backend,
-            self.policy_sha256, lat.median_ms, lat.p95_ms, lat.ref_median_ms, lat.speedup,
-            rf.count, rf.ms, rf.pct, q.cosine_mean, q.cosine_min, q.snr_db, q.max_abs, q.top1_agreement,
-            q.knn5_overlap, pc.get("fp32", 0), pc.get("fp16", 0), pc.get("int8", 0), self.int8_mac_fraction,
-            self.build_seconds,
-        ]))
+        row = {"run_id": self.run_id, "created": self.created, "model_name": self.model_name,
+               "model_sha256": self.model_sha256, "label": self.label, "backend": self.backend,
+               "policy_sha256": self.policy_sha256, "latency_median_ms": lat.median_ms,
+               "latency_p95_ms": lat.p95_ms, "fp32_median_ms": lat.ref_median_ms, "speedup": lat.speedup,
+               "reformat_count": rf.count, "reformat_ms": rf.ms, "reformat_pct": rf.pct,
+               "cosine_mean": q.cosine_mean, "cosine_min": q.cosine_min,
+               "snr_db": None if q.snr_db == float("inf") else q.snr_db, "max_abs": q.max_abs,
+               "top1_agreement": q.top1_agreement, "knn5_overlap": q.knn5_overlap,
+               "n_fp32": pc.get("fp32", 0), "n_fp16": pc.get("fp16", 0), "n_int8": pc.get("int8", 0),
+               "int8_mac_fraction": self.int8_mac_fraction, "build_seconds": self.build_seconds}
+        return {c: row[c] for c in RUN_COLUMNS}
 
 
 def int8_mac_fraction(project: Project, policy: Policy) -> float:
@@ -131,16 +176,14 @@ def build_and_measure(project: Project, policy: Policy, backend: str = "auto", l
         step(0.85, "profiling per layer")
         per_layer = be.profile(engine, feed, profile_iterations, project.layers, policy)
         result = RunResult(
-            run_id=run_id, run_dir=ws.runs / run_id, created=time.time(), label=label or _auto_label(policy),
+            run_id=run_id, run_dir=run_dir(ws, run_id), created=time.time(), label=label or _auto_label(policy),
             model_name=project.model.name, model_sha256=project.model.sha256, backend=be.name,
             backend_reason=reason, policy_sha256=policy.sha256, latency=lat, reformat=reformat_summary(per_layer),
             quality=q, precision_counts=policy.precision_counts(), int8_mac_fraction=int8_mac_fraction(project, policy),
             build_seconds=build_seconds, calibration_method=policy.calibration.method,
             calibration_cache_hit=calib.cache_hit if calib else None, per_layer=per_layer,
         )
-        atomic_write_text(tmp_dir / "policy.json", policy.to_json())
-        per_layer.to_csv(tmp_dir / "per_layer.csv", index=False)
-        atomic_write_json(tmp_dir / "metrics.json", {k: v for k, v in result.to_json().items() if k != "per_layer"})
+        _write_run(tmp_dir, result, policy)
         os.replace(tmp_dir, result.run_dir)
     except BaseException:
         shutil.rmtree(tmp_dir, ignore_errors=True)
@@ -154,34 +197,49 @@ def _auto_label(policy: Policy) -> str:
     return f"int8={c['int8']} fp16={c['fp16']} fp32={c['fp32']}"
 
 
+def _write_run(tmp_dir: Path, result: RunResult, policy: Policy) -> None:
+    atomic_write_text(tmp_dir / POLICY_FILE, policy.to_json())
+    result.per_layer.to_csv(tmp_dir / PER_LAYER_FILE, index=False)
+    atomic_write_json(tmp_dir / METRICS_FILE, {k: v for k, v in result.to_json().items() if k != "per_layer"})
+
+
+def run_dir(ws: Workspace, run_id: str) -> Path:
+    """The directory of a stored run: ``runs/<id>/``."""
+    return ws.runs / run_id
+
+
+def load_run(ws: Workspace, run_id: str) -> RunResult:
+    """The stored run ``run_id`` (with its per-layer table); a MixprecError if it is missing or
+    not a run of this format."""
+    path = run_dir(ws, run_id)
+    try:
+        doc = json.loads((path / METRICS_FILE).read_text())
+    except OSError as e:
+        raise MixprecError(f"there is no run {run_id!r} in {ws.runs}", "pick a run from the list of runs") from e
+    except ValueError as e:
+        raise MixprecError(f"the metrics of run {run_id} are not valid JSON", "delete the run and build again") from e
+    result = RunResult.from_json(doc)
+    per_layer = load_run_per_layer(path) if (path / PER_LAYER_FILE).is_file() else result.per_layer
+    return replace(result, run_dir=path, per_layer=per_layer)
+
+
 def list_runs(ws: Workspace | None = None, model_sha256: str | None = None) -> pd.DataFrame:
     """All stored runs (newest first) as a table with ``RUN_COLUMNS``."""
     ws = ws or Workspace.default()
     rows = []
-    for p in ws.runs.glob("*/metrics.json"):
+    for p in ws.runs.glob(f"*/{METRICS_FILE}"):
         try:
-            rows.append(_row_from_metrics(json.loads(p.read_text())))
-        except (ValueError, KeyError, TypeError):
-            continue  # a damaged run is skipped, never fatal
+            rows.append(RunResult.from_json(json.loads(p.read_text())).row())
+        except (OSError, ValueError, MixprecError):
+            continue  # a damaged or foreign run is skipped, never fatal
     df = pd.DataFrame(rows, columns=RUN_COLUMNS)
     if model_sha256:
         df = df[df["model_sha256"] == model_sha256]
     return df.sort_values("created", ascending=False, ignore_index=True)
 
 
-def _row_from_metrics(m: dict) -> dict:
-    q, pc = m["quality"], m["precision_counts"]
-    return dict(zip(RUN_COLUMNS, [
-        m["run_id"], m["created"], m["model"]["name"], m["model"]["sha256"], m.get("label", ""), m["backend"],
-        m["policy_sha256"], m["latency_ms"]["median"], m["latency_ms"]["p95"], m["latency_ms"]["fp32_median"],
-        m["speedup"], m["reformat"]["count"], m["reformat"]["ms"], m["reformat"]["pct"], q["cosine_mean"],
-        q["cosine_min"], q["snr_db"], q["max_abs"], q.get("top1_agreement"), q.get("knn5_overlap"),
-        pc.get("fp32", 0), pc.get("fp16", 0), pc.get("int8", 0), m["int8_mac_fraction"], m["build_seconds"],
-    ]))
-
-
 def load_run_per_layer(run_dir: Path) -> pd.DataFrame:
-    path = Path(run_dir) / "per_layer.csv"
+    path = Path(run_dir) / PER_LAYER_FILE
     if not path.is_file():
         raise MixprecError(f"run {Path(run_dir).name} has no per-layer table", "rebuild the policy")
     return pd.read_csv(path, keep_default_na=False)

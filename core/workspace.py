@@ -5,8 +5,13 @@ Layout::
     models/<sha256>.onnx          imported models, by content hash
     samples/<name>-v<N>/          materialised samples (model.onnx, calib.npz, eval.npz)
     calib/<key>.json              calibration caches (key = hashes + method + format version)
+    data/<sha256>.npz             uploaded data, by content hash
     runs/<id>/                    one build: policy.json, metrics.json, compiled.onnx, engine artifact, profile
+    rankings/<key>.json           cumulative rankings and isolated / leave-one-out sensitivity tables
+    searches/<key>.json           searches under a budget
     jobs/<id>.json                background job records
+
+Where each stored result lives and how it is read back: ``core.store``.
 
 Every write is atomic: a temp file in the same folder, then ``os.replace``.
 """

@@ -8,9 +8,10 @@ import time
 import pytest
 
 from core.errors import MixprecError
-from core.jobs import Job, JobManager, build_params, isolated_params, load_ranking, project_ranking_key, \
-    rank_params, search_params
+from core.jobs import Job, JobManager, build_params, isolated_params, rank_params, search_params
+from core.jobs.params import BuildParams, SearchParams
 from core.project import open_project
+from core.store import load_ranking, load_sensitivity
 from core.workspace import Workspace, atomic_write_json
 
 
@@ -40,13 +41,16 @@ def test_build_job_done_with_metrics(ws, mgr):
 
 def test_rank_job_stores_ranking_by_model_data_and_method(ws, mgr):
     project = open_project("sample:tiny-cnn", ws=ws)
-    key = project_ranking_key(project, "minmax")
-    assert load_ranking(ws, key) is None
+    assert load_ranking(ws, project, "minmax") is None
     done = mgr.wait(mgr.submit("rank", rank_params("sample:tiny-cnn")).id, 120)
     assert done.status == "done", done.error
-    table = load_ranking(ws, key)
+    ranking = load_ranking(ws, project, "minmax")
+    table = ranking.table
     assert table is not None and len(table) > 0 and "cos_drop" in table.columns
-    assert load_ranking(ws, project_ranking_key(project, "entropy")) is None
+    assert table["eligible"].dtype == bool and ranking.method == "minmax"  # stored as JSON with its dtypes
+    eligible = {l.name: l.eligible for l in project.layers}
+    assert table["eligible"].tolist() == [eligible[n] for n in table["name"]]
+    assert load_ranking(ws, project, "entropy") is None
 
 
 def test_isolated_job_stores_its_table_beside_the_cumulative_one(ws, mgr):
@@ -55,16 +59,25 @@ def test_isolated_job_stores_its_table_beside_the_cumulative_one(ws, mgr):
     assert job.queue == "rank"  # analyses share one queue, builds are not blocked
     done = mgr.wait(job.id, 120)
     assert done.status == "done", done.error
-    table = load_ranking(ws, project_ranking_key(project, "minmax", "isolated"))
+    table = load_sensitivity(ws, project, "minmax", "isolated").table
     assert table["rank"].tolist() == list(range(1, 9)) and set(table["mode"]) == {"isolated"}
-    assert load_ranking(ws, project_ranking_key(project)) is None
-    assert load_ranking(ws, project_ranking_key(project, "minmax", "leave-one-out")) is None
+    assert load_ranking(ws, project) is None
+    assert load_sensitivity(ws, project, "minmax", "leave-one-out") is None
 
 
 def test_search_params_normalise_and_check_the_budget():
     assert search_params("m", budget=" top1_drop <= 0.5% ")["budget"] == "top1_drop<=0.005"
     with pytest.raises(MixprecError, match="cannot read the budget"):
         search_params("m", budget="cosine>0.9")
+
+
+def test_params_defaults_are_defined_once():
+    """The builders write every field, the runners read them back with their dataclass (a job
+    record of an older mixprec that lacks a field gets the same default)."""
+    params = search_params("m")
+    assert SearchParams.from_params(params) == SearchParams("m", budget="cosine_mean>=0.99")
+    assert SearchParams.from_params({"model": "m", "budget": "snr_db>=30"}).workers == params["workers"] == 2
+    assert BuildParams.from_params(build_params("m", "{}", label="x") | {"unknown": 1}).label == "x"
 
 
 def test_user_error_in_job_carries_message(ws, mgr):

@@ -5,10 +5,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from core.dashboard import ranking_comparison, search_tables
 from core.errors import MixprecError
+from core.metrics import Quality
 from core.plots import plot_pareto, plot_sensitivity_compare
-from core.search import CANDIDATE_COLUMNS, SENSITIVITY_COLUMNS, Budget, pareto_flags
+from core.search import CANDIDATE_COLUMNS, Budget, SearchResult, pareto_flags
+from core.sensitivity import SENSITIVITY_COLUMNS, Sensitivity, ranking_comparison
+from core.store import load_search, save_search, search_path
+from core.workspace import Workspace, atomic_write_json
 
 NAMES = [f"layer{i}/MatMul" for i in range(6)]
 
@@ -76,9 +79,22 @@ def test_plot_pareto_front_connected_and_chosen_marked(candidates):
     assert flipped.layout.yaxis.autorange == "reversed"
 
 
-def test_search_tables_front_from_a_stored_document(candidates):
-    doc = {"front": candidates[candidates.pareto].to_dict(orient="records"),
-           "candidate_table": candidates.to_dict(orient="records")}
-    cands, front = search_tables(doc)
-    assert len(cands) == 6 and front["est_ms"].tolist() == [5.0, 6.0, 8.0, 10.0]
-    assert len(search_tables({"front": doc["front"]})[0]) == 4  # older documents: the front only
+def test_search_front_from_a_stored_document(candidates, isolated, tiny_cnn, tmp_path):
+    """The stored search gives back every evaluated candidate and the front (fastest first). A
+    document of an older mixprec (a bare ``front`` list, before the search record) is refused
+    with a message that says to search again (it used to be patched silently)."""
+    ws, pol = Workspace(tmp_path), tiny_cnn.default_policy()
+    q = Quality(0.995, 0.99, 30.0, 0.1, None, None, 8)
+    sens = Sensitivity(isolated, "isolated", "minmax", q, 1.0, False)
+    table = candidates.assign(fallback="")[CANDIDATE_COLUMNS]
+    result = SearchResult(Budget.parse("cosine_mean>=0.99"), pol, True, None, None, "", table, sens,
+                          variants={"minmax": pol})
+    save_search(ws, tiny_cnn, result, smooth=False)
+    back = load_search(ws, tiny_cnn, "cosine_mean>=0.99", False)
+    assert len(back.candidates) == 6 and back.front["est_ms"].tolist() == [5.0, 6.0, 8.0, 10.0]
+    assert load_search(ws, tiny_cnn, "cosine_mean>=0.99", True) is None  # never run
+    old = {"front": candidates[candidates.pareto].to_dict(orient="records"), "budget": "cosine_mean>=0.99"}
+    atomic_write_json(search_path(ws, tiny_cnn, "cosine_mean>=0.99", False), old)
+    with pytest.raises(MixprecError, match="not a mixprec search document") as e:
+        load_search(ws, tiny_cnn, "cosine_mean>=0.99", False)
+    assert "compute it again" in str(e.value)

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from core.errors import MixprecError
-from core.policy import (polygraphy_command, policy_from_dict, policy_from_text, trtexec_legacy_command,
-                         trtexec_typed_command, uniform_policy)
+from core.export import polygraphy_command, trtexec_legacy_command, trtexec_typed_command
+from core.policy import policy_from_dict, policy_from_text, uniform_policy
 
 
 def test_default_policy_roundtrip(tiny_transformer):

@@ -2,12 +2,20 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
-
+import pandas as pd
 import pytest
 
-from core.runs import build_and_measure, list_runs, load_run_per_layer
+from core.backends import Latency
+from core.backends.base import PER_LAYER_COLUMNS
+from core.errors import MixprecError
+from core.metrics import Quality
+from core.reports import ReformatSummary
+from core.runs import RUN_COLUMNS, RunResult, build_and_measure
+from core.store import list_runs, load_run, load_run_per_layer
+from core.workspace import Workspace, atomic_write_json, atomic_write_text
 
 FFN_DOWN = [f"/encoder/layer.{i}/output/dense/MatMul" for i in range(6)]
 FFN_UP = [f"/encoder/layer.{i}/intermediate/dense/MatMul" for i in range(6)]
@@ -34,6 +42,9 @@ def test_build_reports_every_field(tiny_transformer):
     assert len(load_run_per_layer(run_dir)) == len(r.per_layer)
     runs = list_runs(tiny_transformer.ws, tiny_transformer.model.sha256)
     assert r.run_id in set(runs.run_id)
+    assert runs.set_index("run_id").loc[r.run_id].to_dict() == {k: v for k, v in r.row().items() if k != "run_id"}
+    back = load_run(tiny_transformer.ws, r.run_id)
+    assert back.to_json() == json.loads(json.dumps(doc))
     assert not list(tiny_transformer.ws.runs.glob(".tmp-*"))
 
 
@@ -86,3 +97,57 @@ def test_minilm_ffn_down_with_int8_outputs_reproduces_the_seed(minilm):
     assert down_out - default_out >= 0.05 and down_out >= 0.985  # measured 0.991
     assert up_out - default_out < 0.02  # the up-projections' outputs do not matter like that
     assert cosine(base, False) - default_out > 0.1  # mixprec's placement: 0.981
+
+
+def _run(snr=float("inf"), per_layer=True) -> RunResult:
+    rows = [("/a/MatMul", "MatMul", "/a/MatMul", "int8", 0.5, 50.0, False), ("cast", "Cast", "", "fp16", 0.5, 50.0, True)]
+    return RunResult(
+        run_id="20250101-000000-abcdef", run_dir=Path("/nowhere/runs/20250101-000000-abcdef"), created=1.5e9,
+        label="x", model_name="m", model_sha256="ab" * 32, backend="onnxruntime", backend_reason="why",
+        policy_sha256="cd" * 32, latency=Latency(1.0, 1.2, 2.0, 2.2, 1.9, 30),
+        reformat=ReformatSummary(1, 0.5, 50.0, 1.0), quality=Quality(0.99, 0.95, snr, 0.1, 0.9, None, 8),
+        precision_counts={"fp32": 1, "fp16": 2, "int8": 3}, int8_mac_fraction=0.75, build_seconds=3.0,
+        calibration_method="minmax", calibration_cache_hit=True,
+        per_layer=pd.DataFrame(rows if per_layer else [], columns=PER_LAYER_COLUMNS))
+
+
+def _same_run(a: RunResult, b: RunResult):
+    assert {k: v for k, v in vars(a).items() if k != "per_layer"} == {k: v for k, v in vars(b).items() if k != "per_layer"}
+    pd.testing.assert_frame_equal(a.per_layer, b.per_layer)
+
+
+def test_run_round_trips_through_its_record():
+    r = _run()
+    doc = json.loads(json.dumps(r.to_json()))
+    assert doc["kind"] == "run" and doc["format_version"] == RunResult.FORMAT_VERSION
+    assert doc["quality"]["snr_db"] is None  # infinite SNR (lossless) is stored as null
+    back = RunResult.from_json(doc)
+    _same_run(back, r)
+    assert back.quality.snr_db == float("inf") and back.per_layer["is_reformat"].tolist() == [False, True]
+    assert list(back.row()) == RUN_COLUMNS and back.row() == r.row() and r.row()["snr_db"] is None
+    no_table = RunResult.from_json({k: v for k, v in doc.items() if k != "per_layer"})  # as in metrics.json
+    assert no_table.per_layer.empty and list(no_table.per_layer.columns) == PER_LAYER_COLUMNS
+    _same_run(no_table, _run(per_layer=False))
+
+
+def test_run_records_of_an_older_or_foreign_format(tmp_path):
+    doc = {k: v for k, v in _run().to_json().items() if k != "per_layer"}  # as in metrics.json
+    v1 = {k: v for k, v in doc.items() if k != "kind"} | {"format_version": 1}  # mixprec before run records
+    _same_run(RunResult.from_json(v1), _run(per_layer=False))
+    with pytest.raises(MixprecError, match="newer than this mixprec reads"):
+        RunResult.from_json(doc | {"format_version": 99})
+    with pytest.raises(MixprecError, match="not a mixprec run document"):
+        RunResult.from_json(doc | {"kind": "search"})
+    with pytest.raises(MixprecError, match="lacks the field 'latency_ms'"):
+        RunResult.from_json({k: v for k, v in doc.items() if k != "latency_ms"})
+    # list_runs reads the current and the migrated format, and skips damaged or foreign runs
+    ws = Workspace(tmp_path)
+    for run_id, d in (("new", doc | {"run_id": "new"}), ("old", v1 | {"run_id": "old", "created": 2e9}),
+                      ("foreign", doc | {"run_id": "foreign", "kind": "ranking"})):
+        atomic_write_json(ws.runs / run_id / "metrics.json", d)
+    atomic_write_text(ws.runs / "damaged" / "metrics.json", "{")
+    runs = list_runs(ws)
+    assert runs["run_id"].tolist() == ["old", "new"] and list(runs.columns) == RUN_COLUMNS
+    assert load_run(ws, "new").run_dir == ws.runs / "new" and load_run(ws, "new").per_layer.empty
+    with pytest.raises(MixprecError, match="there is no run 'gone'"):
+        load_run(ws, "gone")

@@ -1,4 +1,4 @@
-"""Background jobs: builds and rankings run in child processes, supervised by threads.
+"""Background jobs: builds and analyses run in child processes, supervised by threads.
 
 One supervisor thread per queue (``build-onnxruntime``, ``build-tensorrt``, ``rank``…) takes
 jobs in FIFO order and runs each in a fresh child interpreter (``python -m core.jobs RECORD``),
@@ -22,185 +22,26 @@ import time
 import traceback
 import uuid
 from collections import deque
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict
 from pathlib import Path
 
-import pandas as pd
+from ..backends import select_backend
+from ..errors import MixprecError
+from ..workspace import REPO_ROOT, Workspace, atomic_write_json
+from .kinds import ANALYSIS_KINDS, KINDS
+from .params import BuildParams
+from .record import Job
 
-from .errors import MixprecError
-from .workspace import REPO_ROOT, Workspace, atomic_write_json, sha256_bytes
-
-STATUSES = ("queued", "running", "done", "failed", "cancelled", "interrupted")
-ACTIVE = ("queued", "running")
 POLL_SECONDS = 0.1
 KILL_GRACE_SECONDS = 3.0
 CHILD_NICENESS = 10  # jobs yield the CPU to the server: pages stay responsive while builds run
-
-
-@dataclass
-class Job:
-    id: str
-    kind: str
-    label: str
-    queue: str
-    params: dict
-    status: str = "queued"
-    progress: float = 0.0
-    stage: str = "queued"
-    created: float = field(default_factory=time.time)
-    started: float | None = None
-    finished: float | None = None
-    error: str = ""
-    result_path: str = ""
-    server_pid: int = field(default_factory=os.getpid)
-    child_pid: int | None = None
-    exit_code: int | None = None
-
-    @property
-    def active(self) -> bool:
-        return self.status in ACTIVE
-
-    @property
-    def elapsed(self) -> float:
-        """Seconds running (or queued, if not started yet)."""
-        start = self.started or self.created
-        return (self.finished or time.time()) - start
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Job":
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
-
-
-# --- what a child runs ---------------------------------------------------------------------------
-def _open(params: dict, ws: Workspace):
-    from .project import open_project
-
-    return open_project(params["model"], params.get("data"), params.get("eval_data"), ws=ws)
-
-
-def _run_build(params: dict, ws: Workspace, progress) -> str:
-    from .policy import policy_from_text
-    from .runs import build_and_measure
-
-    progress(0.01, "opening the model")
-    project = _open(params, ws)
-    policy = policy_from_text(params["policy"], project.model, project.layers)
-    result = build_and_measure(project, policy, backend=params.get("backend", "auto"),
-                               label=params.get("label", ""), progress=progress)
-    return str(result.run_dir / "metrics.json")
-
-
-def ranking_key(model_sha256: str, calib_sha256: str, eval_sha256: str, method: str) -> str:
-    """Rankings are stored per model, calibration data, evaluation data and calibration method."""
-    return sha256_bytes(f"{model_sha256}|{calib_sha256}|{eval_sha256}|{method}".encode())[:32]
-
-
-def project_ranking_key(project, method: str = "minmax", mode: str = "cumulative") -> str:
-    """Key of a stored ranking: the cumulative (Polygraphy) one, or an ``isolated`` /
-    ``leave-one-out`` one (core.search), or any other stored analysis named by ``mode``."""
-    return ranking_key(project.model.sha256, project.calib_data.sha256, project.eval_data.sha256,
-                       method if mode == "cumulative" else f"{mode}:{method}")
-
-
-def ranking_path(ws: Workspace, key: str) -> Path:
-    return ws.sub("rankings") / f"{key}.csv"
-
-
-def load_ranking(ws: Workspace, key: str) -> pd.DataFrame | None:
-    """The stored ranking table (RANK_COLUMNS), or None if this ranking was never computed."""
-    path = ranking_path(ws, key)
-    if not path.is_file():
-        return None
-    return pd.read_csv(path, keep_default_na=False)
-
-
-def _run_rank(params: dict, ws: Workspace, progress) -> str:
-    from .compare import rank_layers
-    from .workspace import atomic_write_text
-
-    progress(0.01, "opening the model")
-    project = _open(params, ws)
-    method = params.get("method", "minmax")
-    ranking = rank_layers(project, method=method, max_samples=int(params.get("max_samples", 16)),
-                          progress=progress)
-    path = ranking_path(ws, project_ranking_key(project, method))
-    atomic_write_text(path, ranking.table.to_csv(index=False))
-    return str(path)
-
-
-def _run_isolated(params: dict, ws: Workspace, progress) -> str:
-    from .search import sensitivity
-    from .workspace import atomic_write_text
-
-    progress(0.01, "opening the model")
-    project = _open(params, ws)
-    method, mode = params.get("method", "minmax"), params.get("mode", "isolated")
-    table = sensitivity(project, mode, method, workers=int(params.get("workers", 2)), progress=progress).table
-    path = ranking_path(ws, project_ranking_key(project, method, mode))
-    atomic_write_text(path, table.to_csv(index=False))
-    return str(path)
-
-
-def search_path(ws: Workspace, project, budget: str, smooth: bool) -> Path:
-    """Where the search of this model, data, budget (normalised, ``str(Budget)``) and smoothing is stored."""
-    return ws.sub("searches") / f"{project_ranking_key(project, f'{budget}|smooth={bool(smooth)}', 'search')}.json"
-
-
-def load_search(ws: Workspace, project, budget: str, smooth: bool) -> dict | None:
-    """The stored search document (``SearchResult.to_json()`` plus ``candidate_table`` and
-    ``chosen``), or None if this search was never run."""
-    return _read_json(search_path(ws, project, budget, smooth))
-
-
-def _run_search(params: dict, ws: Workspace, progress) -> str:
-    from .search import search
-
-    progress(0.01, "opening the model")
-    project = _open(params, ws)
-    smooth = bool(params.get("smooth"))
-    r = search(project, params["budget"], smooth=smooth, workers=int(params.get("workers", 2)), progress=progress)
-    table = r.candidates.drop(columns=["fallback"])
-    doc = r.to_json() | {
-        "candidate_table": table.to_dict(orient="records"),
-        "chosen": next((int(c) for c in table.candidate if r.policy_for(c).sha256 == r.policy.sha256), None)}
-    return str(atomic_write_json(search_path(ws, project, str(r.budget), smooth), doc))
-
-
-def _run_sleep(params: dict, ws: Workspace, progress) -> str:
-    """Diagnostic kind (tests): sleep in steps, reporting progress; writes a small result file."""
-    steps = int(params.get("steps", 10))
-    for i in range(steps):
-        progress(i / steps, f"step {i + 1}/{steps}")
-        time.sleep(float(params.get("seconds", 1.0)) / steps)
-    path = ws.sub("scratch") / f"sleep-{uuid.uuid4().hex[:8]}.json"
-    atomic_write_json(path, {"started_at": params.get("tag", ""), "ended": time.time()})
-    return str(path)
-
-
-def _run_crash(params: dict, ws: Workspace, progress) -> str:
-    """Diagnostic kind (tests): die like native code does — abort, hard exit or raise."""
-    progress(0.5, "about to crash")
-    how = params.get("how", "abort")
-    if how == "abort":
-        os.abort()
-    if how == "exit":
-        os._exit(int(params.get("code", 7)))
-    if how == "kill9":
-        os.kill(os.getpid(), signal.SIGKILL)
-    raise MixprecError("the diagnostic job failed on purpose", "nothing to fix")
-
-
-KINDS = {"build": _run_build, "rank": _run_rank, "isolated": _run_isolated, "search": _run_search,
-         "sleep": _run_sleep, "crash": _run_crash}
-ANALYSIS_KINDS = ("rank", "isolated", "search")  # one at a time, in the "rank" queue, beside the builds
 
 
 def _terminate(signum, frame):
     raise SystemExit(128 + signum)  # unwind on cancel, so worker pools (search trials) shut down too
 
 
-def _child_main(record_path: str) -> None:
+def child_main(record_path: str) -> None:
     """Entry point of the child process: run the job of one record, write its outcome, exit."""
     record = Path(record_path)
     job = Job.from_dict(json.loads(record.read_text()))
@@ -466,39 +307,6 @@ class JobManager:
 
 def _default_queue(kind: str, params: dict) -> str:
     if kind == "build":
-        from .backends import select_backend
-
-        backend, _ = select_backend(params.get("backend", "auto"))
+        backend, _ = select_backend(BuildParams.from_params(params).backend)
         return f"build-{backend.name}"
     return "rank" if kind in ANALYSIS_KINDS else kind
-
-
-def build_params(model: str, policy_json: str, data: str | None = None, eval_data: str | None = None,
-                 backend: str = "auto", label: str = "") -> dict:
-    """The parameters of a ``build`` job (all JSON-serialisable)."""
-    return {"model": str(model), "data": data, "eval_data": eval_data, "policy": policy_json,
-            "backend": backend, "label": label}
-
-
-def rank_params(model: str, data: str | None = None, eval_data: str | None = None,
-                method: str = "minmax", max_samples: int = 16) -> dict:
-    return {"model": str(model), "data": data, "eval_data": eval_data, "method": method,
-            "max_samples": max_samples}
-
-
-def isolated_params(model: str, data: str | None = None, eval_data: str | None = None, method: str = "minmax",
-                    mode: str = "isolated") -> dict:
-    return {"model": str(model), "data": data, "eval_data": eval_data, "method": method, "mode": mode}
-
-
-def search_params(model: str, data: str | None = None, eval_data: str | None = None,
-                  budget: str = "cosine_mean>=0.99", smooth: bool = False) -> dict:
-    """The parameters of a ``search`` job; the budget is checked (MixprecError) and normalised here."""
-    from .search import Budget
-
-    return {"model": str(model), "data": data, "eval_data": eval_data, "budget": str(Budget.parse(budget)),
-            "smooth": bool(smooth)}
-
-
-if __name__ == "__main__":
-    _child_main(sys.argv[1])

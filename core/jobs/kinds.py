@@ -1,0 +1,83 @@
+"""What each job kind runs in the child process: ``KINDS[kind](params, ws, progress)`` returns
+the path of its result, saved through ``core.store`` (or ``core.runs`` for a build)."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+
+from ..errors import MixprecError
+from ..policy import policy_from_text
+from ..project import open_project
+from ..runs import METRICS_FILE, build_and_measure
+from ..search import SearchConfig, search
+from ..sensitivity import rank_layers, sensitivity
+from ..store import save_ranking, save_search, save_sensitivity
+from ..workspace import Workspace, atomic_write_json
+from .params import BuildParams, IsolatedParams, RankParams, SearchParams
+
+ANALYSIS_KINDS = ("rank", "isolated", "search")  # one at a time, in the "rank" queue, beside the builds
+
+
+def _open(p, ws: Workspace, progress):
+    progress(0.01, "opening the model")
+    return open_project(p.model, p.data, p.eval_data, ws=ws)
+
+
+def run_build(params: dict, ws: Workspace, progress) -> str:
+    p = BuildParams.from_params(params)
+    project = _open(p, ws, progress)
+    policy = policy_from_text(p.policy, project.model, project.layers)
+    result = build_and_measure(project, policy, backend=p.backend, label=p.label, progress=progress)
+    return str(result.run_dir / METRICS_FILE)
+
+
+def run_rank(params: dict, ws: Workspace, progress) -> str:
+    p = RankParams.from_params(params)
+    project = _open(p, ws, progress)
+    ranking = rank_layers(project, method=p.method, max_samples=int(p.max_samples), progress=progress)
+    return str(save_ranking(ws, project, ranking))
+
+
+def run_isolated(params: dict, ws: Workspace, progress) -> str:
+    p = IsolatedParams.from_params(params)
+    project = _open(p, ws, progress)
+    sens = sensitivity(project, p.mode, p.method, workers=int(p.workers), progress=progress)
+    return str(save_sensitivity(ws, project, sens))
+
+
+def run_search(params: dict, ws: Workspace, progress) -> str:
+    p = SearchParams.from_params(params)
+    project = _open(p, ws, progress)
+    result = search(project, SearchConfig(budget=p.budget, smooth=bool(p.smooth), workers=int(p.workers)),
+                    progress=progress)
+    return str(save_search(ws, project, result, bool(p.smooth)))
+
+
+def run_sleep(params: dict, ws: Workspace, progress) -> str:
+    """Diagnostic kind (tests): sleep in steps, reporting progress; writes a small result file."""
+    steps = int(params.get("steps", 10))
+    for i in range(steps):
+        progress(i / steps, f"step {i + 1}/{steps}")
+        time.sleep(float(params.get("seconds", 1.0)) / steps)
+    path = ws.sub("scratch") / f"sleep-{uuid.uuid4().hex[:8]}.json"
+    atomic_write_json(path, {"started_at": params.get("tag", ""), "ended": time.time()})
+    return str(path)
+
+
+def run_crash(params: dict, ws: Workspace, progress) -> str:
+    """Diagnostic kind (tests): die like native code does — abort, hard exit or raise."""
+    progress(0.5, "about to crash")
+    how = params.get("how", "abort")
+    if how == "abort":
+        os.abort()
+    if how == "exit":
+        os._exit(int(params.get("code", 7)))
+    if how == "kill9":
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise MixprecError("the diagnostic job failed on purpose", "nothing to fix")
+
+
+KINDS = {"build": run_build, "rank": run_rank, "isolated": run_isolated, "search": run_search,
+         "sleep": run_sleep, "crash": run_crash}

@@ -1,0 +1,43 @@
+"""The record of one background job, as stored in ``jobs/<id>.json`` (written by the manager only)."""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field, fields
+
+ACTIVE = ("queued", "running")  # the other statuses: done, failed, cancelled, interrupted
+
+
+@dataclass
+class Job:
+    id: str
+    kind: str
+    label: str
+    queue: str
+    params: dict
+    status: str = "queued"
+    progress: float = 0.0
+    stage: str = "queued"
+    created: float = field(default_factory=time.time)
+    started: float | None = None
+    finished: float | None = None
+    error: str = ""
+    result_path: str = ""
+    server_pid: int = field(default_factory=os.getpid)
+    child_pid: int | None = None
+    exit_code: int | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.status in ACTIVE
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds running (or queued, if not started yet)."""
+        start = self.started or self.created
+        return (self.finished or time.time()) - start
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Job":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
