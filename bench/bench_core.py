@@ -19,10 +19,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from core.compare import rank_layers  # noqa: E402
 from core.policy import uniform_policy  # noqa: E402
 from core.project import open_project  # noqa: E402
 from core.runs import build_and_measure  # noqa: E402
+from core.sensitivity import rank_layers  # noqa: E402
 
 
 def main():

@@ -1,4 +1,4 @@
-"""How well the search's latency model (core.latency) predicts real builds.
+"""How well the search's latency model (core.search.latency) predicts real builds.
 
     .venv/bin/python bench/bench_latency_model.py [--model minilm] [--policies 12] [--seed 0]
 

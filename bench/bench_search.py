@@ -19,11 +19,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from core.compare import rank_layers  # noqa: E402
 from core.policy import uniform_policy  # noqa: E402
 from core.project import open_project  # noqa: E402
 from core.runs import build_and_measure  # noqa: E402
-from core.search import search, sensitivity, split_eval  # noqa: E402
+from core.search import SearchConfig, search  # noqa: E402
+from core.sensitivity import rank_layers, sensitivity, split_eval  # noqa: E402
 
 BUDGETS = {"minilm": "cosine_mean>=0.995", "tiny-cnn": "cosine_mean>=0.9995", "tiny-transformer": "cosine_mean>=0.9995"}
 
@@ -94,7 +94,7 @@ def main():
                 time.perf_counter() - t0)
         for label, smooth in (("(f) search", False), ("(g) search + smoothing", True)):
             t0 = time.perf_counter()
-            res = search(p, BUDGETS[name], smooth=smooth, verify=False)
+            res = search(p, SearchConfig(BUDGETS[name], smooth=smooth, verify=False))
             secs = time.perf_counter() - t0
             sm = " (smoothing kept)" if res.policy.smoothing else (" (smoothing did not pay)" if smooth else "")
             measure(f"{label} {BUDGETS[name]}{sm}", res.policy, secs)

@@ -1,7 +1,8 @@
 """Quality of a candidate against FP32 on held-out evaluation data."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
@@ -18,6 +19,17 @@ class Quality:
     top1_accuracy: float | None = None       # with labelled evaluation data
     fp32_top1_accuracy: float | None = None  # FP32's accuracy on the same labels
 
+    def to_dict(self) -> dict:
+        """JSON-safe: an infinite SNR (no noise) is stored as "inf", NaN as None."""
+        return {k: (None if math.isnan(v) else str(v)) if isinstance(v, float) and not math.isfinite(v) else v
+                for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, doc: dict) -> "Quality":
+        """The quality of :meth:`to_dict` (unknown keys are ignored; "inf" comes back as a float)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: float(v) if isinstance(v, str) else v for k, v in doc.items() if k in names})
+
 
 def _rows(outputs: list[np.ndarray]) -> np.ndarray:
     """Stack per-batch outputs into one row per sample."""
@@ -31,12 +43,42 @@ def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(both_zero, 1.0, dot / np.maximum(na * nb, 1e-30))
 
 
-def snr_db(ref: np.ndarray, cand: np.ndarray) -> float:
-    noise = float(np.sum((ref - cand) ** 2))
-    signal = float(np.sum(ref**2))
+def snr_from_sums(signal: float, noise: float) -> float:
+    """SNR in dB from the sums of squares of the reference and of the error."""
     if noise == 0:
         return float("inf")
     return 10.0 * np.log10(max(signal, 1e-30) / noise)
+
+
+def snr_db(ref: np.ndarray, cand: np.ndarray) -> float:
+    return snr_from_sums(float(np.sum(ref**2)), float(np.sum((ref - cand) ** 2)))
+
+
+class StreamingError:
+    """Cosine, SNR and max abs error of one tensor against its reference, accumulated sample
+    batch by sample batch (sample axis first): the mean of the per-sample cosines
+    (:func:`cosine_rows`), the SNR of the summed signal and noise (:func:`snr_from_sums`)."""
+
+    def __init__(self):
+        self.cos_sum, self.n, self.signal, self.noise, self.max_abs = 0.0, 0, 0.0, 0.0, 0.0
+
+    def add(self, ref: np.ndarray, cand: np.ndarray):
+        r = ref.astype(np.float64).reshape(ref.shape[0] if ref.ndim else 1, -1)
+        c = cand.astype(np.float64).reshape(r.shape)
+        cos = cosine_rows(r, c)
+        self.cos_sum += float(cos.sum())
+        self.n += len(cos)
+        self.signal += float(np.sum(r * r))
+        self.noise += float(np.sum((r - c) ** 2))
+        self.max_abs = max(self.max_abs, float(np.max(np.abs(r - c))) if r.size else 0.0)
+
+    @property
+    def cosine(self) -> float:
+        return self.cos_sum / max(self.n, 1)
+
+    @property
+    def snr_db(self) -> float:
+        return snr_from_sums(self.signal, self.noise)
 
 
 def knn_overlap(ref: np.ndarray, cand: np.ndarray, k: int = 5) -> float:

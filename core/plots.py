@@ -8,6 +8,7 @@ from plotly.subplots import make_subplots
 
 from .errors import MixprecError
 from .reports import LAYER_COLUMNS, PCT_LABEL, PRECISION_COLUMNS, REFORMAT_COLUMNS, TYPE_COLUMNS
+from .sensitivity import ranking_comparison
 
 PRECISION_COLORS = {
     "FP32": "#4C78A8", "FP16": "#F58518", "BF16": "#E45756", "INT8": "#54A24B", "FP8": "#B279A2",
@@ -93,7 +94,7 @@ def plot_reformat_overhead(df: pd.DataFrame) -> go.Figure:
                    "Run", "Time per run (ms, per-layer sum)", barmode="stack")
 
 
-# --- dashboard charts: runs (core.runs.RUN_COLUMNS), rankings (core.compare.RANK_COLUMNS),
+# --- dashboard charts: runs (core.runs.RUN_COLUMNS), rankings (core.sensitivity.RANK_COLUMNS),
 # --- per-layer run tables (core.backends PER_LAYER_COLUMNS) and the inventory ------------------
 RUN_PLOT_COLUMNS = ["run_id", "created", "label", "latency_median_ms", "latency_p95_ms", "fp32_median_ms",
                     "reformat_count", "reformat_ms", "reformat_pct", "cosine_mean", "cosine_min", "snr_db",
@@ -222,13 +223,11 @@ def plot_op_types(inventory: pd.DataFrame) -> go.Figure:
     return fig
 
 
-# --- search: isolated vs cumulative sensitivity (core.dashboard.COMPARE_COLUMNS), Pareto front
+# --- search: isolated vs cumulative sensitivity (core.sensitivity.COMPARE_COLUMNS), Pareto front
 # --- of the evaluated candidates (core.search.CANDIDATE_COLUMNS) -----------------------------
 def plot_sensitivity_compare(cumulative_df: pd.DataFrame | None, isolated_df: pd.DataFrame, top_n: int = 20) -> go.Figure:
     """The ``top_n`` layers most harmful on their own (isolated cosine drop, left) next to their
     cosine drop when every eligible layer is INT8 (cumulative, right), on a shared layer axis."""
-    from .dashboard import ranking_comparison
-
     _check(isolated_df, ["rank", "name", "op_type", "delta"], "isolated sensitivity")
     df = ranking_comparison(cumulative_df, isolated_df).head(top_n).iloc[::-1]
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.03,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from core.compare import RANK_COLUMNS, rank_layers
+from core.sensitivity import RANK_COLUMNS, rank_layers
 
 
 def test_rank_minilm(minilm):

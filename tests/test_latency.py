@@ -9,9 +9,8 @@ import pytest
 from core.backends import select_backend
 from core.calibration import calibrate
 from core.inventory import tensor_shapes
-from core.latency import fusable_edges, to_wall_clock
 from core.metrics import Quality
-from core.search import Budget, Candidate, _preference, latency_model
+from core.search import Budget, Candidate, _preference, fusable_edges, latency_model, to_wall_clock
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from core.errors import MixprecError
-from core.search import Budget, pareto_flags, search, sensitivity
+from core.search import Budget, SearchConfig, SearchResult, pareto_flags, search
+from core.sensitivity import sensitivity
 
 FFN_DOWN = {f"/encoder/layer.{i}/output/dense/MatMul" for i in range(6)}
 
@@ -56,7 +57,7 @@ def test_minilm_isolated_ranking_puts_ffn_down_on_top(minilm):
 
 
 def test_search_meets_budget_on_holdout_and_front_is_nondominated(minilm):
-    r = search(minilm, "cosine_mean>=0.99", workers=2)
+    r = search(minilm, SearchConfig("cosine_mean>=0.99", workers=2))
     assert r.met_on_dev and r.met_on_holdout, r.message
     assert r.holdout.cosine_mean >= 0.99 and r.run is not None
     counts = r.policy.precision_counts()
@@ -70,7 +71,7 @@ def test_search_meets_budget_on_holdout_and_front_is_nondominated(minilm):
 
 
 def test_unmeetable_budget_says_so(tiny_cnn):
-    r = search(tiny_cnn, "snr_db>=200", workers=1, verify=False)
+    r = search(tiny_cnn, SearchConfig("snr_db>=200", workers=1, verify=False))
     assert not r.met_on_dev and r.message.startswith("NO policy meets snr_db>=200")
     assert r.policy.precision_counts()["int8"] >= 0 and len(r.candidates) > 0
 
@@ -78,17 +79,17 @@ def test_unmeetable_budget_says_so(tiny_cnn):
 def test_front_policies_are_usable(tiny_transformer):
     import json
 
-    from core.search import front_policy
-
-    r = search(tiny_transformer, "cosine_mean>=0.999", workers=1, verify=False)
+    r = search(tiny_transformer, SearchConfig("cosine_mean>=0.999", workers=1, verify=False))
     doc = json.loads(json.dumps(r.to_json()))  # what a job stores
-    for row in doc["front"]:
-        pol = front_policy(doc, row["candidate"], tiny_transformer)
+    stored = SearchResult.from_json(doc, tiny_transformer.model, tiny_transformer.layers)
+    front = stored.candidates[stored.candidates.pareto]
+    for row in front.to_dict(orient="records"):
+        pol = stored.front_policy(row["candidate"])
         int8 = {n for n, p in pol.layers.items() if p == "int8"}
         assert int8 == set(filter(None, row["int8_layers"].split(","))) and pol.model_sha256 == r.policy.model_sha256
         assert r.policy_for(row["candidate"]) == pol
     with pytest.raises(MixprecError, match="not on the stored Pareto front"):
-        front_policy(doc, 10_000, tiny_transformer)
+        stored.front_policy(10_000)
 
 
 def test_top1_drop_budget_uses_labels(tiny_cnn, tmp_path):
@@ -110,10 +111,10 @@ def test_top1_drop_budget_uses_labels(tiny_cnn, tmp_path):
     assert r.quality.fp32_top1_accuracy == pytest.approx((n - 4) / n)
     b = Budget.parse("top1_drop<=0.5%")
     assert b.value_of(r.quality) == pytest.approx(r.quality.fp32_top1_accuracy - r.quality.top1_accuracy)
-    res = search(labelled, "top1_drop<=0.5%", workers=1)
+    res = search(labelled, SearchConfig("top1_drop<=0.5%", workers=1))
     assert res.met_on_dev and res.met_on_holdout and res.holdout.top1_accuracy is not None
 
 
 def test_budget_metric_must_apply(tiny_transformer):
     with pytest.raises(MixprecError, match="does not apply"):
-        search(tiny_transformer, "top1_drop<=1%", workers=1, verify=False)
+        search(tiny_transformer, SearchConfig("top1_drop<=1%", workers=1, verify=False))

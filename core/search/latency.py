@@ -33,8 +33,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .inventory import Layer
-from .model import LoadedModel
+from ..backends import select_backend
+from ..evaluation import reference_engine, timing_feed
+from ..inventory import Layer, tensor_shapes
+from ..model import LoadedModel
+from ..policy import Policy
+from ..project import Project
 
 # ops between two eligible layers across which the consumer's QuantizeLinear still fuses into
 # the producer (ORT's QDQ propagation/ReluQuantFusion; TensorRT's Q/DQ fusion)
@@ -192,3 +196,31 @@ def fit_latency_model(p16: pd.DataFrame, p8: pd.DataFrame, p32: pd.DataFrame, la
     w16, w8 = to_wall_clock(p16, wall_ms.get("fp16")), to_wall_clock(p8, wall_ms.get("int8"))
     return LatencyModel(fit_ends(w16, w8, layers, shapes), fit_ends(p16, p8, layers, shapes),
                         float(to_wall_clock(p32, wall_ms.get("fp32")).ms.sum()), edges)
+
+
+def latency_model(project: Project, base: Policy, calib, backend: str = "onnxruntime",
+                  trt_options: dict | None = None) -> LatencyModel:
+    """Fit the :class:`LatencyModel` on the backend's profiles of ``base`` with every eligible
+    layer FP16 (the search's fallback), with every eligible layer INT8, and of the FP32 reference,
+    with their wall-clock medians (interleaved with the reference). On TensorRT the per-element
+    conversion costs come out zero (its Reformat layers do not carry mixprec's node names), so
+    only the per-layer gains order the candidates there."""
+    be, _ = select_backend(backend, **(trt_options or {}))
+    eligible = [l for l in project.layers if l.eligible]
+    feed = timing_feed(project)
+    profiles, wall, refs = {}, {}, []
+    ref = reference_engine(be, project)
+    for prec in ("int8", "fp16"):
+        pol = base.with_layers({l.name: prec for l in eligible})
+        folder = project.ws.sub("search", project.model.sha256[:16], "latency", be.name, prec)
+        eng = be.build(project.model, pol, calib, folder, project.input_shapes)
+        profiles[prec] = be.profile(eng, feed, 10, project.layers, pol)
+        t = be.time_interleaved(eng, ref, feed, warmup=10, iterations=40)
+        wall[prec] = t.median_ms
+        refs.append(t.ref_median_ms)
+    fp32 = base.with_layers({l.name: "fp32" for l in project.layers})
+    profiles["fp32"] = be.profile(ref, feed, 10, project.layers, fp32)
+    wall["fp32"] = float(np.median(refs))
+    shapes = tensor_shapes(project.model, project.input_shapes)
+    return fit_latency_model(profiles["fp16"], profiles["int8"], profiles["fp32"], project.layers,
+                             fusable_edges(project.model, project.layers, shapes), shapes, wall)

@@ -8,15 +8,22 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import pandas as pd
+from polygraphy.backend.onnx import BytesFromOnnx, ModifyOutputs
+from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+from polygraphy.comparator import Comparator
+from polygraphy.logger import G_LOGGER
 
-from .calibration import calibrate_policy
-from .compile import compile_policy
-from .errors import MixprecError
-from .policy import Policy, uniform_policy
-from .project import Project
+from ..calibration import calibrate_policy
+from ..compile import compile_policy
+from ..errors import MixprecError
+from ..metrics import StreamingError
+from ..policy import Policy, uniform_policy
+from ..project import Project
+from ..records import check_format, frame_from_json, frame_to_json
 
 RANK_COLUMNS = ["rank", "name", "op_type", "precision", "eligible", "macs", "cosine", "cos_drop",
                 "added_cos_drop", "snr_db", "max_abs"]
@@ -25,48 +32,34 @@ RANK_METRICS = ("cos_drop", "added_cos_drop", "snr_db", "max_abs")
 
 @dataclass
 class Ranking:
+    """A cumulative ranking (:func:`rank_layers`), stored as a ``"ranking"`` document."""
+
+    FORMAT_VERSION: ClassVar[int] = 1
+    KIND: ClassVar[str] = "ranking"
+
     table: pd.DataFrame  # RANK_COLUMNS, most sensitive first
     metric: str
     samples: int
     seconds: float
     calibration_cache_hit: bool | None
+    method: str = "minmax"
 
+    def to_json(self) -> dict:
+        return {"kind": self.KIND, "format_version": self.FORMAT_VERSION, "metric": self.metric,
+                "method": self.method, "samples": self.samples, "seconds": self.seconds,
+                "calibration_cache_hit": self.calibration_cache_hit, "table": frame_to_json(self.table)}
 
-class _Acc:
-    """Streaming per-tensor accumulators: cosine per sample, signal, noise, max abs."""
-
-    def __init__(self):
-        self.cos_sum, self.n, self.signal, self.noise, self.max_abs = 0.0, 0, 0.0, 0.0, 0.0
-
-    def add(self, ref: np.ndarray, cand: np.ndarray):
-        r = ref.astype(np.float64).reshape(ref.shape[0] if ref.ndim else 1, -1)
-        c = cand.astype(np.float64).reshape(r.shape)
-        nr, nc = np.linalg.norm(r, axis=1), np.linalg.norm(c, axis=1)
-        cos = np.where((nr == 0) & (nc == 0), 1.0, np.sum(r * c, axis=1) / np.maximum(nr * nc, 1e-30))
-        self.cos_sum += float(cos.sum())
-        self.n += len(cos)
-        self.signal += float(np.sum(r * r))
-        self.noise += float(np.sum((r - c) ** 2))
-        self.max_abs = max(self.max_abs, float(np.max(np.abs(r - c))) if r.size else 0.0)
-
-    @property
-    def cosine(self):
-        return self.cos_sum / max(self.n, 1)
-
-    @property
-    def snr_db(self):
-        return float("inf") if self.noise == 0 else 10 * np.log10(max(self.signal, 1e-30) / self.noise)
+    @classmethod
+    def from_json(cls, doc: dict) -> "Ranking":
+        doc = check_format(doc, cls.KIND, cls.FORMAT_VERSION, "ranking")
+        return cls(frame_from_json(doc["table"], RANK_COLUMNS, "ranking"), doc["metric"], int(doc["samples"]),
+                   float(doc["seconds"]), doc["calibration_cache_hit"], doc["method"])
 
 
 def rank_layers(project: Project, policy: Policy | None = None, method: str = "minmax",
                 metric: str = "cos_drop", max_samples: int = 16, progress=None) -> Ranking:
     """Rank layers by how far their outputs drift from FP32 under ``policy`` (default: every
     INT8-eligible layer INT8, everything else FP32)."""
-    from polygraphy.backend.onnx import BytesFromOnnx, ModifyOutputs
-    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
-    from polygraphy.comparator import Comparator
-    from polygraphy.logger import G_LOGGER
-
     if metric not in RANK_METRICS:
         raise MixprecError(f"unknown ranking metric {metric!r}", f"use one of {', '.join(RANK_METRICS)}")
     step = progress or (lambda f, t: None)
@@ -88,7 +81,7 @@ def rank_layers(project: Project, policy: Policy | None = None, method: str = "m
                                      providers=["cpu"]), name="candidate"),
     ]
     feeds = project.eval_data.batches(1)[:max_samples]
-    acc = {t: _Acc() for t in marked}
+    acc = {t: StreamingError() for t in marked}
     G_LOGGER.module_severity = G_LOGGER.WARNING  # Polygraphy logs every iteration on stdout otherwise
     for i, results in enumerate(Comparator.run(runners, data_loader=feeds, streaming=True)):
         step(0.3 + 0.65 * i / len(feeds), f"comparing sample {i + 1}/{len(feeds)}")
@@ -110,4 +103,5 @@ def rank_layers(project: Project, policy: Policy | None = None, method: str = "m
     df = df.sort_values(metric, ascending=ascending, kind="stable", ignore_index=True)
     df.insert(0, "rank", np.arange(1, len(df) + 1))
     step(1.0, "done")
-    return Ranking(df, metric, len(feeds), time.perf_counter() - t0, calib.cache_hit if calib else None)
+    return Ranking(df, metric, len(feeds), time.perf_counter() - t0, calib.cache_hit if calib else None,
+                   policy.calibration.method)

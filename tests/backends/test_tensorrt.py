@@ -147,7 +147,7 @@ def test_explicit_profile_serves_a_range_of_batches(ws, tmp_path):
 def test_search_fits_its_latency_model_on_tensorrt(ws):
     """The search with ``backend="tensorrt"``: the latency model from TensorRT profiles and
     wall-clock times, and the verifying build on TensorRT."""
-    from core.search import latency_model, search
+    from core.search import SearchConfig, latency_model, search
 
     materialize_sample("tiny-transformer", ws)
     project = open_project("sample:tiny-transformer", ws=ws)
@@ -156,5 +156,5 @@ def test_search_fits_its_latency_model_on_tensorrt(ws):
     eligible = {l.name for l in project.layers if l.eligible}
     assert lat.wall.fp16_total_ms > 0 and lat.wall.int8_total_ms > 0 and lat.fp32_total_ms > 0
     assert lat.estimate(eligible)[0] == pytest.approx(lat.wall.int8_total_ms, rel=1e-9)
-    r = search(project, "cosine_mean>=0.99", methods=("minmax",), workers=1, backend="tensorrt")
+    r = search(project, SearchConfig("cosine_mean>=0.99", methods=("minmax",), workers=1, backend="tensorrt"))
     assert r.run is not None and r.run.backend == "tensorrt" and r.met_on_holdout is not None

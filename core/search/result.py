@@ -1,0 +1,140 @@
+"""What a search produces: its candidates, their Pareto front, and the ``SearchResult`` record
+(the one place a stored search document is assembled and read)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+import pandas as pd
+
+from ..errors import MixprecError
+from ..inventory import Layer
+from ..metrics import Quality
+from ..model import LoadedModel
+from ..policy import Policy, policy_from_dict
+from ..records import check_format, frame_from_json, frame_to_json
+from ..runs import RunResult
+from ..sensitivity import Sensitivity
+from .budget import Budget
+
+CANDIDATE_COLUMNS = ["candidate", "method", "n_int8", "n_fallback", "quality", "est_ms", "int8_mac_share",
+                     "est_reformat_pct", "boundaries", "meets_budget", "pareto", "fallback", "int8_layers"]
+FRONT_COLUMNS = ["candidate", "method", "n_int8", "quality", "est_ms", "int8_mac_share", "est_reformat_pct",
+                 "boundaries", "meets_budget"]
+
+
+@dataclass
+class Candidate:
+    method: str  # the calibration variant
+    int8: frozenset
+    quality: Quality
+    est_ms: float
+    int8_mac_share: float
+    est_reformat_pct: float
+    meets_budget: bool
+    boundaries: int = 0  # edges between an INT8 layer and an FP16 one (core.search.latency)
+
+
+def pareto_flags(quality_vals: np.ndarray, latency_vals: np.ndarray) -> np.ndarray:
+    """Non-dominated points for (quality ↑, latency ↓)."""
+    n = len(quality_vals)
+    flags = np.ones(n, dtype=bool)
+    for i in range(n):
+        better_eq = (quality_vals >= quality_vals[i]) & (latency_vals <= latency_vals[i])
+        strictly = (quality_vals > quality_vals[i]) | (latency_vals < latency_vals[i])
+        flags[i] = not np.any(better_eq & strictly)
+    return flags
+
+
+def candidate_table(cands: list[Candidate], budget: Budget, eligible: list[str]) -> pd.DataFrame:
+    """CANDIDATE_COLUMNS, one row per distinct (quality, estimated time), with the Pareto flag."""
+    rows = [(i, c.method, len(c.int8), 0, budget.value_of(c.quality), c.est_ms, c.int8_mac_share, c.est_reformat_pct,
+             c.boundaries, c.meets_budget, False, "", ",".join(sorted(c.int8))) for i, c in enumerate(cands)]
+    df = pd.DataFrame(rows, columns=CANDIDATE_COLUMNS).drop_duplicates(["quality", "est_ms"], ignore_index=True)
+    cands = [cands[i] for i in df.candidate]
+    q = df.quality.to_numpy() if budget.op == ">=" else -df.quality.to_numpy()
+    df["pareto"] = pareto_flags(q, df.est_ms.to_numpy())
+    df["n_fallback"] = [len(eligible) - len(c.int8) for c in cands]
+    df["fallback"] = [",".join(sorted(set(eligible) - set(c.int8))) for c in cands]
+    return df
+
+
+def candidate_policy(variants: dict[str, Policy], row) -> Policy:
+    """Policy of a candidate row (``method``, ``int8_layers``) on top of its variant's base policy:
+    its INT8 layers INT8, the other eligible layers FP16."""
+    base = variants[row["method"]]
+    int8 = set(filter(None, str(row["int8_layers"]).split(",")))
+    eligible_now = {n for n, p in base.layers.items() if p == "int8"}
+    return base.with_layers({n: ("int8" if n in int8 else "fp16") for n in eligible_now | int8})
+
+
+def chosen_candidate(candidates: pd.DataFrame, variants: dict[str, Policy], policy: Policy) -> int | None:
+    """The number of the candidate whose policy is ``policy``, or None."""
+    return next((int(row["candidate"]) for _, row in candidates.iterrows()
+                 if candidate_policy(variants, row).sha256 == policy.sha256), None)
+
+
+@dataclass
+class SearchResult:
+    """A finished search, stored as a ``"search"`` document (:meth:`to_json` / :meth:`from_json`)."""
+
+    FORMAT_VERSION: ClassVar[int] = 1
+    KIND: ClassVar[str] = "search"
+
+    budget: Budget
+    policy: Policy
+    met_on_dev: bool
+    met_on_holdout: bool | None
+    holdout: Quality | None
+    message: str
+    candidates: pd.DataFrame  # CANDIDATE_COLUMNS, with the Pareto flag
+    sensitivity: Sensitivity
+    run: RunResult | None = None  # the verifying build (without its per-layer table once stored)
+    seconds: float = 0.0
+    timings: dict = field(default_factory=dict)
+    variants: dict = field(default_factory=dict)  # calibration variant -> its base Policy
+    chosen: int | None = None  # the candidate whose policy is ``policy``
+
+    @property
+    def front(self) -> pd.DataFrame:
+        """The Pareto front (FRONT_COLUMNS), fastest first."""
+        c = self.candidates
+        return c[c["pareto"]].sort_values("est_ms", kind="stable", ignore_index=True)[FRONT_COLUMNS]
+
+    def policy_for(self, candidate: int) -> Policy:
+        """The policy of any evaluated candidate (e.g. a point of the front the user picks)."""
+        return candidate_policy(self.variants, self.candidates.set_index("candidate").loc[candidate])
+
+    def front_policy(self, candidate: int) -> Policy:
+        """The policy of one point of the Pareto front; a MixprecError naming the front's points otherwise."""
+        on_front = sorted(int(c) for c in self.front["candidate"])
+        if int(candidate) not in on_front:
+            raise MixprecError(f"candidate {candidate} is not on the stored Pareto front",
+                               "pick one of the front's points: " + ", ".join(map(str, on_front)))
+        return self.policy_for(int(candidate))
+
+    def to_json(self) -> dict:
+        run = {k: v for k, v in self.run.to_json().items() if k != "per_layer"} if self.run else None
+        return {
+            "kind": self.KIND, "format_version": self.FORMAT_VERSION,
+            "budget": str(self.budget), "met_on_dev": self.met_on_dev, "met_on_holdout": self.met_on_holdout,
+            "message": self.message, "seconds": self.seconds, "timings": self.timings,
+            "policy": self.policy.to_dict(), "precision_counts": self.policy.precision_counts(),
+            "holdout": self.holdout.to_dict() if self.holdout else None, "run": run,
+            "candidates": frame_to_json(self.candidates), "chosen": self.chosen,
+            "sensitivity": self.sensitivity.to_json(),
+            "variants": {k: v.to_dict() for k, v in self.variants.items()},
+        }
+
+    @classmethod
+    def from_json(cls, doc: dict, model: LoadedModel, layers: list[Layer]) -> "SearchResult":
+        """The search of a stored document; its policies are validated against ``model``."""
+        doc = check_format(doc, cls.KIND, cls.FORMAT_VERSION, "search")
+        return cls(
+            Budget.parse(doc["budget"]), policy_from_dict(doc["policy"], model, layers), bool(doc["met_on_dev"]),
+            doc["met_on_holdout"], Quality.from_dict(doc["holdout"]) if doc["holdout"] else None, doc["message"],
+            frame_from_json(doc["candidates"], CANDIDATE_COLUMNS, "search candidates"),
+            Sensitivity.from_json(doc["sensitivity"]), RunResult.from_json(doc["run"]) if doc["run"] else None,
+            float(doc["seconds"]), dict(doc["timings"]),
+            {k: policy_from_dict(v, model, layers) for k, v in doc["variants"].items()}, doc["chosen"])

@@ -1,0 +1,246 @@
+"""Isolated and leave-one-out sensitivity on a switchable model.
+
+The layer-wise comparison (``core.sensitivity.cumulative``) is cumulative: late layers look
+sensitive because early layers are quantized. Here every INT8-eligible layer is measured *on
+its own*:
+
+* **isolated**: only that layer INT8 (everything else as in the base policy), quality drop
+  against FP32 on held-out data;
+* **leave-one-out**: every eligible layer INT8 except that one, quality gain.
+
+All trials run on one *switchable* model (``compile_policy(..., switchable=True)``): each
+layer's Q/DQ sits behind a boolean graph input, so a trial is one inference pass with other
+flags — calibration happens once and is reused, no re-quantization per layer. Trials run in
+parallel worker processes (:class:`TrialPool`); the search (``core.search``) uses the same pool.
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+import numpy as np
+import onnxruntime as ort
+import pandas as pd
+
+from ..backends import select_backend
+from ..calibration import calibrate_policy
+from ..compile import compile_policy
+from ..data import Dataset
+from ..errors import MixprecError
+from ..evaluation import eval_batches, output_name, reference_on
+from ..metrics import Quality, quality
+from ..policy import Policy
+from ..project import Project
+from ..records import check_format, frame_from_json, frame_to_json
+from ..workspace import atomic_write_bytes, atomic_write_json, sha256_bytes
+
+SWITCHABLE_FORMAT_VERSION = 2  # in the cache keys of switchable models; 2: one shared QuantizeLinear per tensor
+MODES = ("isolated", "leave-one-out")
+SENSITIVITY_COLUMNS = ["rank", "name", "op_type", "macs", "mode", "method", "cosine", "delta", "snr_db"]
+
+
+# --- trials on the switchable model, in worker processes -----------------------------------
+_W: dict = {}
+
+
+def _worker_init(model_path: str, batches, switch_inputs: list[str], ref: list, out_name: str, threads: int,
+                 labels=None):
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    _W.update(sess=ort.InferenceSession(model_path, so, providers=["CPUExecutionProvider"]), batches=batches,
+              switches=switch_inputs, ref=ref, out=out_name, labels=labels)
+
+
+def _worker_eval(on: frozenset) -> Quality:
+    sess, outs = _W["sess"], []
+    flags = {name: np.array(name in on) for name in _W["switches"]}
+    for b in _W["batches"]:
+        outs.append(sess.run([_W["out"]], {**b, **flags})[0])
+    return quality(_W["ref"], outs, _W["out"], _W["labels"])
+
+
+@dataclass
+class TrialData:
+    """What trials are measured on: evaluation batches of one dataset and their FP32 outputs."""
+
+    batches: list
+    ref: list
+    out_name: str
+    labels: np.ndarray | None = None
+
+
+def trial_data(project: Project, ds: Dataset) -> TrialData:
+    """``ds`` in evaluation batches with its FP32 outputs (ONNX Runtime, cached per model and data)."""
+    batches = eval_batches(project, ds)
+    be, _ = select_backend("onnxruntime")
+    return TrialData(batches, reference_on(be, project, ds, batches), output_name(project), ds.labels)
+
+
+@dataclass
+class Switchable:
+    """A compiled switchable model: its path and the boolean input of each layer's Q/DQ."""
+
+    path: str
+    switches: dict[str, str]  # layer -> input name
+
+
+class TrialPool:
+    """Worker processes that each hold one session of the switchable model."""
+
+    def __init__(self, model_path, batches, switch_inputs: dict[str, str], ref, out_name, workers: int = 2,
+                 labels=None):
+        self.names = switch_inputs  # layer -> input name
+        threads = 1 if workers > 1 else 0
+        self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
+                                        initializer=_worker_init,
+                                        initargs=(str(model_path), batches, list(switch_inputs.values()), ref,
+                                                  out_name, threads, labels))
+
+    @classmethod
+    def on(cls, switchable: Switchable, data: TrialData, workers: int = 2) -> "TrialPool":
+        return cls(switchable.path, data.batches, switchable.switches, data.ref, data.out_name, workers, data.labels)
+
+    def evaluate(self, int8_sets: list[set[str]], progress=None, should_stop=None) -> list[Quality]:
+        futures = [self.pool.submit(_worker_eval, frozenset(self.names[l] for l in s)) for s in int8_sets]
+        results = []
+        for i, f in enumerate(futures):
+            if should_stop and should_stop():
+                for g in futures:
+                    g.cancel()
+                raise MixprecError("the search was cancelled", "start it again when you are ready")
+            try:
+                results.append(f.result())
+            except BrokenProcessPool as e:
+                raise MixprecError("a search worker process died (out of memory, or a crash in ONNX Runtime)",
+                                   "run with --workers 1, or free memory, and try again") from e
+            if progress:
+                progress((i + 1) / len(futures), f"trial {i + 1}/{len(futures)}")
+        return results
+
+    def close(self):
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def split_eval(ds: Dataset) -> tuple[Dataset, Dataset]:
+    """Dev half (used for choosing) and test half (held out for verifying)."""
+    n = ds.num_samples
+    if n < 4:
+        raise MixprecError(f"the evaluation data has {n} samples: too few to split into dev and held-out halves",
+                           "give at least 4 evaluation samples (--eval)")
+    cut = n // 2
+    return ds.slice(0, cut), ds.slice(cut)
+
+
+def switchable_model(project: Project, base: Policy, calib, method_tag: str) -> Switchable:
+    """All eligible layers INT8-switchable on top of ``base``; cached in the workspace."""
+    pol = base.with_layers({l.name: "int8" for l in project.layers if l.eligible})
+    key = sha256_bytes(f"{SWITCHABLE_FORMAT_VERSION}|{project.model.sha256}|{pol.sha256}|{calib.key}".encode())[:24]
+    folder = project.ws.sub("search", project.model.sha256[:16])
+    path = folder / f"switch-{method_tag}-{key}.onnx"
+    meta = path.with_suffix(".json")
+    if path.is_file() and meta.is_file():
+        return Switchable(str(path), json.loads(meta.read_text()))
+    compiled = compile_policy(project.model, pol, calib, target="ort", switchable=True)
+    atomic_write_bytes(path, compiled.serialized())
+    atomic_write_json(meta, compiled.switch_inputs)
+    return Switchable(str(path), compiled.switch_inputs)
+
+
+# --- isolated / leave-one-out sensitivity ---------------------------------------------------
+@dataclass
+class Sensitivity:
+    """An isolated or leave-one-out sensitivity table, stored as a ``"sensitivity"`` document."""
+
+    FORMAT_VERSION: ClassVar[int] = 1
+    KIND: ClassVar[str] = "sensitivity"
+
+    table: pd.DataFrame  # SENSITIVITY_COLUMNS, most harmful first
+    mode: str
+    method: str
+    baseline: Quality  # all switches off (isolated) / all on (leave-one-out)
+    seconds: float
+    cache_hit: bool
+
+    def to_json(self) -> dict:
+        return {"kind": self.KIND, "format_version": self.FORMAT_VERSION, "mode": self.mode, "method": self.method,
+                "baseline": self.baseline.to_dict(), "seconds": self.seconds, "cache_hit": self.cache_hit,
+                "table": frame_to_json(self.table)}
+
+    @classmethod
+    def from_json(cls, doc: dict) -> "Sensitivity":
+        doc = check_format(doc, cls.KIND, cls.FORMAT_VERSION, "sensitivity table")
+        return cls(frame_from_json(doc["table"], SENSITIVITY_COLUMNS, "sensitivity table"), doc["mode"],
+                   doc["method"], Quality.from_dict(doc["baseline"]), float(doc["seconds"]), bool(doc["cache_hit"]))
+
+
+def _sensitivity_key(project, base: Policy, calib_key: str, mode: str, ds: Dataset) -> str:
+    return sha256_bytes(f"{SWITCHABLE_FORMAT_VERSION}|s{Sensitivity.FORMAT_VERSION}|{project.model.sha256}|"
+                        f"{ds.sha256}|{calib_key}|{base.sha256}|{mode}".encode())[:24]
+
+
+def _trial_sets(mode: str, eligible: list[str]) -> list[set[str]]:
+    """The baseline (nothing / everything INT8), then one trial per eligible layer."""
+    all_on = set(eligible)
+    if mode == "isolated":
+        return [set()] + [{n} for n in eligible]
+    return [all_on] + [all_on - {n} for n in eligible]
+
+
+def _table(mode: str, method: str, eligible, baseline: Quality, trials: list[Quality]) -> pd.DataFrame:
+    sign = -1.0 if mode == "isolated" else 1.0  # drop (isolated) / gain (leave-one-out): positive = sensitive
+    rows = [(l.name, l.op_type, l.macs, mode, method, q.cosine_mean, sign * (q.cosine_mean - baseline.cosine_mean),
+             q.snr_db) for l, q in zip(eligible, trials)]
+    df = pd.DataFrame(rows, columns=SENSITIVITY_COLUMNS[1:]).sort_values("delta", ascending=False, kind="stable",
+                                                                          ignore_index=True)
+    df.insert(0, "rank", np.arange(1, len(df) + 1))
+    return df
+
+
+def sensitivity(project: Project, mode: str = "isolated", method: str = "minmax", base: Policy | None = None,
+                data: Dataset | None = None, workers: int = 2, progress=None, should_stop=None,
+                pool: TrialPool | None = None) -> Sensitivity:
+    """Per-layer quality drop with only that layer INT8 (isolated), or gain with every other
+    eligible layer INT8 (leave-one-out); cached per model, data, calibration and base policy.
+    ``pool``: trials on an open pool of the switchable model of ``base`` (the search's)."""
+    if mode not in MODES:
+        raise MixprecError(f"unknown sensitivity mode {mode!r}", f"use one of {', '.join(MODES)}")
+    step = progress or (lambda f, t: None)
+    t0 = time.perf_counter()
+    base = base or project.default_policy(method=method)
+    base = base.with_calibration(replace(base.calibration, method=method))
+    data = data or split_eval(project.eval_data)[0]
+    eligible = [l for l in project.layers if l.eligible]
+    calib = calibrate_policy(project.model, project.calib_data, base.with_layers({l.name: "int8" for l in eligible}),
+                             project.layers, project.ws)
+    key = _sensitivity_key(project, base, calib.key, mode, data)
+    cache = project.ws.sub("search", project.model.sha256[:16]) / f"sensitivity-{mode}-{key}.json"
+    if cache.is_file():
+        return replace(Sensitivity.from_json(json.loads(cache.read_text())), seconds=time.perf_counter() - t0,
+                       cache_hit=True)
+    own = pool is None
+    if own:
+        step(0.05, "compiling the switchable model")
+        pool = TrialPool.on(switchable_model(project, base, calib, method), trial_data(project, data), workers)
+    try:
+        res = pool.evaluate(_trial_sets(mode, [l.name for l in eligible]),
+                            lambda f, t: step(0.1 + 0.9 * f, f"{mode}: {t}"), should_stop)
+    finally:
+        if own:
+            pool.close()
+    sens = Sensitivity(_table(mode, method, eligible, res[0], res[1:]), mode, method, res[0],
+                       time.perf_counter() - t0, False)
+    atomic_write_json(cache, sens.to_json())
+    return sens

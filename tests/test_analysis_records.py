@@ -1,0 +1,122 @@
+"""The analysis records round-trip through their JSON documents: a cumulative ranking, a
+sensitivity table and a search result (small synthetic tables, no trials)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from core.errors import MixprecError
+from core.metrics import Quality
+from core.search import CANDIDATE_COLUMNS, FRONT_COLUMNS, Budget, SearchResult
+from core.sensitivity import RANK_COLUMNS, SENSITIVITY_COLUMNS, Ranking, Sensitivity
+
+Q = Quality(0.995, 0.98, float("inf"), 0.1, 0.9, None, 8)
+
+
+def _through_json(doc: dict) -> dict:
+    return json.loads(json.dumps(doc, allow_nan=False))  # what the store writes and reads
+
+
+def _ranking() -> Ranking:
+    t = pd.DataFrame([(1, "/a/MatMul", "MatMul", "int8", True, 100, 0.9, 0.1, 0.05, 20.0, 0.3),
+                      (2, "/b/Add", "Add", "", False, 0, 0.99, 0.01, -0.01, float("inf"), 0.0)],
+                     columns=RANK_COLUMNS)
+    return Ranking(t, "cos_drop", 8, 1.5, None, "entropy")
+
+
+def _sensitivity() -> Sensitivity:
+    t = pd.DataFrame([(1, "/a/MatMul", "MatMul", 100, "isolated", "minmax", 0.97, 0.02, 31.5),
+                      (2, "/b/MatMul", "MatMul", 50, "isolated", "minmax", 0.99, 0.0, float("inf"))],
+                     columns=SENSITIVITY_COLUMNS)
+    return Sensitivity(t, "isolated", "minmax", Q, 2.0, False)
+
+
+def _same_frame(a: pd.DataFrame, b: pd.DataFrame):
+    """Same columns and values; same dtypes but for text (object or pandas' str, both text)."""
+    for c in a.columns:
+        if pd.api.types.is_string_dtype(a[c]):
+            assert pd.api.types.is_string_dtype(b[c]), (c, b[c].dtype)
+        else:
+            assert a[c].dtype == b[c].dtype, (c, a[c].dtype, b[c].dtype)
+    pd.testing.assert_frame_equal(a, b, check_dtype=False)
+
+
+def test_ranking_round_trips_with_its_dtypes():
+    r = _ranking()
+    back = Ranking.from_json(_through_json(r.to_json()))
+    _same_frame(back.table, r.table)
+    assert back.table.eligible.dtype == bool and back.table.eligible.tolist() == [True, False]
+    assert (back.metric, back.samples, back.seconds, back.calibration_cache_hit, back.method) == \
+        ("cos_drop", 8, 1.5, None, "entropy")
+
+
+def test_sensitivity_round_trips():
+    s = _sensitivity()
+    back = Sensitivity.from_json(_through_json(s.to_json()))
+    _same_frame(back.table, s.table)
+    assert back.baseline == Q and back.baseline.snr_db == float("inf")
+    assert (back.mode, back.method, back.seconds, back.cache_hit) == ("isolated", "minmax", 2.0, False)
+
+
+def _search(project) -> SearchResult:
+    eligible = [l.name for l in project.layers if l.eligible]
+    base = project.default_policy()
+    rows = []
+    for k in range(len(eligible) + 1):
+        int8 = eligible[:k]
+        rows.append((k, "minmax", k, len(eligible) - k, 0.999 - 0.001 * k, 10.0 - k, k / len(eligible), 1.0, k % 2,
+                     k < 3, True, ",".join(sorted(set(eligible) - set(int8))), ",".join(sorted(int8))))
+    cands = pd.DataFrame(rows, columns=CANDIDATE_COLUMNS)
+    cands.loc[1, "pareto"] = False
+    policy = base.with_layers({n: ("int8" if n in eligible[:2] else "fp16") for n in eligible})
+    return SearchResult(Budget.parse("cosine_mean>=0.997"), policy, True, None, Q, "meets it", cands,
+                        _sensitivity(), None, 3.0, {"latency_model_s": 1.0}, {"minmax": base}, 2)
+
+
+def test_search_result_round_trips(tiny_cnn):
+    r = _search(tiny_cnn)
+    doc = _through_json(r.to_json())
+    assert doc["kind"] == "search" and doc["format_version"] == SearchResult.FORMAT_VERSION and doc["chosen"] == 2
+    back = SearchResult.from_json(doc, tiny_cnn.model, tiny_cnn.layers)
+    _same_frame(back.candidates, r.candidates)
+    assert back.candidates.pareto.dtype == bool and back.candidates.meets_budget.dtype == bool
+    assert (back.budget, back.policy, back.variants, back.holdout, back.chosen) == \
+        (r.budget, r.policy, r.variants, r.holdout, 2)
+    assert (back.met_on_dev, back.met_on_holdout, back.message, back.seconds, back.timings, back.run) == \
+        (True, None, "meets it", 3.0, {"latency_model_s": 1.0}, None)
+    _same_frame(back.sensitivity.table, r.sensitivity.table)
+    assert back.policy_for(2) == r.policy
+    # the front: FRONT_COLUMNS, fastest first, without the candidate that is off the front
+    assert list(back.front.columns) == FRONT_COLUMNS
+    assert np.all(np.diff(back.front.est_ms.to_numpy()) > 0) and 1 not in set(back.front.candidate)
+    assert back.front_policy(2) == r.policy
+    with pytest.raises(MixprecError, match="not on the stored Pareto front") as e:
+        back.front_policy(1)
+    assert "pick one of the front's points: 0, 2, 3" in str(e.value)
+
+
+def test_other_format_versions_and_kinds_are_refused(tiny_cnn):
+    doc = _search(tiny_cnn).to_json()
+    with pytest.raises(MixprecError, match="older than this mixprec reads"):
+        SearchResult.from_json(doc | {"format_version": 0}, tiny_cnn.model, tiny_cnn.layers)
+    with pytest.raises(MixprecError, match="newer than this mixprec reads"):
+        Ranking.from_json(_ranking().to_json() | {"format_version": 99})
+    with pytest.raises(MixprecError, match="not a mixprec sensitivity document"):
+        Sensitivity.from_json(_ranking().to_json())
+
+
+def test_search_result_with_its_verifying_run_round_trips(tiny_cnn):
+    from dataclasses import replace
+
+    from core.runs import build_and_measure
+
+    run = build_and_measure(tiny_cnn, tiny_cnn.default_policy(), iterations=5, profile_iterations=2)
+    r = replace(_search(tiny_cnn), run=run, met_on_holdout=True, holdout=run.quality)
+    doc = _through_json(r.to_json())
+    assert "per_layer" not in doc["run"]  # the run's own directory keeps its per-layer table
+    back = SearchResult.from_json(doc, tiny_cnn.model, tiny_cnn.layers)
+    assert back.run.row() == run.row() and back.holdout == run.quality and back.met_on_holdout is True
+    assert back.run.per_layer.empty
