@@ -229,12 +229,12 @@ def list_runs(ws: Workspace | None = None, model_sha256: str | None = None) -> p
     rows = []
     for p in ws.runs.glob(f"*/{METRICS_FILE}"):
         try:
-            rows.append(RunResult.from_json(json.loads(p.read_text())).row())
+            row = RunResult.from_json(json.loads(p.read_text())).row()
         except (OSError, ValueError, MixprecError):
             continue  # a damaged or foreign run is skipped, never fatal
+        if not model_sha256 or row["model_sha256"] == model_sha256:
+            rows.append(row)
     df = pd.DataFrame(rows, columns=RUN_COLUMNS)
-    if model_sha256:
-        df = df[df["model_sha256"] == model_sha256]
     return df.sort_values("created", ascending=False, ignore_index=True)
 
 
