@@ -1,19 +1,37 @@
-"""mixprec dashboard: `streamlit run app.py`. This is the home page; the five pages live in pages/."""
+"""mixprec dashboard: `streamlit run app.py`. This is the frame around every page (st.navigation):
+the page list, the page config, the sidebar (model, jobs, backend) and each page's title. The pages
+are short scripts in views/ over core and the components in ui/; the home page is ui/home.py.
+(Not a `pages/` folder: Streamlit would run its scripts without this frame, as a legacy multipage app.)"""
 import streamlit as st
 
-from ui import common as ui
+from ui import frame, home
+from ui.frame import PageInfo
 
-ui.header("mixprec", "Sensitivity-guided mixed precision for ONNX models headed to TensorRT")
-st.markdown(
-    "Load a model, see which layers are sensitive to INT8, choose FP32 / FP16 / INT8 per layer, "
-    "rebuild, and compare what each choice costs in latency, reformat overhead and quality. "
-    "Then export the precision policy.")
-for page, label, icon, what in [
-    ("pages/1_Model.py", "Model", "📦", "upload an ONNX model or pick a sample; calibration / evaluation data"),
-    ("pages/2_Sensitivity.py", "Sensitivity", "🎯", "layer-wise ranking against FP32"),
-    ("pages/3_Precision.py", "Precision", "🎚️", "per-layer FP32 / FP16 / INT8, bulk actions, rebuild"),
-    ("pages/4_Build_and_results.py", "Build and results", "📈", "jobs, latency, reformats, quality"),
-    ("pages/5_Export.py", "Export", "📤", "policy JSON, trtexec commands, compiled ONNX; import"),
-]:
-    st.page_link(page, label=f"{label}: {what}", icon=icon)
-ui.job_panel(limit=5)
+HOME = PageInfo(None, "home", "Home", "🏠", heading="mixprec",
+                caption="Sensitivity-guided mixed precision for ONNX models headed to TensorRT")
+PAGES = [
+    PageInfo("views/model.py", "Model", "Model", "📦",
+             "upload an ONNX model or pick a sample; calibration / evaluation data",
+             "The model and the data every other page works on."),
+    PageInfo("views/sensitivity.py", "Sensitivity", "Sensitivity", "🎯", "layer-wise ranking against FP32",
+             "How far each layer's output drifts from FP32 when every eligible layer is INT8 (ONNX Runtime, "
+             "Polygraphy Comparator). Errors are cumulative; 'added_cos_drop' isolates a layer's own share, and "
+             "the isolated ranking below quantizes one layer at a time."),
+    PageInfo("views/precision.py", "Precision", "Precision", "🎚️",
+             "per-layer FP32 / FP16 / INT8, bulk actions, rebuild",
+             "Choose FP32 / FP16 / INT8 per layer, then Rebuild. INT8 applies to eligible layers only "
+             "(MatMul, Gemm, Conv, ConvTranspose)."),
+    PageInfo("views/build_and_results.py", "Build_and_results", "Build and results", "📈",
+             "jobs, latency, reformats, quality",
+             "Builds run one at a time per backend, in child processes: a crash or a cancel never takes the "
+             "dashboard down. Latency is measured interleaved against FP32 on this machine."),
+    PageInfo("views/export.py", "Export", "Export", "📤", "policy JSON, trtexec commands, compiled ONNX; import",
+             "The policy of this session (edited on the Precision page)."),
+]
+
+page = st.navigation([HOME.page(lambda: home.page(PAGES), default=True), *(info.page() for info in PAGES)])
+info = frame.current([HOME, *PAGES], page)
+st.set_page_config(page_title=f"mixprec · {info.heading or info.title}", layout="wide")
+frame.sidebar()
+frame.heading(info)
+page.run()

@@ -35,8 +35,8 @@ def main() -> None:
     project = open_project("sample:minilm", ws=ws)  # materialise once, outside the timings
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300)
     at.session_state["source"] = {"model": "sample:minilm", "data": None, "eval_data": None}
-    at.switch_page("pages/3_Precision.py")
-    at.run()
+    at.run()  # the frame's home page registers the pages
+    at.switch_page("views/precision.py").run()
     layers = [l.name for l in project.layers if l.eligible]
 
     def interactions(n: int) -> dict[str, list[float]]:

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from core.dashboard import store_upload
 from core.errors import MixprecError
 from core.jobs import JobManager
+from core.store import store_upload
 from core.workspace import Workspace
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
@@ -24,13 +24,15 @@ def ws(tmp_path, monkeypatch):
 
 
 def page(name: str | None = None, model: str = "sample:tiny-cnn", state: dict | None = None) -> AppTest:
+    """A new session on page ``views/<name>.py`` of the app's frame (the home page without a name)."""
     at = AppTest.from_file(APP, default_timeout=120)
     at.session_state["source"] = {"model": model, "data": None, "eval_data": None}
     for k, v in (state or {}).items():
         at.session_state[k] = v
+    at.run()  # the home page: st.navigation registers the pages (switch_page matches their scripts)
     if name:
-        at.switch_page(f"pages/{name}.py")
-    return at.run()
+        at.switch_page(f"views/{name}.py").run()
+    return at
 
 
 def ok(at: AppTest) -> AppTest:
@@ -48,7 +50,7 @@ def wait_all(ws: Workspace):
 
 def test_home_and_model_page(ws):
     ok(page())
-    at = ok(page("1_Model"))
+    at = ok(page("model"))
     assert at.metric[0].label == "Layers" and at.metric[0].value == "8"
     assert "sha256" in at.caption[-1].value or any("sha256" in c.value for c in at.caption)
     at.multiselect(key="inv_ops").select("Conv").run()
@@ -59,7 +61,7 @@ def test_home_and_model_page(ws):
 def test_model_page_bad_path_shows_error_and_recovers(ws, tmp_path):
     bad = tmp_path / "truncated.onnx"
     bad.write_bytes((ws.samples.parent / "x").as_posix().encode() * 3)
-    at = page("1_Model")
+    at = page("model")
     at.radio(key="model_how").set_value("Path on the server").run()
     at.text_input(key="model_path").input(str(bad))
     at.button(key="load_path").click().run()
@@ -85,7 +87,7 @@ def test_upload_validation(ws, tmp_path):
 
 
 def test_sensitivity_rank_job_and_stored_result(ws):
-    at = ok(page("2_Sensitivity"))
+    at = ok(page("sensitivity"))
     at.button(key="run_rank").click().run()
     wait_all(ws)
     at.run()
@@ -93,12 +95,12 @@ def test_sensitivity_rank_job_and_stored_result(ws):
     assert len(at.get("plotly_chart")) == 1 and len(at.dataframe) == 1
     at.radio(key="rank_metric").set_value("snr_db").run()
     ok(at)
-    again = ok(page("2_Sensitivity"))  # a new session: the stored ranking, no recomputation
+    again = ok(page("sensitivity"))  # a new session: the stored ranking, no recomputation
     assert [b.key for b in again.button] == ["run_isolated"] and len(JobManager.for_workspace(ws).jobs()) == 1
 
 
 def test_isolated_ranking_next_to_cumulative(ws):
-    at = ok(page("2_Sensitivity", model="sample:tiny-transformer"))
+    at = ok(page("sensitivity", model="sample:tiny-transformer"))
     at.button(key="run_rank").click().run()
     at.button(key="run_isolated").click().run()
     jobs = wait_all(ws)
@@ -115,7 +117,7 @@ def test_isolated_ranking_next_to_cumulative(ws):
     at.radio(key="iso_mode").set_value("leave-one-out").run()
     ok(at)
     assert at.button(key="run_isolated").label.startswith("Leave-one-out")
-    again = ok(page("2_Sensitivity", model="sample:tiny-transformer"))  # stored: nothing to recompute
+    again = ok(page("sensitivity", model="sample:tiny-transformer"))  # stored: nothing to recompute
     assert not again.button and len(again.get("plotly_chart")) == 2
 
 
@@ -127,12 +129,11 @@ def policy_key(ws, model: str) -> str:
 
 
 def test_search_under_budget_pareto_and_use_this_policy(ws):
-    from core.jobs import load_search
     from core.project import open_project
-    from core.search import front_policy
+    from core.store import load_search
 
     model = "sample:tiny-transformer"
-    at = ok(page("3_Precision", model=model))
+    at = ok(page("precision", model=model))
     assert at.text_input(key="search_budget").value == "cosine_mean>=0.99" and not at.get("plotly_chart")
     at.button(key="start_search").click().run()
     (job,) = wait_all(ws)
@@ -144,19 +145,19 @@ def test_search_under_budget_pareto_and_use_this_policy(ws):
     names = [t["name"] for t in json.loads(chart.proto.spec)["data"]]
     assert names[:2] == ["other candidates", "Pareto front"]
     project = open_project(model, ws=ws)
-    doc = load_search(ws, project, "cosine_mean>=0.99", False)
+    result = load_search(ws, project, "cosine_mean>=0.99", False)
     pick = at.selectbox(key="front_pick")
-    assert pick.options and pick.value == doc["front"][0]["candidate"]
+    assert pick.options and pick.value == result.front["candidate"].iloc[0]
     at.button(key="use_front").click().run()
     ok(at)
     assert any("is now the current policy" in s.value for s in at.success)
-    assert at.session_state[policy_key(ws, model)].sha256 == front_policy(doc, pick.value, project).sha256
-    again = ok(page("3_Precision", model=model))  # a new session: the stored search, no recomputation
+    assert at.session_state[policy_key(ws, model)].sha256 == result.front_policy(pick.value).sha256
+    again = ok(page("precision", model=model))  # a new session: the stored search, no recomputation
     assert len(again.get("plotly_chart")) == 1 and len(JobManager.for_workspace(ws).jobs()) == 1
 
 
 def test_search_bad_budget_shows_the_fix(ws):
-    at = page("3_Precision", model="sample:tiny-transformer")
+    at = page("precision", model="sample:tiny-transformer")
     at.text_input(key="search_budget").input("cosine>=0.99").run()
     assert len(at.error) == 1 and "cannot read the budget" in at.error[0].value and "Fix:" in at.error[0].value
     assert not [b for b in at.button if b.key == "start_search"] and at.button(key="rebuild")
@@ -168,7 +169,7 @@ def test_search_bad_budget_shows_the_fix(ws):
 
 
 def test_precision_toggle_rebuild_results_and_compare(ws):
-    at = ok(page("3_Precision"))
+    at = ok(page("precision"))
     fp16_before = int(at.metric[1].value)
     at.text_input(key="bulk_regex").input(LAYER + "$")
     at.selectbox(key="bulk_regex_prec").select("fp16")
@@ -183,7 +184,7 @@ def test_precision_toggle_rebuild_results_and_compare(ws):
     assert len(jobs) == 2 and jobs[0].started >= jobs[1].finished
     at.run()
     assert any("layer(s) differ" in e.label for e in at.expander)
-    res = ok(page("4_Build_and_results", state={}))
+    res = ok(page("build_and_results", state={}))
     assert len(res.get("plotly_chart")) == 5
     labels = {m.label: m.value for m in res.metric}
     assert float(labels["Cosine (mean)"]) > 0.9
@@ -192,7 +193,7 @@ def test_precision_toggle_rebuild_results_and_compare(ws):
 
 
 def test_export_and_import(ws):
-    at = ok(page("5_Export"))
+    at = ok(page("export"))
     assert len(at.get("download_button")) == 1 and len(at.code) == 3
     at.button(key="compile").click().run()
     ok(at)
@@ -212,14 +213,14 @@ def test_export_and_import(ws):
 
 
 def test_reload_reattaches_to_job(ws):
-    at = page("3_Precision")
+    at = page("precision")
     at.button(key="rebuild").click().run()
     job_id = at.query_params["job"]
     wait_all(ws)
     reloaded = AppTest.from_file(APP, default_timeout=120)  # a reload: new session, same URL
     reloaded.query_params.update({"model": "sample:tiny-cnn", "job": job_id})
-    reloaded.switch_page("pages/3_Precision.py")
-    ok(reloaded.run())
+    reloaded.run()  # lands on the home page, then opens the Precision page
+    ok(reloaded.switch_page("views/precision.py").run())
     assert reloaded.session_state["my_jobs"] == [job_id]
     assert any("build" in m.value and "done" in m.value for m in reloaded.markdown)
 
@@ -231,14 +232,14 @@ def test_job_of_a_dead_server_shows_interrupted(ws):
     job = Job(id="old", kind="build", label="before restart", queue="build-onnxruntime", params={},
               status="running", stage="timing", server_pid=2 ** 22 + 1)  # above pid_max: never alive
     atomic_write_json(ws.jobs / "old.json", job.__dict__)
-    at = page("4_Build_and_results")
+    at = page("build_and_results")
     assert any("interrupted" in m.value for m in at.markdown)
     assert at.error and "stopped while this job was timing" in at.error[0].value
 
 
 @pytest.mark.parametrize("fixture,count", [("a100-resnet-qat", 12), ("a100-resnet-fp16", 2)])
 def test_results_page_imports_trtexec_reports(ws, trt_reports_dir, fixture, count):
-    at = ok(page("4_Build_and_results"))
+    at = ok(page("build_and_results"))
     at.text_input(key="trt_graph_path").input(str(trt_reports_dir / f"{fixture}.graph.json"))
     at.text_input(key="trt_profile_path").input(str(trt_reports_dir / f"{fixture}.profile.json")).run()
     ok(at)
@@ -249,13 +250,21 @@ def test_results_page_imports_trtexec_reports(ws, trt_reports_dir, fixture, coun
 def test_results_page_rejects_a_bad_report(ws, trt_reports_dir, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"Layers": ["conv1", "relu1"]}')
-    at = ok(page("4_Build_and_results"))
+    at = ok(page("build_and_results"))
     at.text_input(key="trt_graph_path").input(str(bad)).run()
     assert at.error and "profilingVerbosity=detailed" in at.error[0].value
     assert not at.exception
 
 
 def test_sidebar_says_which_backend_and_why(ws):
-    at = ok(page("1_Model"))
+    at = ok(page("model"))
     text = " ".join(c.value for c in at.sidebar.caption)
     assert "Backend (auto): onnxruntime" in text and "TensorRT not chosen" in text
+
+
+def test_user_text_is_literal_in_markdown():
+    from ui.common import code, md
+
+    assert md("a_b*c :red[x] $y$ <b>") == r"a\_b\*c \:red\[x\] \$y\$ \<b\>"
+    assert md("sample:tiny-cnn") == r"sample\:tiny-cnn"
+    assert code("/tmp/x_y.onnx") == "`/tmp/x_y.onnx`" and code("a`b") == "``a`b``" and code("`a") == "`` `a ``"

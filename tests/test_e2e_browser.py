@@ -169,7 +169,7 @@ def test_minilm_toggle_rebuild_and_results(server, browser, tmp_path):
     c = open_project("sample:minilm", ws=ws).default_policy().with_layers({LAYER: "fp16"}).precision_counts()
     page.get_by_text(f"fp16 {c['fp16']} · int8 {c['int8']}").wait_for(timeout=30_000)  # the session's policy
     _shot(page, tmp_path, "5-export")
-    _goto(page, "app", "mixprec")
+    _goto(page, "Home", "mixprec")
     _shot(page, tmp_path, "0-home")
     page.context.close()
 

@@ -1,15 +1,16 @@
 """Session glue shared by the pages: workspace, job manager, the cached project, the session's
-policy and the job panel. No logic beyond wiring Streamlit state to core."""
+policy, stored results and the job panel. No logic beyond wiring Streamlit state to core."""
 from __future__ import annotations
 
-import time
+import re
 from pathlib import Path
 
 import streamlit as st
 
-from core.dashboard import store_upload
+from core import store
+from core.backends import select_backend
 from core.errors import MixprecError
-from core.jobs import Job, JobManager, load_ranking, project_ranking_key
+from core.jobs import Job, JobManager
 from core.policy import Policy
 from core.project import Project, open_project
 from core.workspace import Workspace
@@ -17,6 +18,21 @@ from core.workspace import Workspace
 SAMPLES = ["sample:minilm", "sample:tiny-cnn", "sample:tiny-transformer"]
 DEFAULT_MODEL = SAMPLES[0]
 SOURCE_KEYS = ("model", "data", "eval_data")
+_MARKDOWN = re.compile(r"([\\`*_{}\[\]<>()#+!|~$:&^=])")
+
+
+def md(text) -> str:
+    """User text (a model, layer or run name, a label, a regex) made literal inside Markdown:
+    every character Markdown, math, emoji or colour directives would read is escaped."""
+    return _MARKDOWN.sub(r"\\\1", str(text))
+
+
+def code(text) -> str:
+    """User text as inline Markdown code (a path, a queue, a hash): literal, whatever it holds."""
+    text = str(text)
+    ticks = "`" * (max((len(m) for m in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{ticks}{pad}{text}{pad}{ticks}"
 
 
 def workspace() -> Workspace:
@@ -27,25 +43,9 @@ def manager() -> JobManager:
     return JobManager.for_workspace(workspace())
 
 
-def header(title: str, caption: str = "") -> None:
-    st.set_page_config(page_title=f"mixprec · {title}", layout="wide")
-    st.title(title)
-    if caption:
-        st.caption(caption)
-    src = source()
-    with st.sidebar:
-        st.markdown(f"**Model:** `{src['model']}`")
-        active = [j for j in manager().jobs(limit=50) if j.active]
-        st.caption(f"{len(active)} job(s) queued or running" if active else "No job running")
-        st.caption(f"Workspace: `{workspace().root}`")
-        st.caption(f"Backend (auto): {auto_backend()}")
-
-
 @st.cache_resource(show_spinner=False)
 def auto_backend() -> str:
     """Which backend `auto` picks here, and why (TensorRT needs the package and a CUDA device)."""
-    from core.backends import select_backend
-
     return select_backend("auto")[1]
 
 
@@ -96,10 +96,34 @@ def upload(file, kind: str, model=None) -> str | None:
     if file is None:
         return None
     try:
-        return str(store_upload(workspace(), file.getvalue(), file.name, kind, model))
+        return str(store.store_upload(workspace(), file.getvalue(), file.name, kind, model))
     except MixprecError as e:
         st.error(str(e))
         return None
+
+
+# --- stored results (records from core.store; a document of another format is shown as an error) ---
+def _stored(load, *args):
+    try:
+        return load(*args)
+    except MixprecError as e:
+        st.error(str(e))
+        return None
+
+
+def ranking(p: Project, method: str = "minmax"):
+    """The stored cumulative ``Ranking`` of this model, data and method, or None."""
+    return _stored(store.load_ranking, p.ws, p, method)
+
+
+def sensitivity(p: Project, method: str = "minmax", mode: str = "isolated"):
+    """The stored isolated / leave-one-out ``Sensitivity``, or None."""
+    return _stored(store.load_sensitivity, p.ws, p, method, mode)
+
+
+def search_result(p: Project, budget: str, smooth: bool):
+    """The stored ``SearchResult`` of this budget and smoothing, or None."""
+    return _stored(store.load_search, p.ws, p, budget, smooth)
 
 
 # --- the session's policy ----------------------------------------------------------------------
@@ -119,7 +143,8 @@ def set_policy(p: Project, pol: Policy, reset_editor: bool = True) -> None:
 
 
 def flash(message: str, rerun: bool = False) -> None:
-    """A success message shown once, at the next run of the page (``show_flash``)."""
+    """A success message shown once, at the next run of the page (``show_flash``). User text in
+    ``message`` goes through ``md``."""
     st.session_state["flash"] = message
     if rerun:
         st.rerun()
@@ -128,10 +153,6 @@ def flash(message: str, rerun: bool = False) -> None:
 def show_flash() -> None:
     if "flash" in st.session_state:
         st.success(st.session_state.pop("flash"))
-
-
-def ranking(p: Project, method: str = "minmax", mode: str = "cumulative"):
-    return load_ranking(p.ws, project_ranking_key(p, method, mode))
 
 
 # --- jobs --------------------------------------------------------------------------------------
@@ -164,7 +185,7 @@ def job_button(kind: str, params: dict, label: str, button: str, key: str, store
 def job_row(job: Job) -> None:
     mgr = manager()
     left, mid, right = st.columns([3, 4, 1])
-    left.markdown(f"**{job.label}**  \n{job.kind} · `{job.queue}` · **{job.status}**")
+    left.markdown(f"**{md(job.label)}**  \n{job.kind} · {code(job.queue)} · **{job.status}**")
     text = f"{job.stage} · {job.elapsed:.0f} s"
     if job.status == "queued":
         pos = mgr.queue_position(job.id)
@@ -173,7 +194,7 @@ def job_row(job: Job) -> None:
     if job.active:
         right.button("Cancel", key=f"cancel-{job.id}", on_click=mgr.cancel, args=(job.id,))
     if job.error and job.status in ("failed", "interrupted"):
-        st.error(f"{job.label}: {job.error}")
+        st.error(f"{md(job.label)}: {job.error}")
 
 
 @st.fragment(run_every=1.0)
@@ -194,7 +215,3 @@ def job_panel(kind: str | None = None, only: list[str] | None = None, limit: int
     if ended:
         seen.difference_update(ended)
         st.rerun(scope="app")
-
-
-def fmt_time(t: float | None) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(t)) if t else "—"

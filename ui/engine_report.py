@@ -8,6 +8,7 @@ from core.errors import MixprecError
 from core.plots import plot_latency_by_type, plot_layer_latency, plot_precision_distribution, \
     plot_reformat_overhead
 from core.reports import PCT_LABEL, load_engine_report, reformat_table
+from ui import common as ui
 
 
 def section(layer_names: list[str]) -> None:
@@ -29,7 +30,7 @@ def section(layer_names: list[str]) -> None:
             st.error(str(e))
             return
         rf = rep.reformat
-        st.markdown(f"**{rep.name}**: {len(rep.layers)} engine layers; {rf.count} reformat layers"
+        st.markdown(f"**{ui.md(rep.name)}**: {len(rep.layers)} engine layers; {rf.count} reformat layers"
                     + (f", {rf.ms:.4f} ms of {rf.total_ms:.4f} ms ({rf.pct:.1f} {PCT_LABEL})" if rep.has_profile
                        else " (no profile loaded: no times)"))
         if rep.has_profile:

@@ -1,17 +1,17 @@
 """Export the session's policy (JSON, trtexec commands, compiled ONNX); import a policy JSON."""
 import streamlit as st
 
-from core.dashboard import compiled_onnx, policy_filename
 from core.errors import MixprecError
-from core.policy import policy_from_text, polygraphy_command, trtexec_legacy_command, trtexec_typed_command
+from core.export import compiled_onnx, policy_filename, polygraphy_command, trtexec_legacy_command, \
+    trtexec_typed_command
+from core.policy import policy_from_text
 from ui import common as ui
 
-ui.header("Export", "The policy of this session (edited on the Precision page).")
 p = ui.project()
 pol = ui.policy(p)
 ui.show_flash()
 counts = pol.precision_counts()
-st.caption(f"{p.model.name}: fp32 {counts['fp32']} · fp16 {counts['fp16']} · int8 {counts['int8']} · "
+st.caption(f"{ui.md(p.model.name)}: fp32 {counts['fp32']} · fp16 {counts['fp16']} · int8 {counts['int8']} · "
            f"policy sha256 `{pol.sha256[:16]}…`")
 st.download_button("Download policy JSON", pol.to_json(), policy_filename(pol), "application/json",
                    key="dl_policy", type="primary")

@@ -1,11 +1,10 @@
-"""Model: pick a sample, upload an ONNX file or give a server path; optional calibration/eval data."""
+"""Model page: pick a sample, upload an ONNX file or give a server path; optional calibration/eval data."""
 import pandas as pd
 import streamlit as st
 
 from core.plots import plot_op_types
 from ui import common as ui
 
-ui.header("Model", "The model and the data every other page works on.")
 src = ui.source()
 limit = st.get_option("server.maxUploadSize")
 how = st.radio("Model source", ["Bundled sample", "Upload an ONNX file", "Path on the server"], horizontal=True,
@@ -47,14 +46,14 @@ with st.expander("Calibration and evaluation data (.npz, optional)", expanded=bo
 
 p = ui.project()
 m = p.model
-st.subheader(m.name)
+st.subheader(ui.md(m.name))
 c = st.columns(5)
 c[0].metric("Layers", len(p.layers))
 c[1].metric("INT8-eligible", sum(l.eligible for l in p.layers))
 c[2].metric("Opset", m.opset)
 c[3].metric("Size", f"{m.size_bytes / 1e6:.1f} MB")
 c[4].metric("Samples (calib / eval)", f"{p.calib_data.num_samples} / {p.eval_data.num_samples}")
-st.caption(f"sha256 `{m.sha256}` · calibration: {p.calib_data.source} · evaluation: {p.eval_data.source}")
+st.caption(f"sha256 `{m.sha256}` · calibration: {ui.md(p.calib_data.source)} · evaluation: {ui.md(p.eval_data.source)}")
 io = pd.DataFrame([("input", s.name, s.dtype, str(s.shape), str(p.input_shapes.get(s.name, ""))) for s in m.inputs]
                   + [("output", s.name, s.dtype, str(s.shape), "") for s in m.outputs],
                   columns=["kind", "name", "dtype", "shape", "resolved shape"])

@@ -1,22 +1,18 @@
 """Sensitivity: the cumulative Polygraphy ranking (all eligible layers INT8 vs FP32) next to the
-isolated one (one layer at a time, core.search), each computed once by a background job."""
+isolated one (one layer at a time, core.sensitivity), each computed once by a background job."""
 import streamlit as st
 
-from core.compare import RANK_METRICS
-from core.dashboard import ranking_comparison
 from core.jobs import isolated_params, rank_params
 from core.plots import plot_ranking, plot_sensitivity_compare
 from core.policy import CALIB_METHODS
-from core.search import MODES
+from core.sensitivity import MODES, RANK_METRICS, ranking_comparison
 from ui import common as ui
 
-ui.header("Sensitivity", "How far each layer's output drifts from FP32 when every eligible layer is INT8 "
-          "(ONNX Runtime, Polygraphy Comparator). Errors are cumulative; 'added_cos_drop' isolates a layer's own share, "
-          "and the isolated ranking below quantizes one layer at a time.")
 p = ui.project()
 src = ui.source()
 method = st.selectbox("Calibration method", CALIB_METHODS, key="rank_method")
-table = ui.ranking(p, method)
+ranking = ui.ranking(p, method)
+table = ranking.table if ranking is not None else None
 st.subheader("Cumulative (Polygraphy)")
 ui.job_button("rank", rank_params(src["model"], src["data"], src["eval_data"], method), f"rank {p.model.name}",
               "Run the ranking", "run_rank", table is not None,
@@ -35,12 +31,13 @@ if table is not None:
 st.subheader("Isolated (one layer at a time)")
 labels = {"isolated": "Isolated (one layer at a time)", "leave-one-out": "Leave-one-out (all but one layer INT8)"}
 mode = st.radio("Mode", MODES, horizontal=True, key="iso_mode", format_func=labels.get)
-iso = ui.ranking(p, method, mode)
+sens = ui.sensitivity(p, method, mode)
 ui.job_button("isolated", isolated_params(src["model"], src["data"], src["eval_data"], method, mode),
-              f"{mode} {p.model.name}", labels[mode], "run_isolated", iso is not None,
+              f"{mode} {p.model.name}", labels[mode], "run_isolated", sens is not None,
               f"No {mode} ranking yet for this model, data and calibration method: each eligible layer is "
               "measured on the dev half of the evaluation data (calibrated once, trials in parallel).")
-if iso is not None:
+if sens is not None:
+    iso = sens.table
     st.caption("delta: cosine drop with only this layer INT8 (isolated), or cosine gain when only this layer "
                "leaves INT8 (leave-one-out). Next to it: the layer's rank and drop in the cumulative ranking"
                + ("." if table is not None else " (run the cumulative ranking above to fill them in)."))

@@ -1,17 +1,15 @@
 """Build and results: the job queue, and what each run cost in latency, reformats and quality."""
 import streamlit as st
 
-from core.dashboard import policy_diff, run_comparison, run_policy
 from core.jobs import build_params
 from core.plots import plot_quality_vs_latency, plot_run_latency, plot_run_layers, plot_run_quality, \
     plot_run_reformat, run_names
 from core.policy import uniform_policy
-from core.runs import list_runs, load_run_per_layer
+from core.policy_edit import policy_diff, run_comparison
+from core.store import list_runs, load_run_per_layer, run_dir, run_policy
 from ui import common as ui
 from ui import engine_report
 
-ui.header("Build and results", "Builds run one at a time per backend, in child processes: a crash or a cancel "
-          "never takes the dashboard down. Latency is measured interleaved against FP32 on this machine.")
 p = ui.project()
 src = ui.source()
 st.subheader("Jobs")
@@ -24,13 +22,13 @@ if st.button("Build the all-FP16 baseline", key="fp16_baseline"):
 engine_report.section([l.name for l in p.layers])
 
 runs = list_runs(p.ws, p.model.sha256)
-st.subheader(f"Runs of {p.model.name}")
+st.subheader(f"Runs of {ui.md(p.model.name)}")
 if runs.empty:
     st.info("No runs yet: press **Rebuild** on the Precision page.")
     st.stop()
 last = runs.iloc[0]
 c = st.columns(5)
-c[0].metric("Latest run", str(last["label"]))
+c[0].metric("Latest run", ui.md(last["label"]))
 c[1].metric("Median latency", f"{last['latency_median_ms']:.3f} ms", f"{last['speedup']:.2f}× vs FP32",
             delta_color="off")
 c[2].metric("Cosine (mean)", f"{last['cosine_mean']:.4f}", f"min {last['cosine_min']:.4f}", delta_color="off")
@@ -47,7 +45,7 @@ g4.plotly_chart(plot_quality_vs_latency(runs), key="tradeoff_chart")
 names = dict(zip(runs["run_id"], run_names(runs)))
 sel = st.selectbox("Per-layer latency of run", list(names), format_func=names.get, key="layers_run")
 try:
-    st.plotly_chart(plot_run_layers(load_run_per_layer(p.ws.runs / sel)), key="layers_chart")
+    st.plotly_chart(plot_run_layers(load_run_per_layer(run_dir(p.ws, sel))), key="layers_chart")
 except Exception as e:  # noqa: BLE001 - a damaged run must not break the page
     st.error(str(e))
 
@@ -60,7 +58,7 @@ if len(runs) >= 2:
     b = b_col.selectbox("Run B", list(names), index=0, format_func=names.get, key="cmp_b")
     st.dataframe(run_comparison(runs, a, b))
     try:
-        diff = policy_diff(run_policy(p, p.ws.runs / a), run_policy(p, p.ws.runs / b), p.layers)
+        diff = policy_diff(run_policy(p, run_dir(p.ws, a)), run_policy(p, run_dir(p.ws, b)), p.layers)
         st.caption(f"{len(diff)} layer(s) differ between A ('built') and B ('now')")
         st.dataframe(diff, hide_index=True)
     except Exception as e:  # noqa: BLE001

@@ -1,0 +1,48 @@
+"""The frame around every page (``app.py``): the page list's entries, the sidebar (model, jobs,
+backend) and each page's title and caption. Pages then hold only their own content."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import streamlit as st
+
+from ui import common as ui
+
+
+@dataclass(frozen=True)
+class PageInfo:
+    """One entry of the page list: ``script`` (relative to app.py; None for a callable page),
+    its ``url_path`` (``/Precision``), the navigation ``title`` and ``icon``, what the page is for
+    (``summary``, on the home page) and the ``caption`` under its ``heading`` (the title unless given)."""
+    script: str | None
+    url_path: str
+    title: str
+    icon: str
+    summary: str = ""
+    caption: str = ""
+    heading: str | None = None
+
+    def page(self, target=None, default: bool = False) -> st.Page:
+        return st.Page(target or self.script, title=self.title, icon=self.icon, url_path=self.url_path,
+                       default=default)
+
+
+def sidebar() -> None:
+    src = ui.source()
+    with st.sidebar:
+        st.markdown(f"**Model:** {ui.code(src['model'])}")
+        active = [j for j in ui.manager().jobs(limit=50) if j.active]
+        st.caption(f"{len(active)} job(s) queued or running" if active else "No job running")
+        st.caption(f"Workspace: {ui.code(ui.workspace().root)}")
+        st.caption(f"Backend (auto): {ui.auto_backend()}")
+
+
+def current(infos: list[PageInfo], page: st.Page) -> PageInfo:
+    """The entry of the page ``st.navigation`` chose."""
+    return next(i for i in infos if i.title == page.title)
+
+
+def heading(info: PageInfo) -> None:
+    st.title(info.heading or info.title)
+    if info.caption:
+        st.caption(info.caption)

@@ -1,0 +1,42 @@
+"""Precision page, rebuild: the diff against the last built policy, the run label and backend,
+the Rebuild button and this session's builds."""
+from __future__ import annotations
+
+import streamlit as st
+
+from core.backends import BACKENDS
+from core.jobs import build_params
+from core.policy import Policy
+from core.policy_edit import policy_diff
+from core.project import Project
+from core.store import last_built_policy
+from ui import common as ui
+
+
+def section(p: Project, pol: Policy, counts: dict) -> None:
+    """``counts``: the policy's layers per precision (``precision_editor.summary``), for the default label."""
+    _diff(p, pol)
+    r1, r2, r3 = st.columns([3, 1, 1])
+    label = r1.text_input("Run label", value="", placeholder="e.g. layer5 down-proj fp16", key="run_label")
+    backend = r2.selectbox("Backend", BACKENDS, key="backend")
+    r3.write("")
+    if r3.button("Rebuild", type="primary", key="rebuild"):
+        src = ui.source()
+        job = ui.submit("build", build_params(src["model"], pol.to_json(), src["data"], src["eval_data"], backend,
+                                              label),
+                        label or f"int8={counts['int8']} fp16={counts['fp16']} fp32={counts['fp32']}")
+        if job:
+            st.toast(f"Build queued: {ui.md(job.label)}")
+    mine = st.session_state.get("my_jobs", [])
+    if mine:
+        st.caption("Your builds (details and results on **Build and results**):")
+        ui.job_panel(kind="build", only=mine, limit=3)
+
+
+def _diff(p: Project, pol: Policy) -> None:
+    built = last_built_policy(p)
+    diff = policy_diff(built, pol, p.layers)
+    title = (f"Diff against the last built policy: {len(diff)} layer(s) differ" if built
+             else "Diff against the last built policy: nothing built yet")
+    with st.expander(title, expanded=bool(built) and 0 < len(diff) < 30):
+        st.dataframe(diff, hide_index=True)
