@@ -1,9 +1,20 @@
 """Shared pytest fixtures."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
+
+
+@pytest.fixture(autouse=True)
+def _keep_main_module():
+    """Streamlit's AppTest leaves the script it ran (app.py) as ``sys.modules['__main__']``;
+    multiprocessing's spawn would then run app.py in every worker of a later test. Restore it."""
+    main = sys.modules.get("__main__")
+    yield
+    if main is not None:
+        sys.modules["__main__"] = main
 
 
 @pytest.fixture(scope="session")

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -48,14 +50,33 @@ SENSITIVITY_COLUMNS = ["rank", "name", "op_type", "macs", "mode", "method", "cos
 _W: dict = {}
 
 
-def _worker_init(model_path: str, batches, switch_inputs: list[str], ref: list, out_name: str, threads: int,
-                 labels=None):
+def _save_trial_data(path: Path, data: "TrialData") -> None:
+    """The trial data as one .npz the workers load: the pickled start-up message of a spawned
+    worker stays small (a worker that dies while the parent writes a large one hangs the parent)."""
+    arrays = {f"r{i}": r for i, r in enumerate(data.ref)}
+    for i, b in enumerate(data.batches):
+        arrays.update({f"b{i}/{k}": v for k, v in b.items()})
+    if data.labels is not None:
+        arrays["labels"] = np.asarray(data.labels)
+    np.savez(path, **arrays)
+
+
+def _load_trial_data(path: str, out_name: str) -> "TrialData":
+    with np.load(path, allow_pickle=False) as z:
+        ref = [z[f"r{i}"] for i in range(sum(1 for k in z.files if k.startswith("r")))]
+        batches = [{k.split("/", 1)[1]: z[k] for k in z.files if k.startswith(f"b{i}/")} for i in range(len(ref))]
+        labels = z["labels"] if "labels" in z.files else None
+    return TrialData(batches, ref, out_name, labels)
+
+
+def _worker_init(model_path: str, data_path: str, switch_inputs: list[str], out_name: str, threads: int):
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.log_severity_level = 3
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    _W.update(sess=ort.InferenceSession(model_path, so, providers=["CPUExecutionProvider"]), batches=batches,
-              switches=switch_inputs, ref=ref, out=out_name, labels=labels)
+    data = _load_trial_data(data_path, out_name)
+    _W.update(sess=ort.InferenceSession(model_path, so, providers=["CPUExecutionProvider"]), batches=data.batches,
+              switches=switch_inputs, ref=data.ref, out=out_name, labels=data.labels)
 
 
 def _worker_eval(on: frozenset) -> Quality:
@@ -98,10 +119,13 @@ class TrialPool:
                  labels=None):
         self.names = switch_inputs  # layer -> input name
         threads = 1 if workers > 1 else 0
+        self._tmp = tempfile.TemporaryDirectory(prefix="mixprec-trials-")
+        data_path = Path(self._tmp.name) / "trial-data.npz"
+        _save_trial_data(data_path, TrialData(batches, ref, out_name, labels))
         self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
                                         initializer=_worker_init,
-                                        initargs=(str(model_path), batches, list(switch_inputs.values()), ref,
-                                                  out_name, threads, labels))
+                                        initargs=(str(model_path), str(data_path), list(switch_inputs.values()),
+                                                  out_name, threads))
 
     @classmethod
     def on(cls, switchable: Switchable, data: TrialData, workers: int = 2) -> "TrialPool":
@@ -126,6 +150,7 @@ class TrialPool:
 
     def close(self):
         self.pool.shutdown(wait=True, cancel_futures=True)
+        self._tmp.cleanup()
 
     def __enter__(self):
         return self
