@@ -18,6 +18,7 @@ from .data import Dataset
 from .errors import MixprecError
 from .inventory import INT8_ELIGIBLE
 from .model import LoadedModel
+from .shapes import fixed_batch
 from .policy import CALIB_METHODS, CalibrationSettings
 from .workspace import Workspace, atomic_save_npz, atomic_write_json, sha256_bytes
 
@@ -55,10 +56,11 @@ def cache_key(model_sha: str, data_sha: str, method: str, percentile: float) -> 
 
 
 class _Reader:
-    """``CalibrationDataReader`` over a dataset's batch-1 feeds."""
+    """``CalibrationDataReader`` over a dataset's feeds: one sample each along every input's batch
+    axis (the model's fixed batch when it has one)."""
 
-    def __init__(self, ds: Dataset, progress=None):
-        self.feeds = ds.batches(1)
+    def __init__(self, ds: Dataset, progress=None, batch: int = 1):
+        self.feeds = ds.batches(batch)
         self.i = 0
         self.progress = progress
 
@@ -91,7 +93,7 @@ def _run_calibrator(model: LoadedModel, ds: Dataset, method: str, percentile: fl
         cal = create_calibrator(src, list(INT8_ELIGIBLE), augmented_model_path=str(Path(tmp) / "augmented.onnx"),
                                 calibrate_method=methods[method], providers=["CPUExecutionProvider"],
                                 extra_options=extra)
-        cal.collect_data(_Reader(ds, progress))
+        cal.collect_data(_Reader(ds, progress, fixed_batch(model) or 1))
         data = cal.compute_data()
     ranges = {}
     for name, td in data.data.items():
@@ -176,7 +178,7 @@ def channel_amax(model: LoadedModel, ds: Dataset, tensors: list[str], ws: Worksp
     so.log_severity_level = 3
     sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
     amax = {t: None for t in tensors}
-    for feed in ds.batches(1):
+    for feed in ds.batches(fixed_batch(model) or 1):
         for t, v in zip(tensors, sess.run(tensors, feed)):
             cur = np.abs(v).reshape(-1, v.shape[-1]).max(axis=0)
             amax[t] = cur if amax[t] is None else np.maximum(amax[t], cur)

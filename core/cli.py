@@ -17,10 +17,12 @@ from .export import EXPORT_FORMATS, export_policy
 from .policy import CALIB_METHODS, NETWORK_DEFAULTS, load_policy
 from .project import open_project
 from .reports import load_engine_report
-from .runs import build_and_measure
+from .runs import GENERATED_NOTE, WARN_BELOW, build_and_measure
 from .samples import SAMPLES, write_sample
 from .search import SearchConfig, search
+from .shapes import parse_shape, shape_text
 from .sensitivity import MODES, RANK_METRICS, rank_layers, sensitivity
+from .store import cached_ranking
 from .workspace import atomic_write_text
 
 
@@ -77,6 +79,21 @@ def _shape_overrides(items: list[str] | None) -> dict[str, int]:
     return out
 
 
+def _input_shapes(items: list[str] | None) -> dict[str, tuple[int, ...]]:
+    """``--shape INPUT=1x3x320x320`` (repeatable) → ``{INPUT: (1, 3, 320, 320)}``."""
+    return dict(parse_shape(item) for item in items or [])
+
+
+def _shape_lines(p) -> str:
+    """The input shapes, each dim's source, and every default or guess with how to set it."""
+    lines = [f"input {name}: {shape_text(shape)}" for name, shape in p.input_shapes.items()]
+    lines += [f"  {c.input} axis {c.axis}{f' ({c.symbol})' if c.symbol and c.symbol != '?' else ''}: {c.note}"
+              for c in p.shape_choices if c.source != "fixed"]
+    if p.data_generated:
+        lines.append("data: generated (give --data/--eval .npz files for real quality numbers)")
+    return "\n" + "\n".join(lines)
+
+
 def parse_trt_profiles(items: list[str] | None) -> dict:
     """``NAME=MIN:OPT:MAX`` with shapes written ``1x64`` → ``{NAME: ((1, 64), …)}``."""
     out = {}
@@ -103,7 +120,7 @@ def trt_options(args) -> dict:
 def _project(args, progress=None):
     return open_project(args.model, data=getattr(args, "data", None), eval_data=getattr(args, "eval", None),
                         batch=getattr(args, "batch", 1), shape_overrides=_shape_overrides(getattr(args, "dim", None)),
-                        progress=progress)
+                        shapes=_input_shapes(getattr(args, "shape", None)), progress=progress)
 
 
 def _policy(args, project):
@@ -116,16 +133,20 @@ def cmd_inspect(args):
     p = _project(args)
     m, inv = p.model, p.inventory()
     doc = {
-        "model": {"name": m.name, "path": str(m.path), "sha256": m.sha256, "opset": m.opset, "size_bytes": m.size_bytes,
+        "model": {"name": m.name, "path": str(m.path), "sha256": m.sha256, "opset": m.opset,
+                  "original_opset": m.original_opset, "size_bytes": m.size_bytes,
                   "inputs": [{"name": s.name, "dtype": s.dtype, "shape": list(s.shape)} for s in m.inputs],
                   "outputs": [{"name": s.name, "dtype": s.dtype, "shape": list(s.shape)} for s in m.outputs],
                   "input_shapes": {k: list(v) for k, v in p.input_shapes.items()},
+                  "shape_choices": [c.to_dict() for c in p.shape_choices], "data_generated": p.data_generated,
                   "generated_names": m.generated_names},
+        "normalization": [s.to_dict() for s in m.normalization],
         "layers": inv.drop(columns=["inputs", "outputs"]).to_dict(orient="records"),
     }
+    norm = "".join(f"\nnormalised ({s.step}): {s.detail}" for s in m.normalization)
     counts = inv.groupby(["op_type", "default_precision"]).size().to_string()
     _emit(args, doc, f"{m.name}  sha256 {m.sha256[:12]}…  opset {m.opset}  {len(inv)} layers "
-                     f"({int(inv.eligible.sum())} INT8-eligible)\n{counts}")
+                     f"({int(inv.eligible.sum())} INT8-eligible){norm}\n{counts}" + _shape_lines(p))
 
 
 def cmd_rank(args):
@@ -140,12 +161,17 @@ def cmd_rank(args):
     _emit(args, doc, shown.head(args.top).to_string(index=False))
 
 
+def _on_generated(run) -> str:
+    return f" ({GENERATED_NOTE})" if run.data_generated else ""
+
+
 def cmd_build(args):
     bar = Progress("build")
     p = _project(args, bar)
     policy = _policy(args, p)
     r = build_and_measure(p, policy, backend=args.backend, progress=bar, iterations=args.iterations,
-                          trt_options=trt_options(args))
+                          trt_options=trt_options(args), warn_below=args.warn_below,
+                          ranking=cached_ranking(p, policy.calibration.method))
     bar.done()
     doc = r.to_json()
     q = r.quality
@@ -155,9 +181,9 @@ def cmd_build(args):
             f"reformat {r.reformat.count} nodes  {r.reformat.ms:.3f} ms  {r.reformat.pct:.1f}%\n"
             f"quality cosine mean {q.cosine_mean:.4f} min {q.cosine_min:.4f}  SNR {q.snr_db:.1f} dB  "
             f"max abs {q.max_abs:.3g}" + (f"  top1 {q.top1_agreement:.3f}" if q.top1_agreement is not None else "")
-            + (f"  knn5 {q.knn5_overlap:.3f}" if q.knn5_overlap is not None else "") + "\n"
+            + (f"  knn5 {q.knn5_overlap:.3f}" if q.knn5_overlap is not None else "") + _on_generated(r) + "\n"
             f"precision {r.precision_counts}  INT8 MAC share {100 * r.int8_mac_fraction:.1f}%\n"
-            f"run dir {r.run_dir}")
+            f"run dir {r.run_dir}" + "".join(f"\nwarning: {w}" for w in r.warnings))
     _emit(args, doc, text)
 
 
@@ -188,6 +214,11 @@ def cmd_sensitivity(args):
                      f"{' (cached)' if r.cache_hit else ''}\n" + r.table.head(args.top).to_string(index=False))
 
 
+def _warn_arg(sp):
+    sp.add_argument("--warn-below", type=float, default=WARN_BELOW, metavar="COSINE",
+                    help=f"warn when the build's cosine_mean falls below this (default {WARN_BELOW})")
+
+
 def _trt_args(sp):
     sp.add_argument("--trt-profile", action="append", metavar="INPUT=MIN:OPT:MAX",
                     help="TensorRT optimisation profile of a dynamic input, shapes like 1x64 (default: the "
@@ -199,18 +230,19 @@ def cmd_search(args):
     bar = Progress("search")
     p = _project(args, bar)
     config = SearchConfig(budget=args.budget, workers=args.workers, smooth=args.smooth, backend=args.backend,
-                          trt_options=trt_options(args))
+                          trt_options=trt_options(args), warn_below=args.warn_below)
     r = search(p, config, progress=bar)
     bar.done()
     out = Path(args.out) if args.out else p.ws.sub("policies") / f"search-{r.policy.sha256[:12]}.json"
     atomic_write_text(out, r.policy.to_json())
-    doc = r.to_json() | {"policy_path": str(out)}
+    doc = r.to_json() | {"policy_path": str(out), "warnings": list(r.run.warnings) if r.run else [],
+                         "data_generated": bool(r.run and r.run.data_generated)}
     text = [r.message, f"policy written to {out}  ({r.seconds:.0f} s)"]
     if r.run is not None:
         q, lat = r.run.quality, r.run.latency
         text.append(f"build {r.run.run_id}: cosine mean {q.cosine_mean:.4f} min {q.cosine_min:.4f}, speedup "
                     f"{lat.speedup:.2f}x, reformat {r.run.reformat.pct:.1f}%, INT8 MAC share "
-                    f"{100 * r.run.int8_mac_fraction:.0f}%")
+                    f"{100 * r.run.int8_mac_fraction:.0f}%{_on_generated(r.run)}")
     text.append("Pareto front (quality on the dev half, estimated latency):")
     text.append(r.front.to_string(index=False))
     _emit(args, doc, "\n".join(text))
@@ -236,11 +268,14 @@ def build_parser() -> argparse.ArgumentParser:
         if model:
             sp.add_argument("model", help="path to a .onnx file or " + "|".join(f"sample:{n}" for n in SAMPLES))
         if data:
-            sp.add_argument("--data", help="calibration data .npz (one array per input, samples on axis 0)")
+            sp.add_argument("--data", help="calibration data .npz (one array per input, samples along its batch axis: "
+                                           "axis 0 for most models; see inspect)")
             sp.add_argument("--eval", help="held-out evaluation data .npz (default: the sample's, or the last "
                                            "quarter of --data)")
             sp.add_argument("--batch", type=int, default=1, help="batch size for dynamic batch dims (default 1)")
             sp.add_argument("--dim", action="append", metavar="NAME=VALUE", help="value of a named dynamic dim")
+            sp.add_argument("--shape", action="append", metavar="INPUT=1x3x320x320",
+                            help="the full shape of an input (every dim, named or not; repeatable)")
         sp.add_argument("--json", action="store_true", help="print one JSON document on stdout")
         sp.set_defaults(func=fn)
         return sp
@@ -258,6 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--calibration", default="minmax", choices=CALIB_METHODS)
     sp.add_argument("--network-default", default="fp32", choices=NETWORK_DEFAULTS)
     sp.add_argument("--iterations", type=int, default=30, help="interleaved timing pairs (default 30)")
+    _warn_arg(sp)
     _trt_args(sp)
     sp = add("export", cmd_export, "export a policy as JSON, trtexec/Polygraphy commands or compiled ONNX")
     sp.add_argument("--policy", help="policy JSON (default: the default policy)")
@@ -279,6 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also try SmoothQuant-style smoothing (alpha 0.75) of every MatMul with weights (kept only if it pays)")
     sp.add_argument("--backend", default="auto", choices=BACKENDS,
                     help="backend of the latency model and the verifying build (quality trials run on ONNX Runtime)")
+    _warn_arg(sp)
     _trt_args(sp)
     sp = sub.add_parser("sample", help="write a bundled sample: model.onnx, calib.npz, eval.npz")
     sp.add_argument("name", choices=SAMPLES)

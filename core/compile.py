@@ -20,10 +20,13 @@ Two targets:
          (Cast→float16→Cast) and the math runs in float32 — the numerics of an FP16 layer
          with FP32 accumulation.
 
-An all-FP32 policy leaves the graph's computation untouched.
+An all-FP32 policy leaves the graph's computation untouched. Nodes inside If/Loop/Scan
+subgraphs are never rewritten: they run FP32 (their outer-scope inputs get float32 versions),
+and the rest of the graph compiles as usual.
 """
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -33,7 +36,7 @@ import onnx_graphsurgeon as gs
 
 from .calibration import CalibrationResult
 from .errors import MixprecError
-from .inventory import NON_COMPUTE
+from .inventory import CONTROL_FLOW, NON_COMPUTE
 from .model import LoadedModel
 from .policy import Policy
 
@@ -112,6 +115,16 @@ def _weight_axis(node: gs.Node, w: np.ndarray) -> int | None:
     if node.op == "ConvTranspose":
         return 1
     return None
+
+
+def _subgraphs(node: gs.Node):
+    """Every graph nested in ``node`` (If branches, Loop/Scan bodies, and theirs)."""
+    for value in node.attrs.values():
+        for g in (value if isinstance(value, list) else [value]):
+            if isinstance(g, gs.Graph):
+                yield g
+                for inner in g.nodes:
+                    yield from _subgraphs(inner)
 
 
 class _Compiler:
@@ -215,6 +228,16 @@ class _Compiler:
                 h = self._cast(raw, np.float16, "fp16")
                 self.new_nodes.append(gs.Node("Cast", f"{o.name}/Cast_r16", {"to": onnx.TensorProto.FLOAT}, [h], [o]))
                 self.rep.add(o.name)
+
+    def _as_control_flow(self, node):
+        """If/Loop/Scan: the node and its subgraphs stay FP32, untouched. Its inputs, and every
+        outer-scope tensor its subgraphs read, get their float32 version."""
+        self._as_fp32(node)
+        for graph in _subgraphs(node):
+            for inner in graph.nodes:
+                for i, t in enumerate(inner.inputs):
+                    if isinstance(t, gs.Variable) and t.name in self.is16:
+                        inner.inputs[i] = self._fp32(t)
 
     def _switch(self, node, i, quantized, original):
         """Switchable model: ``Where(flag, quantized, fp16)`` with one boolean input per layer; the
@@ -335,7 +358,9 @@ class _Compiler:
         policy = self.policy.layers
         for node in list(self.graph.nodes):
             prec = policy.get(node.name)
-            if prec is None:  # not a layer: follow the inputs' precision
+            if node.op in CONTROL_FLOW:  # its subgraphs stay FP32 (see core.inventory)
+                self._as_control_flow(node)
+            elif prec is None:  # not a layer: follow the inputs' precision
                 float_vars = [t for t in node.inputs if isinstance(t, gs.Variable) and _is_float(t)]
                 fp16_now = self.is16 | self.rep
                 if float_vars and all(t.name in fp16_now for t in float_vars) and node.op in NON_COMPUTE:
@@ -365,8 +390,12 @@ class _Compiler:
         try:
             onnx.checker.check_model(proto)
         except onnx.checker.ValidationError as e:
-            raise MixprecError(f"the compiled model fails onnx's checker: {str(e).splitlines()[0]}",
-                               "report this with the model and policy; meanwhile set the offending layer to fp32") from e
+            first = str(e).splitlines()[0]
+            node = re.search(r"Name: ?(\S+)", str(e))
+            what = f"the layer of node {node.group(1)!r}" if node else "the layer the message names"
+            raise MixprecError(f"the compiled model fails onnx's checker: {first}",
+                               f"set {what} to fp32 in the policy and build again (an all-FP32 policy leaves the "
+                               "model's computation unchanged, so it always compiles)") from e
         switch_inputs = {layer: v.name for layer, v in (self.switches or {}).items()}
         return CompiledModel(proto, self.target, dict(Counter(n.op_type for n in proto.graph.node)), switch_inputs)
 

@@ -1,21 +1,29 @@
 """Input data: user ``.npz`` files (``allow_pickle=False``) or generated data that fits the
-model's inputs. Arrays are keyed by input name and concatenated along axis 0 (the sample
-axis); batches are slices of it."""
+model's inputs. Arrays are keyed by input name; samples are concatenated along each input's batch
+axis (``core.shapes.batch_axes``: axis 0 for most models, axis 1 for a [2, B, 128] recurrent
+state); batches are slices along it. An input without a batch axis (a scalar, a fixed-size side
+input) is one array passed whole in every batch. A model with a fixed batch (e.g. 32) is fed
+exactly that many samples per batch."""
 from __future__ import annotations
 
 import hashlib
 import io
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from .errors import MixprecError
-from .model import LoadedModel, resolve_input_shapes
+from .model import LoadedModel
+from .shapes import batch_axes, fixed_batch, resolve_input_shapes
 
 
 LABEL_KEYS = ("labels", "label")
+
+
+def _cut(a: np.ndarray, axis: int, start, stop) -> np.ndarray:
+    return a[(slice(None),) * axis + (slice(start, stop),)]
 
 
 @dataclass
@@ -23,10 +31,20 @@ class Dataset:
     arrays: dict[str, np.ndarray]
     source: str  # file name or "generated"
     labels: np.ndarray | None = None  # optional class index per sample (key "labels" in the .npz)
+    generated: bool = False  # invented by generate_dataset, not the user's data
+    batch_axes: dict[str, int | None] = field(default_factory=dict)  # input -> batch axis (absent: 0)
+    fixed_batch: int | None = None  # the model's fixed batch: every batch has exactly this many samples
+
+    def axis(self, key: str) -> int | None:
+        """The batch axis of an array (None: it is passed whole)."""
+        return self.batch_axes.get(key, 0) if np.ndim(self.arrays[key]) else None
 
     @property
     def num_samples(self) -> int:
-        return int(next(iter(self.arrays.values())).shape[0]) if self.arrays else 0
+        for k, v in self.arrays.items():
+            if (ax := self.axis(k)) is not None:
+                return int(v.shape[ax])
+        return 1 if self.arrays else 0
 
     @property
     def sha256(self) -> str:
@@ -38,15 +56,20 @@ class Dataset:
         return h.hexdigest()
 
     def batches(self, batch: int = 1) -> list[dict[str, np.ndarray]]:
-        n = self.num_samples
-        return [{k: v[i:i + batch] for k, v in self.arrays.items()} for i in range(0, n - batch + 1, batch)]
+        """Feeds of ``batch`` samples (the model's fixed batch when it has one); a last partial batch
+        is dropped. Inputs without a batch axis are passed whole in every feed."""
+        batch = self.fixed_batch or batch
+        if not any(self.axis(k) is not None for k in self.arrays):
+            return [dict(self.arrays)] if self.arrays else []
+        return [{k: v if (ax := self.axis(k)) is None else _cut(v, ax, i, i + batch) for k, v in self.arrays.items()}
+                for i in range(0, self.num_samples - batch + 1, batch)]
 
     def slice(self, start: int, stop: int | None = None) -> "Dataset":
-        """Samples ``start:stop`` (labels included)."""
-        cut = slice(start, stop)
+        """Samples ``start:stop`` along each batch axis (labels included)."""
         tag = f"[{start or ''}:{'' if stop is None else stop}]"
-        return Dataset({k: v[cut] for k, v in self.arrays.items()}, self.source + tag,
-                       None if self.labels is None else self.labels[cut])
+        arrays = {k: v if (ax := self.axis(k)) is None else _cut(v, ax, start, stop) for k, v in self.arrays.items()}
+        return Dataset(arrays, self.source + tag, None if self.labels is None else self.labels[start:stop],
+                       self.generated, dict(self.batch_axes), self.fixed_batch)
 
 
 def load_npz(source, model: LoadedModel | None = None, name: str | None = None) -> Dataset:
@@ -84,9 +107,7 @@ def load_npz(source, model: LoadedModel | None = None, name: str | None = None) 
     return ds
 
 
-def check_dataset(ds: Dataset, model: LoadedModel) -> None:
-    problems = []
-    names = [s.name for s in model.inputs]
+def _take_labels(ds: Dataset, names: list[str], problems: list[str]) -> None:
     for key in LABEL_KEYS:
         if key in ds.arrays and key not in names:
             labels = ds.arrays.pop(key)
@@ -94,12 +115,10 @@ def check_dataset(ds: Dataset, model: LoadedModel) -> None:
                 problems.append(f"{key}: want one integer class index per sample, got {labels.dtype} {labels.shape}")
             else:
                 ds.labels = labels.astype(np.int64)
-    missing = [n for n in names if n not in ds.arrays]
-    if missing:
-        problems.append(f"missing inputs: {', '.join(missing)} (the file has {', '.join(sorted(ds.arrays))})")
-    counts = {k: v.shape[0] if v.ndim else 0 for k, v in ds.arrays.items() if k in names}
-    if len(set(counts.values())) > 1:
-        problems.append("inputs have different sample counts on axis 0: " + ", ".join(f"{k}={v}" for k, v in counts.items()))
+
+
+def _input_problems(ds: Dataset, model: LoadedModel) -> list[str]:
+    problems = []
     for spec in model.inputs:
         a = ds.arrays.get(spec.name)
         if a is None:
@@ -110,14 +129,41 @@ def check_dataset(ds: Dataset, model: LoadedModel) -> None:
         if spec.dtype != "bfloat16" and np.dtype(a.dtype).kind != np.dtype(spec.dtype).kind:
             problems.append(f"{spec.name}: dtype {a.dtype}, model wants {spec.dtype}")
         for axis, d in enumerate(spec.shape):
-            if axis > 0 and isinstance(d, int) and d > 0 and a.shape[axis] != d:
+            if axis != ds.axis(spec.name) and isinstance(d, int) and d > 0 and a.shape[axis] != d:
                 problems.append(f"{spec.name}: axis {axis} is {a.shape[axis]}, model wants {d}")
-    n = next((v.shape[0] for k, v in ds.arrays.items() if k in names and v.ndim), None)
+    return problems
+
+
+def check_dataset(ds: Dataset, model: LoadedModel) -> None:
+    """Check ``ds`` against the model's inputs (samples along each input's batch axis), take its
+    labels apart, and cast every array to the input's dtype."""
+    problems = []
+    names = [s.name for s in model.inputs]
+    _take_labels(ds, names, problems)
+    ds.batch_axes, ds.fixed_batch = batch_axes(model), fixed_batch(model)
+    missing = [n for n in names if n not in ds.arrays]
+    if missing:
+        problems.append(f"missing inputs: {', '.join(missing)} (the file has {', '.join(sorted(ds.arrays))})")
+    problems += _input_problems(ds, model)
+    counts = {k: v.shape[ax] for k, v in ds.arrays.items()
+              if k in names and v.ndim == len(next(s.shape for s in model.inputs if s.name == k))
+              and (ax := ds.axis(k)) is not None}
+    if len(set(counts.values())) > 1:
+        problems.append("inputs have different sample counts along their batch axes: "
+                        + ", ".join(f"{k}={v} (axis {ds.axis(k)})" for k, v in counts.items()))
+    n = next(iter(counts.values()), None)
     if ds.labels is not None and n is not None and len(ds.labels) != n:
         problems.append(f"labels: {len(ds.labels)} labels for {n} samples")
+    if ds.fixed_batch and n is not None and n < ds.fixed_batch:
+        problems.append(f"{n} samples: the model's batch is fixed at {ds.fixed_batch}, give at least that many "
+                        f"(a multiple of {ds.fixed_batch})")
     if problems:
+        odd = {k: ax for k, ax in ds.batch_axes.items() if ax != 0}
+        where = "samples along axis 0" + (
+            "; " + ", ".join(f"{k}: {'samples along axis ' + str(ax) if ax is not None else 'one array, no sample axis'}"
+                             for k, ax in odd.items()) if odd else "")
         raise MixprecError(f"the data in {ds.source} does not fit the model's inputs",
-                           "save one array per input, keyed by input name, samples along axis 0", details=problems)
+                           f"save one array per input, keyed by input name, {where}", details=problems)
     # Cast to the exact dtype the model wants (e.g. int32 ids for an int64 input).
     for spec in model.inputs:
         if spec.dtype != "bfloat16" and ds.arrays[spec.name].dtype != np.dtype(spec.dtype):
@@ -137,28 +183,51 @@ def _vocab_size(model: LoadedModel, input_name: str) -> int | None:
     return None
 
 
+def _invented(model: LoadedModel, spec, shape: tuple, rng) -> np.ndarray | None:
+    """Values for one input, or None when mixprec cannot invent any (an integer/bool input that is
+    neither token ids, a mask nor token types)."""
+    lname = spec.name.lower()
+    dtype = np.dtype("float32" if spec.dtype == "bfloat16" else spec.dtype)
+    if dtype.kind in "iub":
+        if "mask" in lname:
+            return np.ones(shape, dtype)
+        if dtype.kind == "b":
+            return None
+        if "token_type" in lname or "segment" in lname or lname in ("type_ids", "token_types"):
+            return np.zeros(shape, dtype)
+        vocab = _vocab_size(model, spec.name)
+        return None if vocab is None else rng.integers(0, vocab, size=shape).astype(dtype)
+    if dtype.kind == "f":
+        return np.clip(rng.standard_normal(shape), -3, 3).astype(dtype)
+    return None
+
+
 def generate_dataset(model: LoadedModel, num_samples: int = 32, seed: int = 0,
                      shapes: dict | None = None) -> Dataset:
-    """Synthetic data fitting the input specs: token ids within the embedding's vocabulary,
-    masks of ones, token types zero, floats ~ N(0, 1) clipped to [-3, 3]."""
+    """Synthetic data fitting the input specs at ``shapes``, ``num_samples`` along each input's batch
+    axis (rounded up to a multiple of a fixed batch); inputs without one keep their shape. Token ids
+    within the embedding's vocabulary, masks of ones, token types zero, floats ~ N(0, 1) clipped to
+    [-3, 3]. Any other integer or bool input is refused (MixprecError): give an .npz."""
     rng = np.random.default_rng(seed)
     shapes = shapes or resolve_input_shapes(model)
-    arrays = {}
+    axes, fb = batch_axes(model), fixed_batch(model)
+    if fb:
+        num_samples = -(-num_samples // fb) * fb
+    arrays, refused = {}, []
     for spec in model.inputs:
-        shape = (num_samples, *shapes[spec.name][1:])
-        lname = spec.name.lower()
-        dtype = np.dtype("float32" if spec.dtype == "bfloat16" else spec.dtype)
-        if dtype.kind in "iu":
-            if "mask" in lname:
-                arr = np.ones(shape, dtype)
-            elif "type" in lname or "segment" in lname:
-                arr = np.zeros(shape, dtype)
-            else:
-                vocab = _vocab_size(model, spec.name) or 2
-                arr = rng.integers(0, vocab, size=shape).astype(dtype)
-        elif dtype.kind == "b":
-            arr = np.ones(shape, dtype)
-        else:
-            arr = np.clip(rng.standard_normal(shape), -3, 3).astype(dtype)
+        shape = list(shapes[spec.name])
+        if axes[spec.name] is not None:
+            shape[axes[spec.name]] = num_samples
+        arr = _invented(model, spec, tuple(shape), rng)
+        if arr is None:
+            refused.append(spec)
         arrays[spec.name] = arr
-    return Dataset(arrays, "generated")
+    if refused:
+        what = ", ".join(f"{s.name} ({s.dtype}, shape {list(s.shape)})" for s in refused)
+        names = ", ".join(s.name for s in refused)
+        raise MixprecError(
+            f"{what} {'has no value' if len(refused) == 1 else 'have no values'} mixprec can invent "
+            "(not token ids, a mask or token types)",
+            f"give an .npz with {names} and the other inputs, keyed by input name "
+            "(python -m core build MODEL --data data.npz, or upload it on the Model page)")
+    return Dataset(arrays, "generated", generated=True, batch_axes=axes, fixed_batch=fb)

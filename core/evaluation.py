@@ -12,7 +12,9 @@ from pathlib import Path
 import numpy as np
 
 from .data import Dataset
+from .errors import MixprecError
 from .project import Project
+from .shapes import batch_axes, fixed_batch
 from .workspace import atomic_save_npz
 
 EVAL_BATCH = 16
@@ -20,11 +22,18 @@ OUTPUTS_FORMAT_VERSION = 1
 
 
 def eval_batch(project: Project) -> int:
-    """Evaluate in batches where every input's batch axis is dynamic (same numerics, less time)."""
-    dynamic = all(0 in s.dynamic_axes for s in project.model.inputs)
+    """The batch quality is evaluated with: the model's fixed batch when it has one; up to
+    EVAL_BATCH (a divisor of the sample count) when every input has a dynamic batch axis (same
+    numerics, less time); else the project's batch."""
+    fb = fixed_batch(project.model)
+    if fb:
+        return fb
+    axes = batch_axes(project.model)
+    dynamic = all(axes[s.name] is not None and axes[s.name] in s.dynamic_axes for s in project.model.inputs)
     n = project.eval_data.num_samples
-    return max(d for d in range(1, min(EVAL_BATCH, n) + 1) if n % d == 0) if dynamic else \
-        project.input_shapes[project.model.inputs[0].name][0]
+    if dynamic and n:
+        return max(d for d in range(1, min(EVAL_BATCH, n) + 1) if n % d == 0)
+    return project.batch
 
 
 def eval_batches(project: Project, ds: Dataset | None = None) -> list[dict[str, np.ndarray]]:
@@ -40,7 +49,12 @@ def output_name(project: Project) -> str:
 
 def timing_feed(project: Project) -> dict[str, np.ndarray]:
     """One batch at the project's batch size, for timing and profiling."""
-    return project.eval_data.batches(project.input_shapes[project.model.inputs[0].name][0])[0]
+    feeds = project.eval_data.batches(project.batch)
+    if not feeds:
+        raise MixprecError(f"the evaluation data has {project.eval_data.num_samples} samples, fewer than the batch "
+                           f"{project.batch} the model is timed at",
+                           f"give at least {project.batch} evaluation samples, or a smaller --batch")
+    return feeds[0]
 
 
 def reference_engine(backend, project: Project):

@@ -10,9 +10,10 @@ from pathlib import Path
 from .calibration import CalibrationResult, calibrate_policy, trt_calibration_cache
 from .compile import compile_policy
 from .errors import MixprecError
-from .model import LoadedModel, resolve_input_shapes
+from .model import LoadedModel
 from .policy import Policy
 from .project import Project
+from .shapes import resolve_input_shapes, shape_text
 from .workspace import atomic_write_bytes, atomic_write_text
 
 EXPORT_FORMATS = ("json", "trtexec", "trtexec-typed", "polygraphy", "onnx", "calib-cache")
@@ -22,12 +23,19 @@ _UNSAFE_TRT_NAME = re.compile(r"[,:]")
 
 
 # --- command lines -----------------------------------------------------------------------------------
+def _trt_input_name(name: str) -> str:
+    """trtexec reads ``name:1x3`` pairs split on ',' and the last ':'; a name with either is quoted."""
+    return f"'{name}'" if _UNSAFE_TRT_NAME.search(name) else name
+
+
 def _shape_flags(model: LoadedModel, shapes: dict[str, tuple[int, ...]] | None) -> list[str]:
+    """min = opt = max = the project's shapes (``--shape``/``--dim``/``--batch``, defaults shown by
+    ``inspect``) for every input with a dynamic dim; static inputs take no flag."""
     shapes = shapes or resolve_input_shapes(model)
     dynamic = [s for s in model.inputs if s.dynamic_axes]
     if not dynamic:
         return []
-    spec = ",".join(f"{s.name}:{'x'.join(str(d) for d in shapes[s.name])}" for s in dynamic)
+    spec = ",".join(f"{_trt_input_name(s.name)}:{shape_text(shapes[s.name])}" for s in dynamic)
     return [f"--minShapes={spec}", f"--optShapes={spec}", f"--maxShapes={spec}"]
 
 

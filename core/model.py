@@ -3,8 +3,7 @@
 A model is given as a path or a bundled sample (``sample:minilm``,
 ``sample:tiny-cnn``, ``sample:tiny-transformer``). Loading validates the file
 with onnx's checker and shape inference, refuses external data outside the
-model's folder, gives every node a stable unique name, and resolves dynamic
-dimensions to defaults the user can override.
+model's folder and gives every node a stable unique name (input shapes: ``core.shapes``).
 """
 from __future__ import annotations
 
@@ -19,13 +18,12 @@ from onnx import TensorProto, helper
 from onnx.external_data_helper import _get_all_tensors, load_external_data_for_model, uses_external_data
 
 from .errors import MixprecError
+from .normalize import NormStep, default_opset, normalize_model
 from .samples import materialize_sample
 from .workspace import Workspace, sha256_bytes
 
 FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
 SAMPLE_PREFIX = "sample:"
-DEFAULT_BATCH = 1
-DEFAULT_SEQ = 64
 
 
 @dataclass(frozen=True)
@@ -47,7 +45,12 @@ class TensorSpec:
 
 @dataclass
 class LoadedModel:
-    """A validated model. ``proto`` has stable node names and inferred shapes."""
+    """A validated model. ``proto`` is the *normalised* model (``core.normalize``: IR/opset upgraded,
+    constant weights folded into initializers) with stable node names and inferred shapes; it is what
+    compile, calibration and every ORT/TensorRT session use (through ``proto``/``serialized()``).
+    ``path`` is the user's file, shown to the user only: never hand it to a runtime. ``sha256`` and
+    ``size_bytes`` are of the user's original bytes (policies reference that hash);
+    ``normalization`` lists what was changed, ``original_opset`` the file's own opset."""
 
     path: Path
     name: str
@@ -59,6 +62,8 @@ class LoadedModel:
     size_bytes: int
     sample: str | None = None
     generated_names: list[str] = field(default_factory=list)
+    normalization: list[NormStep] = field(default_factory=list)
+    original_opset: int = 0
 
     @property
     def nodes(self):
@@ -178,19 +183,28 @@ def resolve_sample(spec: str, ws: Workspace | None = None, progress=None):
     return materialize_sample(spec[len(SAMPLE_PREFIX):], ws or Workspace.default(), progress=progress)
 
 
-def model_from_bytes(data: bytes, path: Path, name: str | None = None, sample: str | None = None) -> LoadedModel:
-    model = _parse(data, path)
-    _check_external_data(model, path.parent)
-    if any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer):
-        load_external_data_for_model(model, str(path.parent))
+def _check(model: onnx.ModelProto, path: Path, when: str) -> None:
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as e:
         first = str(e).strip().splitlines()[0]
         raise MixprecError(
-            f"{path.name} fails onnx's checker: {first}",
-            "re-export the model with a current exporter, or repair it (onnx.checker.check_model shows details)",
+            f"{path.name} fails onnx's checker{when}: {first}",
+            "re-export the model with a current exporter (opset 13 or later), or repair it "
+            "(onnx.checker.check_model shows details)",
         ) from e
+
+
+def model_from_bytes(data: bytes, path: Path, name: str | None = None, sample: str | None = None) -> LoadedModel:
+    model = _parse(data, path)
+    _check_external_data(model, path.parent)  # before anything reads external data
+    if any(uses_external_data(t) for t in _get_all_tensors(model)):
+        load_external_data_for_model(model, str(path.parent))
+    _check(model, path, "")
+    original_opset = default_opset(model)
+    model, steps = normalize_model(model, path.parent, name=path.name)
+    if steps:
+        _check(model, path, " after normalisation (" + ", ".join(s.step for s in steps) + ")")
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
     except Exception as e:  # noqa: BLE001 - InferenceError and friends
@@ -222,6 +236,8 @@ def model_from_bytes(data: bytes, path: Path, name: str | None = None, sample: s
         size_bytes=len(data),
         sample=sample,
         generated_names=generated,
+        normalization=steps,
+        original_opset=original_opset,
     )
 
 
@@ -247,53 +263,3 @@ def load_model(spec: str | os.PathLike, ws: Workspace | None = None, progress=No
             )
     data = path.read_bytes()
     return model_from_bytes(data, path, name=f"sample:{sample}" if sample else None, sample=sample)
-
-
-
-def resolve_input_shapes(
-    model: LoadedModel,
-    data: dict[str, np.ndarray] | None = None,
-    batch: int = DEFAULT_BATCH,
-    overrides: dict[str, int] | None = None,
-) -> dict[str, tuple[int, ...]]:
-    """Concrete shapes for every input. Dynamic dims: axis 0 is the batch (default 1); other
-    dims come from ``overrides`` (by dim name), then from the data (whose axis 0 is the sample
-    axis), then a default of 64."""
-    overrides = dict(overrides or {})
-    shapes = {}
-    for spec in model.inputs:
-        dims = []
-        for axis, d in enumerate(spec.shape):
-            if isinstance(d, int) and d > 0:
-                dims.append(d)
-            elif isinstance(d, str) and d in overrides:
-                dims.append(int(overrides[d]))
-            elif axis == 0:
-                dims.append(int(overrides.get("batch", batch)))
-            elif data is not None and spec.name in data and data[spec.name].ndim == len(spec.shape):
-                dims.append(int(data[spec.name].shape[axis]))
-            else:
-                dims.append(DEFAULT_SEQ)
-        shapes[spec.name] = tuple(dims)
-    return shapes
-
-
-def with_static_shapes(model: LoadedModel, shapes: dict[str, tuple[int, ...]]) -> onnx.ModelProto:
-    """A copy of the model with concrete input dims and re-inferred shapes (for MAC counts)."""
-    m = onnx.ModelProto()
-    m.CopyFrom(model.proto)
-    del m.graph.value_info[:]
-    for inp in m.graph.input:
-        if inp.name in shapes:
-            dims = inp.type.tensor_type.shape.dim
-            for d, v in zip(dims, shapes[inp.name]):
-                d.Clear()
-                d.dim_value = int(v)
-    for out in m.graph.output:
-        for d in out.type.tensor_type.shape.dim:
-            d.Clear()
-    try:
-        return onnx.shape_inference.infer_shapes(m, data_prop=True)
-    except Exception:  # noqa: BLE001 - fall back to the symbolic shapes
-        return model.proto
-

@@ -91,7 +91,8 @@ def default_policy(model: LoadedModel, layers: list[Layer], network_default: str
 
 def uniform_policy(model: LoadedModel, layers: list[Layer], precision: str) -> Policy:
     """Every layer at one precision (INT8 only where eligible; the rest FP32)."""
-    mapping = {l.name: (precision if precision != "int8" or l.eligible else "fp32") for l in layers}
+    mapping = {l.name: (precision if (precision != "int8" or l.eligible) and l.subgraph is None else "fp32")
+               for l in layers}
     return Policy(model.name, model.sha256, "fp16" if precision == "fp16" else "fp32", mapping)
 
 
@@ -123,6 +124,8 @@ def policy_from_dict(doc: dict, model: LoadedModel, layers: list[Layer]) -> Poli
             problems.append(f"unknown layer {name!r}")
         elif prec not in PRECISIONS:
             problems.append(f"{name}: bad precision {prec!r} (want fp32, fp16 or int8)")
+        elif prec != "fp32" and by_name[name].subgraph is not None:
+            problems.append(f"{name}: {prec} is not possible, the layer is {by_name[name].reason} (set it to fp32)")
         elif prec == "int8" and not by_name[name].eligible:
             problems.append(f"{name}: int8 on a {by_name[name].op_type} (only MatMul, Gemm, Conv, ConvTranspose can be INT8)")
     cal = doc.get("calibration") or {}

@@ -30,13 +30,14 @@ def select_layers(layers: list[Layer], op_types=None, regex: str | None = None) 
 
 
 def set_precision(policy: Policy, layers: list[Layer], names, precision: str) -> tuple[Policy, list[str]]:
-    """Set ``names`` to ``precision``; INT8 is applied only to eligible layers and the
-    others are returned as skipped."""
+    """Set ``names`` to ``precision``; INT8 is applied only to eligible layers, FP16/INT8 not to
+    layers inside control flow; the others are returned as skipped."""
     if precision not in PRECISIONS:
         raise MixprecError(f"unknown precision {precision!r}", "use fp32, fp16 or int8")
     eligible = {l.name for l in layers if l.eligible}
     names = list(names)
-    skipped = [n for n in names if precision == "int8" and n not in eligible]
+    fixed = {l.name for l in layers if l.subgraph is not None}  # inside control flow: always fp32
+    skipped = [n for n in names if (precision == "int8" and n not in eligible) or (precision != "fp32" and n in fixed)]
     return policy.with_layers({n: precision for n in names if n not in skipped}), skipped
 
 

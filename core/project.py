@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 from .data import Dataset, check_dataset, generate_dataset, load_npz
 from .errors import MixprecError
 from .inventory import Layer, build_inventory, inventory_frame
-from .model import LoadedModel, load_model, resolve_input_shapes
+from .model import LoadedModel, load_model
 from .policy import CalibrationSettings, Policy, default_policy
 from .samples import materialize_sample
+from .shapes import DimChoice, model_batch, shape_choices, shape_text, shapes_of
 from .workspace import Workspace
 
 
@@ -21,6 +22,17 @@ class Project:
     eval_data: Dataset
     input_shapes: dict[str, tuple[int, ...]]
     ws: Workspace = field(default_factory=Workspace.default)
+    shape_choices: list[DimChoice] = field(default_factory=list)  # every input dim: value and source
+
+    @property
+    def data_generated(self) -> bool:
+        """Whether the calibration or evaluation data was generated (not the user's or the sample's)."""
+        return bool(self.calib_data.generated or self.eval_data.generated)
+
+    @property
+    def batch(self) -> int:
+        """The batch the model is built and timed at (the value at its inputs' batch axis)."""
+        return model_batch(self.model, self.input_shapes)
 
     def default_policy(self, network_default: str = "fp32", method: str = "minmax") -> Policy:
         settings = CalibrationSettings(method=method, num_samples=self.calib_data.num_samples,
@@ -32,7 +44,9 @@ class Project:
 
     @property
     def eligible_macs(self) -> int:
-        return sum(l.macs for l in self.layers if l.eligible)
+        """The MACs of every MAC-bearing layer (the denominator of the INT8 share of MACs): the
+        INT8-eligible ones and those that cannot be INT8 (LSTM, GRU, Einsum, Attention, control flow)."""
+        return sum(l.macs for l in self.layers)
 
 
 def _as_dataset(source, model: LoadedModel) -> Dataset:
@@ -42,9 +56,33 @@ def _as_dataset(source, model: LoadedModel) -> Dataset:
     return load_npz(source, model)
 
 
+def _holdout(calib: Dataset) -> tuple[Dataset, Dataset]:
+    """(calibration, evaluation): the last quarter of ``calib`` held out (whole fixed batches)."""
+    n, step = calib.num_samples, calib.fixed_batch or 1
+    held = max(step, (n // 4) // step * step)
+    if n - held < step or n < 4:
+        need = max(4, 2 * step)
+        raise MixprecError(f"{calib.source} has {n} samples: too few to hold some out for evaluation",
+                           f"give at least {need} samples, or a separate evaluation .npz (--eval)")
+    return calib.slice(0, n - held), calib.slice(n - held)
+
+
+def _check_fits(ds: Dataset, choices: list[DimChoice], shapes: dict[str, tuple[int, ...]]) -> None:
+    """The data must have the user's given dims (other dims may vary between data sets, e.g. the
+    sequence length of the calibration and the evaluation data)."""
+    bad = [f"{c.input}: axis {c.axis} is {ds.arrays[c.input].shape[c.axis]}, the shape is {shape_text(shapes[c.input])}"
+           for c in choices if c.source == "given" and c.input in ds.arrays and c.axis != ds.axis(c.input)
+           and ds.arrays[c.input].ndim == len(shapes[c.input]) and ds.arrays[c.input].shape[c.axis] != c.value]
+    if bad:
+        raise MixprecError(f"the data in {ds.source} does not have the input shapes given",
+                           "give --shape/--dim values that match the data, or data of that shape", details=bad)
+
+
 def open_project(model_spec, data=None, eval_data=None, ws: Workspace | None = None, batch: int = 1,
-                 shape_overrides: dict[str, int] | None = None, progress=None) -> Project:
-    """Load a model (path or ``sample:NAME``) with its data.
+                 shape_overrides: dict[str, int] | None = None, shapes: dict | None = None,
+                 progress=None) -> Project:
+    """Load a model (path or ``sample:NAME``) with its data, at the input shapes given
+    (``shapes``: whole inputs, ``shape_overrides``: named dims, ``batch``; see ``core.shapes``).
 
     Calibration data: ``data`` (a .npz path/bytes or Dataset), else the sample's calib.npz,
     else generated data. Evaluation data: ``eval_data``, else the sample's eval.npz, else the
@@ -59,17 +97,17 @@ def open_project(model_spec, data=None, eval_data=None, ws: Workspace | None = N
     calib = _as_dataset(data, model) if data is not None else None
     evald = _as_dataset(eval_data, model) if eval_data is not None else None
     if calib is not None and evald is None:
-        n = calib.num_samples
-        if n < 4:
-            raise MixprecError(f"{calib.source} has {n} samples: too few to hold some out for evaluation",
-                               "give at least 4 samples, or a separate evaluation .npz (--eval)")
-        cut = n - max(1, n // 4)
-        evald, calib = calib.slice(cut), calib.slice(0, cut)
-    shapes = resolve_input_shapes(model, calib.arrays if calib else None, batch, shape_overrides)
+        calib, evald = _holdout(calib)
+    given = calib or evald
+    choices = shape_choices(model, given.arrays if given else None, batch, shape_overrides, shapes)
+    input_shapes = shapes_of(model, choices)
+    for ds in (calib, evald):
+        if ds is not None:
+            _check_fits(ds, choices, input_shapes)
+    b = model_batch(model, input_shapes)
     if calib is None:
-        calib = generate_dataset(model, 32, seed=0, shapes=shapes)
+        calib = generate_dataset(model, max(32, b), seed=0, shapes=input_shapes)
     if evald is None:
-        evald = generate_dataset(model, 16, seed=1, shapes=shapes)
-    layers = build_inventory(model, calib.arrays)
-    return Project(model, layers, calib, evald, shapes, ws)
-
+        evald = generate_dataset(model, max(16, 2 * b), seed=1, shapes=input_shapes)  # two batches: dev + held-out
+    layers = build_inventory(model, calib.arrays, input_shapes)
+    return Project(model, layers, calib, evald, input_shapes, ws, choices)

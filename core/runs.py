@@ -1,6 +1,11 @@
 """Build a policy and measure it: latency (interleaved against FP32), per-layer time,
 reformat overhead and quality on held-out data. Each run lives in ``runs/<id>/`` with its
-policy, metrics, per-layer table, compiled model and the backend's engine artifact."""
+policy, metrics, per-layer table, compiled model and the backend's engine artifact.
+
+No silent quality loss: a run whose ``cosine_mean`` falls below ``warn_below`` carries a warning
+that names the worst INT8 layers of a ranking the caller passes (the cached cumulative ranking,
+or the search's isolated one), or says how to compute one. A run on generated evaluation data
+says so (``data_generated``)."""
 from __future__ import annotations
 
 import json
@@ -8,7 +13,7 @@ import os
 import shutil
 import time
 import uuid
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import ClassVar
@@ -25,6 +30,7 @@ from .policy import Policy
 from .project import Project
 from .records import check_format
 from .reports import ReformatSummary, reformat_summary
+from .sensitivity import Ranking, Sensitivity
 from .workspace import Workspace, atomic_write_json, atomic_write_text
 
 RUN_COLUMNS = [
@@ -32,8 +38,10 @@ RUN_COLUMNS = [
     "latency_median_ms", "latency_p95_ms", "fp32_median_ms", "speedup",
     "reformat_count", "reformat_ms", "reformat_pct",
     "cosine_mean", "cosine_min", "snr_db", "max_abs", "top1_agreement", "knn5_overlap",
-    "n_fp32", "n_fp16", "n_int8", "int8_mac_fraction", "build_seconds",
+    "n_fp32", "n_fp16", "n_int8", "int8_mac_fraction", "build_seconds", "data_generated", "warnings",
 ]
+WARN_BELOW = 0.98  # default threshold of the quality warning (cosine_mean)
+GENERATED_NOTE = "on generated data"  # said next to every quality number computed on generated data
 # the files of a run directory runs/<id>/ (the compiled model and engine artifacts are the backend's)
 POLICY_FILE, METRICS_FILE, PER_LAYER_FILE = "policy.json", "metrics.json", "per_layer.csv"
 
@@ -43,7 +51,8 @@ class RunResult:
     """One build and its measurements. ``to_json()`` is the run's document (``metrics.json``
     is it without ``per_layer``, which is stored beside it as ``per_layer.csv``)."""
 
-    FORMAT_VERSION: ClassVar[int] = 2  # 2: "kind"; 1 (no kind, else the same) is read by from_json
+    # 3: "warnings", "data_generated", "input_shapes"; 2: "kind"; 1 (no kind). Older ones are migrated by from_json.
+    FORMAT_VERSION: ClassVar[int] = 3
     KIND: ClassVar[str] = "run"
 
     run_id: str
@@ -64,6 +73,14 @@ class RunResult:
     calibration_method: str
     calibration_cache_hit: bool | None
     per_layer: pd.DataFrame
+    warnings: list[str] = field(default_factory=list)  # e.g. quality below the warning threshold
+    data_generated: bool = False  # the evaluation data was generated: the quality numbers say so
+    input_shapes: dict[str, list[int]] = field(default_factory=dict)  # the shapes it was built and measured at
+
+    @property
+    def quality_note(self) -> str:
+        """What to say next to this run's quality numbers ("" on real data)."""
+        return GENERATED_NOTE if self.data_generated else ""
 
     def to_json(self) -> dict:
         q = asdict(self.quality)
@@ -84,16 +101,17 @@ class RunResult:
             "int8_mac_fraction": self.int8_mac_fraction,
             "build_seconds": self.build_seconds,
             "calibration": {"method": self.calibration_method, "cache_hit": self.calibration_cache_hit},
+            "warnings": list(self.warnings), "data_generated": self.data_generated,
+            "input_shapes": {k: list(v) for k, v in self.input_shapes.items()},
             "per_layer": self.per_layer.to_dict(orient="records"),
         }
 
     @classmethod
     def from_json(cls, doc: dict) -> "RunResult":
         """The run of a :meth:`to_json` document; ``per_layer`` is optional (an empty
-        PER_LAYER_COLUMNS table without it). A format-1 document (before ``kind``) is read as
-        the same fields; anything else that is not a run of this format is a MixprecError."""
-        if isinstance(doc, dict) and "kind" not in doc and doc.get("format_version") == 1:
-            doc = {**doc, "kind": cls.KIND, "format_version": cls.FORMAT_VERSION}  # migration 1 -> 2
+        PER_LAYER_COLUMNS table without it). Older formats are migrated (:func:`_migrate`);
+        anything else that is not a run of this format is a MixprecError."""
+        doc = _migrate(doc, cls.KIND)
         check_format(doc, cls.KIND, cls.FORMAT_VERSION, "run")
         try:
             lat, q, rf = doc["latency_ms"], dict(doc["quality"]), doc["reformat"]
@@ -112,7 +130,9 @@ class RunResult:
                 precision_counts=dict(doc["precision_counts"]), int8_mac_fraction=doc["int8_mac_fraction"],
                 build_seconds=doc["build_seconds"], calibration_method=doc["calibration"]["method"],
                 calibration_cache_hit=doc["calibration"]["cache_hit"],
-                per_layer=pd.DataFrame(rows or [], columns=PER_LAYER_COLUMNS))
+                per_layer=pd.DataFrame(rows or [], columns=PER_LAYER_COLUMNS),
+                warnings=[str(w) for w in doc["warnings"]], data_generated=bool(doc["data_generated"]),
+                input_shapes={k: [int(d) for d in v] for k, v in doc["input_shapes"].items()})
         except (KeyError, TypeError) as e:
             raise MixprecError(f"the stored run {doc.get('run_id', '?')} lacks the field {e}",
                                "delete the run and build the policy again") from e
@@ -129,23 +149,82 @@ class RunResult:
                "snr_db": None if q.snr_db == float("inf") else q.snr_db, "max_abs": q.max_abs,
                "top1_agreement": q.top1_agreement, "knn5_overlap": q.knn5_overlap,
                "n_fp32": pc.get("fp32", 0), "n_fp16": pc.get("fp16", 0), "n_int8": pc.get("int8", 0),
-               "int8_mac_fraction": self.int8_mac_fraction, "build_seconds": self.build_seconds}
+               "int8_mac_fraction": self.int8_mac_fraction, "build_seconds": self.build_seconds,
+               "data_generated": self.data_generated, "warnings": " ".join(self.warnings)}
         return {c: row[c] for c in RUN_COLUMNS}
 
 
+def _migrate(doc, kind: str):
+    """A run document of an older format as the current one: format 1 had no ``kind``; formats 1
+    and 2 had no ``warnings`` (none were given), ``data_generated`` (not known: False) and
+    ``input_shapes`` (not known: empty)."""
+    if not isinstance(doc, dict):
+        return doc
+    if "kind" not in doc and doc.get("format_version") == 1:
+        doc = {**doc, "kind": kind, "format_version": 2}  # migration 1 -> 2
+    if doc.get("kind") == kind and doc.get("format_version") == 2:  # migration 2 -> 3
+        doc = {"warnings": [], "data_generated": False, "input_shapes": {}, **doc, "format_version": 3}
+    return doc
+
+
+def model_spec(project: Project) -> str:
+    """How the CLI names the project's model: ``sample:NAME`` or its path."""
+    m = project.model
+    return f"sample:{m.sample}" if m.sample else str(m.path)
+
+
+def worst_int8_layers(ranking: Ranking | Sensitivity | None, policy: Policy, top: int = 5) -> list[str]:
+    """The ``top`` most sensitive layers of ``ranking`` that ``policy`` puts in INT8."""
+    if ranking is None:
+        return []
+    return [n for n in ranking.table["name"] if policy.layers.get(n) == "int8"][:top]
+
+
+def _ranking_name(ranking: Ranking | Sensitivity) -> str:
+    if isinstance(ranking, Sensitivity):
+        return f"the {ranking.mode} ranking ({ranking.method})"
+    return f"the cached cumulative ranking ({ranking.method})"
+
+
+def quality_warnings(project: Project, policy: Policy, q: Quality, warn_below: float = WARN_BELOW,
+                     ranking: Ranking | Sensitivity | None = None, generated: bool = False) -> list[str]:
+    """The warnings of a run of ``policy`` with quality ``q``: none unless ``q.cosine_mean`` is
+    below ``warn_below``; then one naming the worst INT8 layers of ``ranking``, or, without one,
+    saying how to compute it."""
+    cos = q.cosine_mean
+    if cos is None or not cos < warn_below:  # NaN (no cosine) never warns
+        return []
+    head = f"cosine_mean {cos:.4f} is below {warn_below:g}" + (f" ({GENERATED_NOTE})" if generated else "")
+    worst = worst_int8_layers(ranking, policy)
+    if worst:
+        return [f"{head}: the worst INT8 layers in {_ranking_name(ranking)} are {', '.join(worst)}. Set them to "
+                "FP16 (Precision page, or a policy JSON) or search under a budget (`python -m core search`)."]
+    return [f"{head}: run the ranking (`python -m core rank {model_spec(project)}`, or the Sensitivity page) to "
+            "see which layers lose it, or search under a budget (`python -m core search`)."]
+
+
+def is_generated(data) -> bool:
+    """Whether a Dataset (or a slice of one) was generated rather than given."""
+    return bool(data.generated)
+
+
 def int8_mac_fraction(project: Project, policy: Policy) -> float:
+    """The INT8 share of all MACs (eligible or not; see ``Project.eligible_macs``)."""
     total = project.eligible_macs
-    int8 = sum(l.macs for l in project.layers if policy.layers.get(l.name) == "int8")
+    int8 = sum(l.macs for l in project.layers if l.eligible and policy.layers.get(l.name) == "int8")
     return int8 / total if total else 0.0
 
 
 def build_and_measure(project: Project, policy: Policy, backend: str = "auto", label: str = "",
                       progress=None, warmup: int = 3, iterations: int = 30,
                       profile_iterations: int = 5, onnx_bytes: bytes | None = None,
-                      trt_options: dict | None = None) -> RunResult:
+                      trt_options: dict | None = None, warn_below: float = WARN_BELOW,
+                      ranking: Ranking | Sensitivity | None = None) -> RunResult:
     """Compile, build, evaluate, time and profile one policy; store the run atomically.
     ``onnx_bytes`` measures an ONNX made elsewhere (e.g. by ORT's quantize_static) instead of
-    compiling ``policy``, which then only describes it (precision counts, MAC share)."""
+    compiling ``policy``, which then only describes it (precision counts, MAC share).
+    Below ``warn_below`` (cosine_mean) the run carries a warning (:func:`quality_warnings`)
+    naming the worst INT8 layers of ``ranking`` (e.g. ``core.store.load_ranking``), if given."""
     step = progress or (lambda f, t: None)
     be, reason = select_backend(backend, **(trt_options or {}))
     ws = project.ws
@@ -175,6 +254,7 @@ def build_and_measure(project: Project, policy: Policy, backend: str = "auto", l
         lat = be.time_interleaved(engine, reference, feed, warmup, iterations)
         step(0.85, "profiling per layer")
         per_layer = be.profile(engine, feed, profile_iterations, project.layers, policy)
+        generated = is_generated(project.eval_data)
         result = RunResult(
             run_id=run_id, run_dir=run_dir(ws, run_id), created=time.time(), label=label or _auto_label(policy),
             model_name=project.model.name, model_sha256=project.model.sha256, backend=be.name,
@@ -182,6 +262,9 @@ def build_and_measure(project: Project, policy: Policy, backend: str = "auto", l
             quality=q, precision_counts=policy.precision_counts(), int8_mac_fraction=int8_mac_fraction(project, policy),
             build_seconds=build_seconds, calibration_method=policy.calibration.method,
             calibration_cache_hit=calib.cache_hit if calib else None, per_layer=per_layer,
+            warnings=quality_warnings(project, policy, q, warn_below, ranking, generated),
+            data_generated=generated,
+            input_shapes={k: [int(d) for d in v] for k, v in project.input_shapes.items()},
         )
         _write_run(tmp_dir, result, policy)
         os.replace(tmp_dir, result.run_dir)

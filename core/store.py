@@ -27,7 +27,7 @@ from .sensitivity import Ranking, Sensitivity
 from .workspace import Workspace, atomic_write_bytes, atomic_write_json, sha256_bytes
 
 __all__ = ["ranking_key", "project_ranking_key", "ranking_path", "save_ranking", "load_ranking", "save_sensitivity",
-           "load_sensitivity", "search_path", "save_search", "load_search", "run_dir", "list_runs", "load_run",
+           "load_sensitivity", "cached_ranking", "search_path", "save_search", "load_search", "run_dir", "list_runs", "load_run",
            "load_run_per_layer", "run_policy", "last_built_policy", "store_upload", "RunResult"]
 
 
@@ -93,6 +93,15 @@ def load_ranking(ws: Workspace, project: Project, method: str = "minmax") -> Ran
         _legacy_csv(path, "ranking")
         return None
     return Ranking.from_json(doc)
+
+
+def cached_ranking(project: Project, method: str = "minmax") -> Ranking | None:
+    """The stored cumulative ranking a run's quality warning names layers from; None when there is
+    none or it cannot be read (a warning is no place to fail)."""
+    try:
+        return load_ranking(project.ws, project, method)
+    except MixprecError:
+        return None
 
 
 def save_sensitivity(ws: Workspace, project: Project, sens: Sensitivity) -> Path:

@@ -140,7 +140,9 @@ def test_search_under_budget_pareto_and_use_this_policy(ws):
     assert job.kind == "search" and job.params["budget"] == "cosine_mean>=0.99" and job.params["smooth"] is False
     at.run()
     ok(at)
-    assert "meets cosine_mean>=0.99" in at.success[0].value and "held-out half" in at.success[0].value
+    from ui.common import md
+
+    assert md("meets cosine_mean>=0.99") in at.success[0].value and "held-out half" in at.success[0].value
     (chart,) = at.get("plotly_chart")
     names = [t["name"] for t in json.loads(chart.proto.spec)["data"]]
     assert names[:2] == ["other candidates", "Pareto front"]
@@ -268,3 +270,86 @@ def test_user_text_is_literal_in_markdown():
     assert md("a_b*c :red[x] $y$ <b>") == r"a\_b\*c \:red\[x\] \$y\$ \<b\>"
     assert md("sample:tiny-cnn") == r"sample\:tiny-cnn"
     assert code("/tmp/x_y.onnx") == "`/tmp/x_y.onnx`" and code("a`b") == "``a`b``" and code("`a") == "`` `a ``"
+
+
+def dynamic_cnn(path: Path, opset: int = 17) -> Path:
+    """A tiny CNN whose input is ``[N, 3, H, W]`` with symbolic N, H and W."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.zeros(8, np.float32), "b"),
+             numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "fw")]
+    nodes = [helper.make_node("Conv", ["images", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("GlobalAveragePool", ["r"], ["g"], name="gap"),
+             helper.make_node("Flatten", ["g"], ["f"], name="flat"),
+             helper.make_node("MatMul", ["f", "fw"], ["logits"], name="head")]
+    graph = helper.make_graph(nodes, "dyn", [helper.make_tensor_value_info("images", TensorProto.FLOAT,
+                                                                           ["N", 3, "H", "W"])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 4])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), path)
+    return path
+
+
+def test_model_page_shape_editor_and_generated_data(ws, tmp_path):
+    """The Model page lists every dynamic dim with its value and source (guesses marked), Apply
+    reopens the project at the edited shapes (kept in the session and the URL), and every job
+    started from then on carries them; the data is said to be generated."""
+    model = str(dynamic_cnn(tmp_path / "dyn.onnx"))
+    at = ok(page("model", model=model))
+    keys = {n.label: n.key for n in at.number_input}
+    assert [n.value for n in at.number_input] == [1, 224, 224] and len(keys) == 3
+    assert sum("guessed: 224 — set it" in c.value.replace("\\", "") for c in at.caption) == 2
+    assert any("calibration and evaluation data is generated" in i.value for i in at.info)
+    origin = next(d.value for d in at.dataframe if "origin" in d.value.columns)
+    assert origin["origin"].tolist() == ["generated", "generated"]
+    assert any("Nothing changed" in c.value for c in at.caption)
+    h, w = (next(k for label, k in keys.items() if label.endswith(f"· {axis}")) for axis in "HW")
+    at.number_input(key=h).set_value(320)
+    at.number_input(key=w).set_value(320)
+    at.button(key="apply_shapes").click().run()
+    ok(at)
+    assert at.session_state["source"]["shapes"] == {"images": [1, 3, 320, 320]}
+    assert json.loads(at.query_params["shapes"]) == {"images": [1, 3, 320, 320]}
+    io = next(d.value for d in at.dataframe if "resolved shape" in d.value.columns)
+    assert io["resolved shape"].iloc[0] == "(1, 3, 320, 320)"
+    assert sum("set by you" in c.value for c in at.caption) == 3 and [n.value for n in at.number_input] == [1, 320, 320]
+    at.switch_page("views/precision.py").run()
+    at.button(key="rebuild").click().run()
+    (job,) = wait_all(ws)
+    assert job.params["shapes"] == {"images": [1, 3, 320, 320]}
+    res = ok(page("build_and_results", model=model, state={"source": dict(at.session_state["source"])}))
+    cosine = next(m for m in res.metric if m.label == "Cosine (mean)")
+    assert "on generated data" in cosine.delta
+    assert any("images=1x3x320x320" in c.value.replace("\\", "") and "on generated data" in c.value
+               for c in res.caption)
+    reloaded = AppTest.from_file(APP, default_timeout=120)  # a reload keeps the shapes (URL)
+    reloaded.query_params.update({"model": model, "shapes": at.query_params["shapes"]})
+    reloaded.run()
+    ok(reloaded.switch_page("views/model.py").run())
+    assert [n.value for n in reloaded.number_input] == [1, 320, 320]
+    reloaded.button(key="reset_shapes").click().run()
+    ok(reloaded)
+    assert reloaded.session_state["source"]["shapes"] is None and "shapes" not in reloaded.query_params
+    assert [n.value for n in reloaded.number_input] == [1, 224, 224]
+
+
+def test_model_page_shows_normalisation_steps(ws, tmp_path):
+    model = str(dynamic_cnn(tmp_path / "old.onnx", opset=11))
+    at = ok(page("model", model=model))
+    steps = next(d.value for d in at.dataframe if list(d.value.columns) == ["step", "detail"])
+    assert len(steps) >= 1 and steps["detail"].str.contains("13").any()
+    assert any("step(s) made the model fit" in c.value and "Opset 11 → 13" in c.value for c in at.caption)
+
+
+def test_results_page_shows_the_quality_warning(ws):
+    from core.project import open_project
+    from core.runs import build_and_measure
+
+    p = open_project("sample:tiny-cnn", ws=ws)
+    r = build_and_measure(p, p.default_policy(), iterations=3, profile_iterations=1, warn_below=1.01)
+    assert r.warnings
+    at = ok(page("build_and_results"))
+    assert at.warning and "is below 1.01" in at.warning[0].value and "Sensitivity page" in at.warning[0].value

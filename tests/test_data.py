@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.data import generate_dataset, load_npz
+from core.data import Dataset, generate_dataset, load_npz
 from core.errors import MixprecError
 
 
@@ -62,4 +62,33 @@ def test_labels_are_kept_apart_and_checked(tmp_path, tiny_cnn):
     assert ds.slice(1, 3).labels.tolist() == [2, 3] and ds.slice(1, 3).num_samples == 2
     np.savez(p, image=np.zeros((4, 3, 32, 32), np.float32), labels=np.array([1, 2]))
     with pytest.raises(MixprecError, match="2 labels for 4 samples"):
+        load_npz(p, tiny_cnn.model)
+
+
+def test_batches_follow_each_inputs_batch_axis():
+    ds = Dataset({"x": np.arange(24.0).reshape(6, 4), "state": np.zeros((2, 6, 4)), "sr": np.array(16000)},
+                 "t", labels=np.arange(6), batch_axes={"x": 0, "state": 1, "sr": None})
+    assert ds.num_samples == 6 and not ds.generated
+    feeds = ds.batches(3)
+    assert len(feeds) == 2 and feeds[1]["x"][0, 0] == 12 and feeds[1]["state"].shape == (2, 3, 4)
+    assert feeds[0]["sr"] == 16000  # no batch axis: passed whole
+    part = ds.slice(4)
+    assert part.num_samples == 2 and part.labels.tolist() == [4, 5] and part.batch_axes == ds.batch_axes
+    whole = Dataset({"sr": np.array(1)}, "t", batch_axes={"sr": None})
+    assert whole.num_samples == 1 and len(whole.batches(16)) == 1
+    fixed = Dataset({"x": np.zeros((70, 2))}, "t", fixed_batch=32)
+    assert [f["x"].shape for f in fixed.batches(1)] == [(32, 2), (32, 2)]
+
+
+def test_generated_flags(tiny_cnn, tiny_transformer):
+    assert generate_dataset(tiny_cnn.model, 4).generated
+    assert not tiny_cnn.data_generated and not tiny_cnn.calib_data.generated  # the sample's bundled data
+    ds = generate_dataset(tiny_transformer.model, 4, shapes=tiny_transformer.input_shapes)
+    assert (ds.arrays["attention_mask"] == 1).all() and ds.arrays["input_ids"].max() > 1
+
+
+def test_npz_samples_along_the_batch_axis_in_the_fix(tmp_path, tiny_cnn):
+    p = tmp_path / "bad.npz"
+    np.savez(p, image=np.zeros((4, 3, 16, 32), np.float32))
+    with pytest.raises(MixprecError, match="Fix: save one array per input, keyed by input name, samples along axis 0"):
         load_npz(p, tiny_cnn.model)

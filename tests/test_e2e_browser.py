@@ -2,7 +2,8 @@
 
 MiniLM: load, rank, set one FFN down-projection to FP16, rebuild, see the run and its cosine in the
 results. Screenshots (1400×900, light theme) of every page go to the test's tmp folder and, with
-MIXPREC_SCREENSHOTS=docs/screenshots, there too. Then four sessions build at once on tiny-cnn."""
+MIXPREC_SCREENSHOTS=docs/screenshots, there too. Then four sessions build at once on tiny-cnn, and a
+model with dynamic spatial dims is built at the 320×320 set in the Model page's shape editor."""
 from __future__ import annotations
 
 import os
@@ -253,4 +254,75 @@ def test_isolated_ranking_search_and_use_this_policy(server, browser, tmp_path):
     _shot(page, tmp_path, "7-search-pareto")
     jobs = JobManager.for_workspace(ws).jobs()
     assert {j.kind for j in jobs} == {"rank", "isolated", "search"} and all(j.status == "done" for j in jobs)
+    page.context.close()
+
+
+def _dynamic_cnn(path: Path) -> Path:
+    """A tiny CNN with input ``[N, 3, H, W]`` (N, H and W symbolic), saved at ``path``."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.zeros(8, np.float32), "b"),
+             numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "fw")]
+    nodes = [helper.make_node("Conv", ["images", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("GlobalAveragePool", ["r"], ["g"], name="gap"),
+             helper.make_node("Flatten", ["g"], ["f"], name="flat"),
+             helper.make_node("MatMul", ["f", "fw"], ["logits"], name="head")]
+    graph = helper.make_graph(nodes, "dyn", [helper.make_tensor_value_info("images", TensorProto.FLOAT,
+                                                                           ["N", 3, "H", "W"])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 4])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_shape_editor_320_is_used_in_the_build(server, browser, tmp_path):
+    """Issue 10: load a model with dynamic spatial dims by path, see the guessed 224 marked as a
+    guess, set 320×320 in the shape editor, rebuild, and see the build measured at 1x3x320x320
+    (the run's input shapes on the Results page, trtexec's --optShapes on the Export page)."""
+    url, ws = server
+    model = _dynamic_cnn(tmp_path / "dyn.onnx")
+    page = _new_page(browser, url)
+    _idle(page)
+    _goto(page, "Model")
+    page.get_by_text("Path on the server").click()
+    _idle(page)
+    page.get_by_label("Path of an .onnx file on the server").fill(str(model))
+    page.get_by_role("button", name="Load").click()
+    page.get_by_role("heading", name="Input shapes").wait_for(timeout=120_000)
+    _idle(page)
+    assert page.get_by_text("guessed: 224 — set it").count() == 2
+    assert page.get_by_text("data is generated").first.is_visible()
+    for axis in "HW":
+        box = page.get_by_label(f"images · axis {2 if axis == 'H' else 3} · {axis}", exact=True)
+        box.fill("320")
+        box.press("Tab")
+    page.get_by_role("button", name="Apply shapes").click()
+    page.get_by_text("Input shapes: images=1x3x320x320").first.wait_for(timeout=60_000)
+    _idle(page)
+    assert page.get_by_text("1x3x320x320", exact=True).first.is_visible()  # the editor's "now" shape
+    assert "320" in page.url and "shapes" in page.url  # kept in the URL: a reload keeps it
+    _shot(page, tmp_path, "8-shape-editor")
+
+    _goto(page, "Precision")
+    page.get_by_role("button", name="Rebuild").click()
+    page.get_by_text("Your builds").wait_for()
+    _idle(page)
+    _goto(page, "Build and results")
+    deadline = time.monotonic() + 300
+    while not page.get_by_text("input shapes images=1x3x320x320").count():
+        job = JobManager.for_workspace(ws).jobs(kind="build")[0]
+        assert job.status in ("queued", "running", "done") and time.monotonic() < deadline, job
+        page.wait_for_timeout(1000)
+    (job,) = JobManager.for_workspace(ws).jobs(kind="build")
+    assert job.status == "done" and job.params["shapes"] == {"images": [1, 3, 320, 320]}
+    metric = page.get_by_test_id("stMetric").filter(has_text="Cosine (mean)")
+    assert "on generated data" in metric.inner_text()
+    _shot(page, tmp_path, "9-results-at-320")
+
+    _goto(page, "Export")
+    page.get_by_text("--optShapes=images:1x3x320x320").first.wait_for(timeout=30_000)
     page.context.close()

@@ -7,7 +7,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from core.errors import MixprecError
-from core.model import load_model, resolve_input_shapes
+from core.model import load_model
+from core.shapes import resolve_input_shapes
 
 
 def _tiny_matmul(path, external: str | None = None, int_output=False):
@@ -118,3 +119,34 @@ def test_sample_spec_and_shapes(ws, minilm):
     assert minilm.input_shapes["input_ids"] == (1, seq)
     over = resolve_input_shapes(m, None, batch=4, overrides={m.inputs[0].shape[1]: 32})
     assert over["attention_mask"] == (4, 32)
+
+
+def test_samples_need_no_normalisation(minilm, tiny_cnn, tiny_transformer):
+    """Current exports are left as they are: no step, the file's own opset, nothing folded
+    (MiniLM's 138 Constant nodes feed shapes, not weights)."""
+    for p in (minilm, tiny_cnn, tiny_transformer):
+        m = p.model
+        assert m.normalization == [] and m.original_opset == m.opset == 17
+    raw = onnx.load(str(minilm.model.path))
+    assert len(minilm.model.nodes) == len(raw.graph.node)
+
+
+def test_loaded_model_is_the_normalised_one(tmp_path):
+    """``proto`` (what every runtime gets) is normalised; ``sha256``/``size_bytes`` stay those of
+    the user's file."""
+    import hashlib
+
+    w = numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(3, 4), "w")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3]),
+                           helper.make_tensor_value_info("w", TensorProto.FLOAT, [3, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [w])
+    p = tmp_path / "old.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 8)], ir_version=3), p)
+    m = load_model(p)
+    assert [s.step for s in m.normalization] == ["ir_initializer_inputs", "upgrade_opset"]
+    assert m.original_opset == 8 and m.opset == 13 and [i.name for i in m.inputs] == ["x"]
+    again = onnx.load_model_from_string(m.serialized())
+    assert again.ir_version >= 7 and [i.name for i in again.graph.input] == ["x"]
+    data = p.read_bytes()
+    assert m.sha256 == hashlib.sha256(data).hexdigest() and m.size_bytes == len(data)

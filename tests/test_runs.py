@@ -13,7 +13,8 @@ from core.backends.base import PER_LAYER_COLUMNS
 from core.errors import MixprecError
 from core.metrics import Quality
 from core.reports import ReformatSummary
-from core.runs import RUN_COLUMNS, RunResult, build_and_measure
+from core.runs import GENERATED_NOTE, RUN_COLUMNS, RunResult, build_and_measure, quality_warnings
+from core.sensitivity import RANK_COLUMNS, Ranking
 from core.store import list_runs, load_run, load_run_per_layer
 from core.workspace import Workspace, atomic_write_json, atomic_write_text
 
@@ -99,7 +100,7 @@ def test_minilm_ffn_down_with_int8_outputs_reproduces_the_seed(minilm):
     assert cosine(base, False) - default_out > 0.1  # mixprec's placement: 0.981
 
 
-def _run(snr=float("inf"), per_layer=True) -> RunResult:
+def _run(snr=float("inf"), per_layer=True, new_fields=True) -> RunResult:
     rows = [("/a/MatMul", "MatMul", "/a/MatMul", "int8", 0.5, 50.0, False), ("cast", "Cast", "", "fp16", 0.5, 50.0, True)]
     return RunResult(
         run_id="20250101-000000-abcdef", run_dir=Path("/nowhere/runs/20250101-000000-abcdef"), created=1.5e9,
@@ -108,7 +109,9 @@ def _run(snr=float("inf"), per_layer=True) -> RunResult:
         reformat=ReformatSummary(1, 0.5, 50.0, 1.0), quality=Quality(0.99, 0.95, snr, 0.1, 0.9, None, 8),
         precision_counts={"fp32": 1, "fp16": 2, "int8": 3}, int8_mac_fraction=0.75, build_seconds=3.0,
         calibration_method="minmax", calibration_cache_hit=True,
-        per_layer=pd.DataFrame(rows if per_layer else [], columns=PER_LAYER_COLUMNS))
+        per_layer=pd.DataFrame(rows if per_layer else [], columns=PER_LAYER_COLUMNS),
+        **(dict(warnings=["cosine_mean 0.9000 is below 0.98: …"], data_generated=True,
+                input_shapes={"x": [1, 3, 320, 320]}) if new_fields else {}))
 
 
 def _same_run(a: RunResult, b: RunResult):
@@ -132,8 +135,14 @@ def test_run_round_trips_through_its_record():
 
 def test_run_records_of_an_older_or_foreign_format(tmp_path):
     doc = {k: v for k, v in _run().to_json().items() if k != "per_layer"}  # as in metrics.json
-    v1 = {k: v for k, v in doc.items() if k != "kind"} | {"format_version": 1}  # mixprec before run records
-    _same_run(RunResult.from_json(v1), _run(per_layer=False))
+    v2 = {k: v for k, v in doc.items() if k not in ("warnings", "data_generated", "input_shapes")} \
+        | {"format_version": 2}  # before quality warnings
+    v1 = {k: v for k, v in v2.items() if k != "kind"} | {"format_version": 1}  # mixprec before run records
+    old = _run(per_layer=False, new_fields=False)
+    assert old.warnings == [] and old.data_generated is False and old.input_shapes == {}
+    _same_run(RunResult.from_json(v2), old)
+    _same_run(RunResult.from_json(v1), old)
+    assert RunResult.from_json(v2).to_json()["format_version"] == RunResult.FORMAT_VERSION == 3
     with pytest.raises(MixprecError, match="newer than this mixprec reads"):
         RunResult.from_json(doc | {"format_version": 99})
     with pytest.raises(MixprecError, match="not a mixprec run document"):
@@ -151,3 +160,65 @@ def test_run_records_of_an_older_or_foreign_format(tmp_path):
     assert load_run(ws, "new").run_dir == ws.runs / "new" and load_run(ws, "new").per_layer.empty
     with pytest.raises(MixprecError, match="there is no run 'gone'"):
         load_run(ws, "gone")
+
+
+def _ranking(names: list[str]) -> Ranking:
+    rows = [(i + 1, n, "Conv", "int8", True, 1, 0.9, 0.1, 0.1, 20.0, 0.1) for i, n in enumerate(names)]
+    return Ranking(pd.DataFrame(rows, columns=RANK_COLUMNS), "cos_drop", 4, 1.0, None)
+
+
+def test_quality_warning_below_the_threshold(tiny_cnn):
+    """No silent quality loss: below ``warn_below`` the run warns, naming the worst INT8 layers of
+    the ranking it is given (most sensitive first, only those the policy puts in INT8), or offering
+    to compute one; at or above it there is no warning."""
+    pol = tiny_cnn.default_policy()
+    int8 = [n for n, p in pol.layers.items() if p == "int8"]
+    pol = pol.with_layers({int8[0]: "fp16"})  # not INT8 in this policy: never named
+    q = Quality(0.41, 0.2, 3.0, 1.0, 0.5, None, 8)
+    ranked = _ranking([int8[0], int8[2], "/no/such/layer", int8[1]])
+    (w,) = quality_warnings(tiny_cnn, pol, q, 0.98, ranked)
+    assert w.startswith("cosine_mean 0.4100 is below 0.98: the worst INT8 layers in the cached cumulative ranking")
+    assert f"are {int8[2]}, {int8[1]}." in w and int8[0] not in w
+    (offer,) = quality_warnings(tiny_cnn, pol, q, 0.98, None, generated=True)
+    assert f"({GENERATED_NOTE})" in offer and "python -m core rank sample:tiny-cnn" in offer
+    assert "Sensitivity page" in offer
+    assert quality_warnings(tiny_cnn, pol, q, 0.41, ranked) == []  # at the threshold: no warning
+    assert quality_warnings(tiny_cnn, pol, Quality(float("nan"), 0, 0, 0, None, None, 8), 0.98) == []
+
+    r = build_and_measure(tiny_cnn, pol, iterations=3, profile_iterations=1, warn_below=1.01, ranking=ranked)
+    assert len(r.warnings) == 1 and f"are {int8[2]}, {int8[1]}." in r.warnings[0]
+    assert r.data_generated is False and r.input_shapes == {k: list(v) for k, v in tiny_cnn.input_shapes.items()}
+    doc = json.loads((r.run_dir / "metrics.json").read_text())
+    assert doc["warnings"] == r.warnings and doc["data_generated"] is False
+    assert load_run(tiny_cnn.ws, r.run_id).warnings == r.warnings
+    fine = build_and_measure(tiny_cnn, pol, iterations=3, profile_iterations=1)  # tiny-cnn's default: cosine > 0.98
+    assert fine.quality.cosine_mean >= 0.98 and fine.warnings == []
+
+
+def test_cli_build_json_carries_the_warning(ws, tiny_cnn, monkeypatch, capsys):
+    from core.cli import main
+
+    monkeypatch.setenv("MIXPREC_WORKSPACE", str(ws.root))
+    assert main(["build", "sample:tiny-cnn", "--json", "--iterations", "3", "--warn-below", "1.01"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["data_generated"] is False and len(doc["warnings"]) == 1
+    assert doc["warnings"][0].startswith("cosine_mean ") and "below 1.01" in doc["warnings"][0]
+    assert main(["build", "sample:tiny-cnn", "--iterations", "3", "--warn-below", "1.01"]) == 0
+    assert "\nwarning: cosine_mean" in capsys.readouterr().out
+
+
+def test_search_verdict_carries_the_warning_and_says_generated(tiny_cnn, tmp_path):
+    """The search's verdict includes the verifying build's quality warning (naming the worst INT8
+    layers of its isolated ranking); on generated evaluation data it says so."""
+    from dataclasses import replace
+
+    from core.search import SearchConfig, search
+
+    r = search(tiny_cnn, SearchConfig("cosine_mean>=0.5", methods=("minmax",), workers=1, warn_below=1.01))
+    assert r.run is not None and r.run.warnings and f"Warning: {r.run.warnings[0]}" in r.message
+    if r.policy.precision_counts()["int8"]:
+        assert "the worst INT8 layers in the isolated ranking (minmax)" in r.message
+    assert GENERATED_NOTE not in r.message  # the sample's own evaluation data
+    generated = replace(tiny_cnn, eval_data=replace(tiny_cnn.eval_data, generated=True))
+    g = search(generated, SearchConfig("cosine_mean>=0.5", methods=("minmax",), workers=1))
+    assert g.run.data_generated and f"(quality {GENERATED_NOTE}" in g.message and not g.run.warnings

@@ -61,7 +61,8 @@ def _by_name(p: Project) -> None:
 
 def _top_k(p: Project, ranking: pd.DataFrame | None) -> None:
     with st.form("top_k"):
-        k = st.number_input("k", 1, max(1, sum(l.eligible for l in p.layers)), 3, key="bulk_k")
+        n = max(1, sum(l.eligible for l in p.layers))
+        k = st.number_input("k", 1, n, min(3, n), key="bulk_k")  # a model with fewer than 3 eligible layers too
         st.caption("The k most sensitive eligible layers (cosine drop) → FP16." if ranking is not None
                    else "Needs a ranking: run it on the Sensitivity page.")
         if st.form_submit_button("Top-k → FP16", key="apply_topk"):

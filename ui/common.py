@@ -2,6 +2,7 @@
 policy, stored results and the job panel. No logic beyond wiring Streamlit state to core."""
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from core.workspace import Workspace
 
 SAMPLES = ["sample:minilm", "sample:tiny-cnn", "sample:tiny-transformer"]
 DEFAULT_MODEL = SAMPLES[0]
-SOURCE_KEYS = ("model", "data", "eval_data")
+SOURCE_KEYS = ("model", "data", "eval_data")  # and "shapes": the input shapes the user set (Model page)
 _MARKDOWN = re.compile(r"([\\`*_{}\[\]<>()#+!|~$:&^=])")
 
 
@@ -50,33 +51,64 @@ def auto_backend() -> str:
 
 
 # --- the model and data of this session -------------------------------------------------------
+def _shapes_text(shapes: dict | None) -> str:
+    """Input shapes as the URL keeps them (JSON, any input name): ``{"images":[1,3,320,320]}``."""
+    return json.dumps({str(k): [int(d) for d in v] for k, v in shapes.items()}, separators=(",", ":"),
+                      sort_keys=True) if shapes else ""
+
+
+def _shapes_from_text(text: str | None) -> dict[str, list[int]] | None:
+    """The shapes of :func:`_shapes_text`; None for nothing or for anything that is not such a map."""
+    try:
+        doc = json.loads(text) if text else None
+        return {str(k): [int(d) for d in v] for k, v in doc.items()} if isinstance(doc, dict) and doc else None
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
 def source() -> dict:
-    """The session's model/data paths; restored from the URL after a reload; MiniLM at first."""
+    """The session's model/data paths and input shapes; restored from the URL after a reload; MiniLM at first."""
     if "source" not in st.session_state:
         qp = st.query_params
         st.session_state["source"] = {k: qp.get(k) for k in SOURCE_KEYS}
         st.session_state["source"]["model"] = st.session_state["source"]["model"] or DEFAULT_MODEL
+        st.session_state["source"]["shapes"] = _shapes_from_text(qp.get("shapes"))
         if qp.get("job"):  # re-attach to the job this browser tab started before a reload
             st.session_state.setdefault("my_jobs", []).append(qp["job"])
     return st.session_state["source"]
 
 
-def set_source(model: str, data: str | None = None, eval_data: str | None = None) -> None:
-    st.session_state["source"] = {"model": model, "data": data, "eval_data": eval_data}
-    for k, v in st.session_state["source"].items():
+def shapes() -> dict[str, list[int]] | None:
+    """The input shapes the user set on the Model page (None: the defaults), for every job's params."""
+    return source().get("shapes") or None
+
+
+def set_source(model: str, data: str | None = None, eval_data: str | None = None,
+               shapes: dict | None = None) -> None:
+    """The session's model, data and input shapes (a new model starts from its default shapes); kept in the URL."""
+    st.session_state["source"] = {"model": model, "data": data, "eval_data": eval_data,
+                                  "shapes": _shapes_from_text(_shapes_text(shapes))}
+    for k, v in {**st.session_state["source"], "shapes": _shapes_text(shapes)}.items():
         if v:
             st.query_params[k] = v
         elif k in st.query_params:
             del st.query_params[k]
 
 
+def set_shapes(shapes: dict | None) -> None:
+    """Keep the model and data, use these input shapes (None: back to the defaults)."""
+    src = source()
+    set_source(src["model"], src.get("data"), src.get("eval_data"), shapes)
+
+
 @st.cache_resource(show_spinner="Opening the model (the first MiniLM load exports it: ~20 s)…", max_entries=8)
-def _open(model: str, data: str | None, eval_data: str | None, ws_root: str) -> Project:
-    return open_project(model, data, eval_data, ws=Workspace(Path(ws_root)))
+def _open(model: str, data: str | None, eval_data: str | None, shapes: str, ws_root: str) -> Project:
+    return open_project(model, data, eval_data, ws=Workspace(Path(ws_root)), shapes=_shapes_from_text(shapes))
 
 
-def open_source(model: str, data: str | None = None, eval_data: str | None = None) -> Project:
-    return _open(model, data, eval_data, str(workspace().root))
+def open_source(model: str, data: str | None = None, eval_data: str | None = None,
+                shapes: dict | None = None) -> Project:
+    return _open(model, data, eval_data, _shapes_text(shapes), str(workspace().root))
 
 
 def project() -> Project:

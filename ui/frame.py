@@ -31,6 +31,9 @@ def sidebar() -> None:
     src = ui.source()
     with st.sidebar:
         st.markdown(f"**Model:** {ui.code(src['model'])}")
+        if ui.shapes():
+            st.caption("Input shapes: " + ", ".join(f"{ui.md(n)}={'x'.join(map(str, dims))}"
+                                                    for n, dims in ui.shapes().items()))
         active = [j for j in ui.manager().jobs(limit=50) if j.active]
         st.caption(f"{len(active)} job(s) queued or running" if active else "No job running")
         st.caption(f"Workspace: {ui.code(ui.workspace().root)}")

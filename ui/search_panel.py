@@ -8,6 +8,7 @@ from core.errors import MixprecError
 from core.jobs import search_params
 from core.plots import plot_pareto
 from core.project import Project
+from core.runs import GENERATED_NOTE
 from core.search import BUDGET_METRICS
 from ui import common as ui
 
@@ -21,7 +22,7 @@ def section(p: Project) -> None:
                                     + ", ".join(BUDGET_METRICS))
         smooth = s2.checkbox("SmoothQuant-style smoothing", key="search_smooth")
         try:
-            params = search_params(src["model"], src["data"], src["eval_data"], budget, smooth)
+            params = search_params(src["model"], src["data"], src["eval_data"], budget, smooth, shapes=ui.shapes())
         except MixprecError as e:
             st.error(str(e))
             return
@@ -36,7 +37,9 @@ def section(p: Project) -> None:
 def _result(p: Project, result) -> None:
     """A stored ``SearchResult``: verdict, Pareto chart, the front and the front point to use."""
     met = result.met_on_dev and result.met_on_holdout is not False
-    (st.success if met else st.warning)(result.message)
+    (st.success if met else st.warning)(ui.md(result.message))
+    if result.run is not None and result.run.data_generated and GENERATED_NOTE not in result.message:
+        st.caption(f"The search's quality numbers are {GENERATED_NOTE}.")  # a search stored before it said so
     st.plotly_chart(plot_pareto(result.candidates, result.chosen, result.budget), key="pareto_chart")
     front = result.front
     st.dataframe(front, hide_index=True)

@@ -6,9 +6,10 @@ from core.plots import plot_quality_vs_latency, plot_run_latency, plot_run_layer
     plot_run_reformat, run_names
 from core.policy import uniform_policy
 from core.policy_edit import policy_diff, run_comparison
+from core.runs import GENERATED_NOTE
 from core.store import list_runs, load_run_per_layer, run_dir, run_policy
 from ui import common as ui
-from ui import engine_report
+from ui import engine_report, run_notes
 
 p = ui.project()
 src = ui.source()
@@ -16,7 +17,7 @@ st.subheader("Jobs")
 ui.job_panel(limit=8)
 if st.button("Build the all-FP16 baseline", key="fp16_baseline"):
     ui.submit("build", build_params(src["model"], uniform_policy(p.model, p.layers, "fp16").to_json(), src["data"],
-                                    src["eval_data"], label="all-FP16"), "all-FP16 baseline")
+                                    src["eval_data"], label="all-FP16", shapes=ui.shapes()), "all-FP16 baseline")
     st.rerun()
 
 engine_report.section([l.name for l in p.layers])
@@ -31,10 +32,13 @@ c = st.columns(5)
 c[0].metric("Latest run", ui.md(last["label"]))
 c[1].metric("Median latency", f"{last['latency_median_ms']:.3f} ms", f"{last['speedup']:.2f}× vs FP32",
             delta_color="off")
-c[2].metric("Cosine (mean)", f"{last['cosine_mean']:.4f}", f"min {last['cosine_min']:.4f}", delta_color="off")
+c[2].metric("Cosine (mean)", f"{last['cosine_mean']:.4f}",
+            f"min {last['cosine_min']:.4f}" + (f" · {GENERATED_NOTE}" if last["data_generated"] else ""),
+            delta_color="off")
 c[3].metric("SNR", f"{last['snr_db']:.1f} dB" if last["snr_db"] == last["snr_db"] else "∞")
 c[4].metric("Reformats", f"{int(last['reformat_count'])}", f"{last['reformat_pct']:.1f}% of per-layer time",
             delta_color="off")
+run_notes.section(p, last["run_id"])
 g1, g2 = st.columns(2)
 g1.plotly_chart(plot_run_latency(runs), key="latency_chart")
 g2.plotly_chart(plot_run_quality(runs), key="quality_chart")
@@ -48,6 +52,8 @@ try:
     st.plotly_chart(plot_run_layers(load_run_per_layer(run_dir(p.ws, sel))), key="layers_chart")
 except Exception as e:  # noqa: BLE001 - a damaged run must not break the page
     st.error(str(e))
+if sel != last["run_id"]:
+    run_notes.section(p, sel)
 
 st.subheader("Run history")
 st.dataframe(runs, hide_index=True, height=260)
@@ -57,6 +63,7 @@ if len(runs) >= 2:
     a = a_col.selectbox("Run A", list(names), index=1, format_func=names.get, key="cmp_a")
     b = b_col.selectbox("Run B", list(names), index=0, format_func=names.get, key="cmp_b")
     st.dataframe(run_comparison(runs, a, b))
+    run_notes.comparison(runs, a, b)
     try:
         diff = policy_diff(run_policy(p, run_dir(p.ws, a)), run_policy(p, run_dir(p.ws, b)), p.layers)
         st.caption(f"{len(diff)} layer(s) differ between A ('built') and B ('now')")

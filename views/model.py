@@ -1,9 +1,12 @@
-"""Model page: pick a sample, upload an ONNX file or give a server path; optional calibration/eval data."""
+"""Model page: pick a sample, upload an ONNX file or give a server path; optional calibration/eval data;
+what loading changed, the input shapes (editable) and which data is generated."""
 import pandas as pd
 import streamlit as st
 
+from core.errors import MixprecError
 from core.plots import plot_op_types
 from ui import common as ui
+from ui import model_facts, shape_editor
 
 src = ui.source()
 limit = st.get_option("server.maxUploadSize")
@@ -39,11 +42,21 @@ with st.expander("Calibration and evaluation data (.npz, optional)", expanded=bo
     calib = ui.upload(c1.file_uploader("Calibration .npz", type=["npz"], key="calib_file"), "data", model)
     evald = ui.upload(c2.file_uploader("Evaluation .npz", type=["npz"], key="eval_file"), "data", model)
     if (calib or evald) and (calib, evald) != (src["data"], src["eval_data"]):
-        ui.set_source(src["model"], calib or src["data"], evald or src["eval_data"])
+        ui.set_source(src["model"], calib or src["data"], evald or src["eval_data"], ui.shapes())
     if (src["data"] or src["eval_data"]) and st.button("Use the default data", key="clear_data"):
-        ui.set_source(src["model"])
+        ui.set_source(src["model"], shapes=ui.shapes())
         st.rerun()
 
+if ui.shapes():  # shapes that no longer fit (e.g. new data): say so, and offer the way back
+    try:
+        ui.open_source(**ui.source())
+    except MixprecError as e:
+        st.error(f"At the input shapes you set: {e}")
+        if st.button("Back to the default shapes", key="reset_bad_shapes"):
+            ui.set_shapes(None)
+            st.rerun()
+        st.stop()
+ui.show_flash()
 p = ui.project()
 m = p.model
 st.subheader(ui.md(m.name))
@@ -54,10 +67,13 @@ c[2].metric("Opset", m.opset)
 c[3].metric("Size", f"{m.size_bytes / 1e6:.1f} MB")
 c[4].metric("Samples (calib / eval)", f"{p.calib_data.num_samples} / {p.eval_data.num_samples}")
 st.caption(f"sha256 `{m.sha256}` · calibration: {ui.md(p.calib_data.source)} · evaluation: {ui.md(p.eval_data.source)}")
+model_facts.data_origin(p)
 io = pd.DataFrame([("input", s.name, s.dtype, str(s.shape), str(p.input_shapes.get(s.name, ""))) for s in m.inputs]
                   + [("output", s.name, s.dtype, str(s.shape), "") for s in m.outputs],
                   columns=["kind", "name", "dtype", "shape", "resolved shape"])
 st.dataframe(io, hide_index=True)
+shape_editor.section(p)
+model_facts.normalization(p)
 
 st.subheader("Layer inventory")
 inv = p.inventory()

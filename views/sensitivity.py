@@ -5,17 +5,20 @@ import streamlit as st
 from core.jobs import isolated_params, rank_params
 from core.plots import plot_ranking, plot_sensitivity_compare
 from core.policy import CALIB_METHODS
+from core.runs import GENERATED_NOTE
 from core.sensitivity import MODES, RANK_METRICS, ranking_comparison
 from ui import common as ui
 
 p = ui.project()
 src = ui.source()
+if p.data_generated:
+    st.caption(f"Cosine drops and SNR below are {GENERATED_NOTE} (give .npz files on the Model page for real inputs).")
 method = st.selectbox("Calibration method", CALIB_METHODS, key="rank_method")
 ranking = ui.ranking(p, method)
 table = ranking.table if ranking is not None else None
 st.subheader("Cumulative (Polygraphy)")
-ui.job_button("rank", rank_params(src["model"], src["data"], src["eval_data"], method), f"rank {p.model.name}",
-              "Run the ranking", "run_rank", table is not None,
+ui.job_button("rank", rank_params(src["model"], src["data"], src["eval_data"], method, shapes=ui.shapes()),
+              f"rank {p.model.name}", "Run the ranking", "run_rank", table is not None,
               "This model and data have not been ranked with this calibration method yet.")
 if table is not None:
     st.caption(f"Stored ranking of {len(table)} layers (kept per model, calibration and evaluation data, and method: "
@@ -32,7 +35,8 @@ st.subheader("Isolated (one layer at a time)")
 labels = {"isolated": "Isolated (one layer at a time)", "leave-one-out": "Leave-one-out (all but one layer INT8)"}
 mode = st.radio("Mode", MODES, horizontal=True, key="iso_mode", format_func=labels.get)
 sens = ui.sensitivity(p, method, mode)
-ui.job_button("isolated", isolated_params(src["model"], src["data"], src["eval_data"], method, mode),
+ui.job_button("isolated",
+              isolated_params(src["model"], src["data"], src["eval_data"], method, mode, shapes=ui.shapes()),
               f"{mode} {p.model.name}", labels[mode], "run_isolated", sens is not None,
               f"No {mode} ranking yet for this model, data and calibration method: each eligible layer is "
               "measured on the dev half of the evaluation data (calibrated once, trials in parallel).")

@@ -40,6 +40,7 @@ from ..compile import compile_policy
 from ..errors import MixprecError
 from ..evaluation import EVAL_BATCH
 from ..reports import metadata_nodes, parse_layers
+from ..shapes import batch_axes
 from ..workspace import Workspace, atomic_write_bytes, atomic_write_json, sha256_bytes
 from .base import Backend, Engine, Latency, ProfileRow, Runner, latency_from_pairs, per_layer_frame
 
@@ -123,11 +124,13 @@ def build_mode(trt_version: str, requested: str = "auto") -> str:
 def profile_shapes(input_shapes: dict[str, tuple[int, ...]], overrides: dict | None = None,
                    dynamic_batch=(), max_batch: int | None = None) -> dict:
     """``{input: (min, opt, max)}``. By default opt is the project's shape and so are min and max,
-    except that inputs in ``dynamic_batch`` (axis 0 dynamic in the model) take batches from 1 up to
-    ``max_batch`` (default: ``evaluation.EVAL_BATCH``, the batch quality is evaluated in).
+    except that inputs in ``dynamic_batch`` (a dynamic batch axis in the model: ``{input: axis}``,
+    or input names whose batch is axis 0) take batches from 1 up to ``max_batch`` (default:
+    ``evaluation.EVAL_BATCH``, the batch quality is evaluated in) along that axis.
     ``overrides`` replaces an input's range; it must contain the project's shape."""
     if max_batch is None:
         max_batch = EVAL_BATCH
+    axes = dict(dynamic_batch) if isinstance(dynamic_batch, dict) else {n: 0 for n in dynamic_batch}
     overrides = dict(overrides or {})
     unknown = sorted(set(overrides) - set(input_shapes))
     if unknown:
@@ -136,8 +139,9 @@ def profile_shapes(input_shapes: dict[str, tuple[int, ...]], overrides: dict | N
     out, bad = {}, []
     for name, shape in input_shapes.items():
         shape = tuple(int(d) for d in shape)
-        default = (shape, shape, shape) if name not in dynamic_batch or not shape else \
-            ((1, *shape[1:]), shape, (max(shape[0], max_batch), *shape[1:]))
+        ax = axes.get(name)
+        default = (shape, shape, shape) if ax is None or ax >= len(shape) else \
+            (_with_dim(shape, ax, 1), shape, _with_dim(shape, ax, max(shape[ax], max_batch)))
         try:
             lo, opt, hi = (tuple(int(d) for d in s) for s in overrides.get(name, default))
         except (TypeError, ValueError):
@@ -153,6 +157,16 @@ def profile_shapes(input_shapes: dict[str, tuple[int, ...]], overrides: dict | N
                            "give (min, opt, max) shapes of the input's rank with min <= opt <= max, "
                            "each containing the shape the project runs at", details=bad)
     return out
+
+
+def _with_dim(shape: tuple[int, ...], axis: int, value: int) -> tuple[int, ...]:
+    return (*shape[:axis], value, *shape[axis + 1:])
+
+
+def dynamic_batch_axes(model) -> dict[str, int]:
+    """Inputs whose batch axis (``core.shapes.batch_axes``, not necessarily axis 0) is dynamic."""
+    specs = {s.name: s for s in model.inputs}
+    return {n: ax for n, ax in batch_axes(model).items() if ax is not None and ax in specs[n].dynamic_axes}
 
 
 def engine_cache_key(parts: dict) -> str:
@@ -498,7 +512,7 @@ class TensorRTBackend(Backend):
         t0 = time.perf_counter()
         trt = _trt()
         mode = build_mode(trt.__version__, self.mode)
-        shapes = profile_shapes(input_shapes, self.profiles, {s.name for s in model.inputs if 0 in s.dynamic_axes})
+        shapes = profile_shapes(input_shapes, self.profiles, dynamic_batch_axes(model))
         gpu = cuda_device()
         if gpu is None:
             raise MixprecError("TensorRT is installed but no CUDA device is usable",

@@ -13,7 +13,7 @@ from ..project import open_project
 from ..runs import METRICS_FILE, build_and_measure
 from ..search import SearchConfig, search
 from ..sensitivity import rank_layers, sensitivity
-from ..store import save_ranking, save_search, save_sensitivity
+from ..store import cached_ranking, save_ranking, save_search, save_sensitivity
 from ..workspace import Workspace, atomic_write_json
 from .params import BuildParams, IsolatedParams, RankParams, SearchParams
 
@@ -22,14 +22,16 @@ ANALYSIS_KINDS = ("rank", "isolated", "search")  # one at a time, in the "rank" 
 
 def _open(p, ws: Workspace, progress):
     progress(0.01, "opening the model")
-    return open_project(p.model, p.data, p.eval_data, ws=ws)
+    return open_project(p.model, p.data, p.eval_data, ws=ws, batch=int(p.batch or 1), shape_overrides=p.dims or None,
+                        shapes=p.shapes or None)
 
 
 def run_build(params: dict, ws: Workspace, progress) -> str:
     p = BuildParams.from_params(params)
     project = _open(p, ws, progress)
     policy = policy_from_text(p.policy, project.model, project.layers)
-    result = build_and_measure(project, policy, backend=p.backend, label=p.label, progress=progress)
+    result = build_and_measure(project, policy, backend=p.backend, label=p.label, progress=progress,
+                               ranking=cached_ranking(project, policy.calibration.method))
     return str(result.run_dir / METRICS_FILE)
 
 

@@ -14,6 +14,9 @@ class _Params:
     model: str
     data: str | None = None
     eval_data: str | None = None
+    shapes: dict | None = None  # per-input full shapes, {"images": [1, 3, 320, 320]} (core.shapes)
+    dims: dict | None = None  # named dims, {"seq": 128}
+    batch: int = 1
 
     def to_params(self) -> dict:
         """The job's params: JSON-serialisable, every field written out."""
@@ -53,23 +56,37 @@ class SearchParams(_Params):
     workers: int = 2
 
 
+def shape_params(shapes: dict | None = None, dims: dict | None = None, batch: int = 1) -> dict:
+    """The input-shape fields every job carries (JSON-serialisable: shapes as lists of ints)."""
+    return {"shapes": {str(k): [int(d) for d in v] for k, v in shapes.items()} if shapes else None,
+            "dims": {str(k): int(v) for k, v in dims.items()} if dims else None, "batch": int(batch)}
+
+
 def build_params(model: str, policy_json: str, data: str | None = None, eval_data: str | None = None,
-                 backend: str = BuildParams.backend, label: str = BuildParams.label) -> dict:
+                 backend: str = BuildParams.backend, label: str = BuildParams.label,
+                 shapes: dict | None = None, dims: dict | None = None, batch: int = 1) -> dict:
     """The parameters of a ``build`` job (all JSON-serialisable)."""
-    return BuildParams(str(model), data, eval_data, policy_json, backend, label).to_params()
+    return BuildParams(str(model), data, eval_data, **shape_params(shapes, dims, batch), policy=policy_json,
+                       backend=backend, label=label).to_params()
 
 
 def rank_params(model: str, data: str | None = None, eval_data: str | None = None,
-                method: str = RankParams.method, max_samples: int = RankParams.max_samples) -> dict:
-    return RankParams(str(model), data, eval_data, method, int(max_samples)).to_params()
+                method: str = RankParams.method, max_samples: int = RankParams.max_samples,
+                shapes: dict | None = None, dims: dict | None = None, batch: int = 1) -> dict:
+    return RankParams(str(model), data, eval_data, **shape_params(shapes, dims, batch), method=method,
+                      max_samples=int(max_samples)).to_params()
 
 
 def isolated_params(model: str, data: str | None = None, eval_data: str | None = None,
-                    method: str = IsolatedParams.method, mode: str = IsolatedParams.mode) -> dict:
-    return IsolatedParams(str(model), data, eval_data, method, mode).to_params()
+                    method: str = IsolatedParams.method, mode: str = IsolatedParams.mode,
+                    shapes: dict | None = None, dims: dict | None = None, batch: int = 1) -> dict:
+    return IsolatedParams(str(model), data, eval_data, **shape_params(shapes, dims, batch), method=method,
+                          mode=mode).to_params()
 
 
 def search_params(model: str, data: str | None = None, eval_data: str | None = None,
-                  budget: str = SearchParams.budget, smooth: bool = SearchParams.smooth) -> dict:
+                  budget: str = SearchParams.budget, smooth: bool = SearchParams.smooth,
+                  shapes: dict | None = None, dims: dict | None = None, batch: int = 1) -> dict:
     """The parameters of a ``search`` job; the budget is checked (MixprecError) and normalised here."""
-    return SearchParams(str(model), data, eval_data, str(Budget.parse(budget)), bool(smooth)).to_params()
+    return SearchParams(str(model), data, eval_data, **shape_params(shapes, dims, batch),
+                        budget=str(Budget.parse(budget)), smooth=bool(smooth)).to_params()

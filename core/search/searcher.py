@@ -22,11 +22,11 @@ from ..backends import select_backend
 from ..calibration import calibrate, calibrate_policy
 from ..data import Dataset
 from ..errors import MixprecError
-from ..inventory import Layer
+from ..inventory import Layer, require_eligible
 from ..metrics import quality
 from ..policy import CALIB_METHODS, Policy
 from ..project import Project
-from ..runs import RunResult, build_and_measure
+from ..runs import GENERATED_NOTE, WARN_BELOW, RunResult, build_and_measure, is_generated
 from ..sensitivity import Sensitivity, Switchable, TrialData, TrialPool, sensitivity, split_eval, switchable_model, \
     trial_data
 from .budget import Budget, default_margin
@@ -41,7 +41,8 @@ class SearchConfig:
     weights (default: all of them); it is kept only if its best candidate beats the unsmoothed
     ones. ``backend`` (``auto`` picks TensorRT where it runs) fits the latency model and builds
     the verification run; the quality trials always run on ONNX Runtime's switchable model.
-    ``margin``: headroom on the dev half (default :func:`default_margin`)."""
+    ``margin``: headroom on the dev half (default :func:`default_margin`). ``warn_below``: the
+    verifying build warns below this cosine_mean (the verdict then says so)."""
 
     budget: Budget | str
     methods: tuple = CALIB_METHODS
@@ -53,6 +54,7 @@ class SearchConfig:
     smooth_top: int | None = None
     backend: str = "auto"
     trt_options: dict | None = None
+    warn_below: float = WARN_BELOW
 
 
 @dataclass
@@ -156,10 +158,7 @@ def _prepare(project: Project, config: SearchConfig, progress, should_stop) -> _
     select_backend(config.backend, **(config.trt_options or {}))  # a backend that cannot run fails now, not minutes in
     margin = default_margin(budget) if config.margin is None else config.margin  # so the held-out half meets it too
     dev, test = split_eval(project.eval_data)
-    eligible = [l for l in project.layers if l.eligible]
-    if not eligible:
-        raise MixprecError(f"{project.model.name} has no INT8-eligible layers (MatMul, Gemm, Conv, ConvTranspose)",
-                           "there is nothing to search: build the FP16 policy instead")
+    eligible = require_eligible(project.model.name, project.layers, "search")
     data = trial_data(project, dev)
     if math.isnan(budget.value_of(quality(data.ref, data.ref, data.out_name, dev.labels))):
         raise MixprecError(f"the budget metric {budget.metric} does not apply to {project.model.name}'s output",
@@ -285,15 +284,18 @@ def _choose(ctx: _Context, variants: list[Variant], lat: LatencyModel) -> tuple[
     return pick, bool(ok), message, everything
 
 
-def _verify(ctx: _Context, policy: Policy) -> tuple[RunResult, str]:
-    """A real build of ``policy`` measured on the held-out half, and what it says about the budget."""
+def _verify(ctx: _Context, policy: Policy, sens: Sensitivity) -> tuple[RunResult, str]:
+    """A real build of ``policy`` measured on the held-out half, and what it says about the budget
+    (with the build's quality warning, which names the worst INT8 layers of the isolated ranking ``sens``)."""
     ctx.step(0.88, "verifying the chosen policy on the held-out half")
     cfg, budget = ctx.config, ctx.budget
     run = build_and_measure(replace(ctx.project, eval_data=ctx.test), policy, backend=cfg.backend,
-                            label=f"search {budget}", trt_options=cfg.trt_options)
+                            label=f"search {budget}", trt_options=cfg.trt_options, warn_below=cfg.warn_below,
+                            ranking=sens)
     met = budget.met(run.quality)
-    return run, f"; held-out half: {budget.metric}={budget.value_of(run.quality):.4f} " + \
+    verdict = f"; held-out half: {budget.metric}={budget.value_of(run.quality):.4f} " + \
         ("(meets the budget)" if met else "(does NOT meet the budget)")
+    return run, verdict + "".join(f". Warning: {w}" for w in run.warnings)
 
 
 def search(project: Project, config: SearchConfig, progress=None, should_stop=None) -> SearchResult:
@@ -311,8 +313,10 @@ def search(project: Project, config: SearchConfig, progress=None, should_stop=No
     table = candidate_table(everything, ctx.budget, [l.name for l in ctx.eligible])
     run = None
     if config.verify:
-        run, verdict = _verify(ctx, policy)
+        run, verdict = _verify(ctx, policy, sens)
         message += verdict
+    if run.data_generated if run else is_generated(ctx.dev):
+        message += f" (quality {GENERATED_NOTE}: give real evaluation data for numbers that hold)"
     ctx.step(1.0, "done")
     return SearchResult(ctx.budget, policy, met_on_dev, ctx.budget.met(run.quality) if run else None,
                         run.quality if run else None, message, table, sens, run, time.perf_counter() - t_start,

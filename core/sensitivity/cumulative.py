@@ -20,6 +20,7 @@ from polygraphy.logger import G_LOGGER
 from ..calibration import calibrate_policy
 from ..compile import compile_policy
 from ..errors import MixprecError
+from ..inventory import main_graph_layers, require_eligible
 from ..metrics import StreamingError
 from ..policy import Policy, uniform_policy
 from ..project import Project
@@ -64,15 +65,16 @@ def rank_layers(project: Project, policy: Policy | None = None, method: str = "m
         raise MixprecError(f"unknown ranking metric {metric!r}", f"use one of {', '.join(RANK_METRICS)}")
     step = progress or (lambda f, t: None)
     t0 = time.perf_counter()
-    model, layers = project.model, project.layers
+    model, layers = project.model, main_graph_layers(project.layers)  # subgraph tensors cannot be marked
+    require_eligible(model.name, project.layers, "rank")
     if policy is None:
-        policy = uniform_policy(model, layers, "int8").with_calibration(project.default_policy(method=method).calibration)
+        policy = uniform_policy(model, project.layers, "int8").with_calibration(project.default_policy(method=method).calibration)
     step(0.05, f"calibrating ({policy.calibration.method})")
-    calib = calibrate_policy(model, project.calib_data, policy, layers, project.ws)
+    calib = calibrate_policy(model, project.calib_data, policy, project.layers, project.ws)
     step(0.2, "compiling candidate")
     compiled = compile_policy(model, policy, calib, target="ort")
     float_out = {o for l in layers for o in l.outputs}
-    types = model.tensor_types()
+    types = model.tensor_types()  # the main graph's tensors only
     marked = sorted(t for t in float_out if types.get(t) in (1, 10, 11))
     runners = [
         OnnxrtRunner(SessionFromOnnx(BytesFromOnnx(ModifyOutputs(model.proto, outputs=marked, copy=True)),

@@ -35,6 +35,7 @@ from ..compile import compile_policy
 from ..data import Dataset
 from ..errors import MixprecError
 from ..evaluation import eval_batches, output_name, reference_on
+from ..inventory import require_eligible
 from ..metrics import Quality, quality
 from ..policy import Policy
 from ..project import Project
@@ -165,7 +166,11 @@ def split_eval(ds: Dataset) -> tuple[Dataset, Dataset]:
     if n < 4:
         raise MixprecError(f"the evaluation data has {n} samples: too few to split into dev and held-out halves",
                            "give at least 4 evaluation samples (--eval)")
-    cut = n // 2
+    fb = ds.fixed_batch or 1
+    if fb > 1 and n < 2 * fb:
+        raise MixprecError(f"the evaluation data has {n} samples: the model's batch is fixed at {fb}, so dev and "
+                           "held-out halves need a whole batch each", f"give at least {2 * fb} evaluation samples")
+    cut = (n // 2) // fb * fb  # whole batches on both sides when the model fixes its batch
     return ds.slice(0, cut), ds.slice(cut)
 
 
@@ -247,7 +252,7 @@ def sensitivity(project: Project, mode: str = "isolated", method: str = "minmax"
     base = base or project.default_policy(method=method)
     base = base.with_calibration(replace(base.calibration, method=method))
     data = data or split_eval(project.eval_data)[0]
-    eligible = [l for l in project.layers if l.eligible]
+    eligible = require_eligible(project.model.name, project.layers, "measure")
     calib = calibrate_policy(project.model, project.calib_data, base.with_layers({l.name: "int8" for l in eligible}),
                              project.layers, project.ws)
     key = _sensitivity_key(project, base, calib.key, mode, data)

@@ -203,6 +203,16 @@ def test_profile_shapes_cover_the_evaluation_batch_on_dynamic_batch_axes():
         ((1, 8), (32, 8), (32, 8))
 
 
+def test_profile_shapes_widen_the_batch_axis_where_it_is():
+    """A [2, B, H] recurrent state has its batch on axis 1 (core.shapes.batch_axes): the profile
+    widens that axis, not axis 0."""
+    from core.evaluation import EVAL_BATCH
+
+    got = trt_backend.profile_shapes({"state": (2, 1, 16), "x": (1, 8)}, dynamic_batch={"state": 1, "x": 0})
+    assert got["state"] == ((2, 1, 16), (2, 1, 16), (2, EVAL_BATCH, 16))
+    assert got["x"] == ((1, 8), (1, 8), (EVAL_BATCH, 8))
+
+
 @pytest.mark.parametrize("override, text", [
     ({"nope": ((1,), (1,), (1,))}, "inputs the model does not have"),
     ({"x": ((1, 8), (1, 4), (1, 16))}, "min <= opt <= max"),

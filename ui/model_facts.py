@@ -1,0 +1,39 @@
+"""Model page, what mixprec did with the model and data: the normalisation steps of loading
+(or "nothing changed") and which data is generated (calibration / evaluation)."""
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from core.project import Project
+from core.runs import GENERATED_NOTE, is_generated
+from ui import common as ui
+
+
+def normalization(p: Project) -> None:
+    """The steps normalisation made on load (each one's user-facing sentence), or that nothing changed."""
+    m = p.model
+    steps = list(getattr(m, "normalization", []) or [])
+    opset = getattr(m, "original_opset", 0) or m.opset
+    st.subheader("Normalisation on load")
+    if not steps:
+        st.caption(f"Nothing changed: the model is used as it is (opset {m.opset}).")
+        return
+    upgraded = f" Opset {opset} → {m.opset}." if opset != m.opset else ""
+    st.caption(f"{len(steps)} step(s) made the model fit for mixprec; layer names stay the model's own.{upgraded}")
+    st.dataframe(pd.DataFrame([s.to_dict() for s in steps], columns=["step", "detail"]), hide_index=True,
+                 key="normalization_table")
+
+
+def data_origin(p: Project) -> None:
+    """Where the calibration and evaluation data come from; generated data is said as such."""
+    calib, evald = is_generated(p.calib_data), is_generated(p.eval_data)
+    rows = [("calibration", p.calib_data.num_samples, "generated" if calib else "given", p.calib_data.source),
+            ("evaluation", p.eval_data.num_samples, "generated" if evald else "given", p.eval_data.source)]
+    st.dataframe(pd.DataFrame(rows, columns=["data", "samples", "origin", "source"]), hide_index=True,
+                 key="data_origin_table")
+    which = " and ".join(w for w, g in (("calibration", calib), ("evaluation", evald)) if g)
+    if which:
+        st.info(f"The {which} data is generated (values that fit the inputs' shapes and dtypes, not real inputs). "
+                f"Quality numbers computed on it are marked \"{GENERATED_NOTE}\": give .npz files above for "
+                "numbers that hold on real inputs.")

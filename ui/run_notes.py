@@ -1,0 +1,56 @@
+"""Results page, what to know about a run's numbers: its quality warning (below the threshold,
+with the worst layers or the way to find them), whether its quality was measured on generated
+data, and the input shapes it was built and measured at."""
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from core.errors import MixprecError
+from core.project import Project
+from core.runs import GENERATED_NOTE, worst_int8_layers
+from core.shapes import shape_text
+from core.store import load_run, run_policy
+from ui import common as ui
+
+
+def section(p: Project, run_id: str) -> None:
+    try:
+        run = load_run(p.ws, run_id)
+    except MixprecError as e:
+        st.error(str(e))
+        return
+    for w in run.warnings:
+        st.warning(f"Run {ui.md(run.label)}: {ui.md(w)}")
+    if run.warnings and not any("worst INT8 layers" in w for w in run.warnings):
+        _ranked_now(p, run)
+    notes = []
+    if run.data_generated:
+        notes.append(f"quality {GENERATED_NOTE} (give evaluation data on the Model page for numbers that hold)")
+    if run.input_shapes:
+        notes.append("input shapes " + ", ".join(f"{n}={shape_text(s)}" for n, s in run.input_shapes.items()))
+    if notes:
+        st.caption(f"Run {ui.md(run.label)}: " + "; ".join(ui.md(n) for n in notes))
+
+
+def comparison(runs: pd.DataFrame, a: str, b: str) -> None:
+    """Says which of the two compared runs have their quality on generated data."""
+    gen = runs.set_index("run_id")["data_generated"].to_dict()
+    which = list(dict.fromkeys(r for r in (a, b) if bool(gen.get(r))))
+    if which:
+        both = "Both runs'" if len(which) == 2 or a == b else f"Run {'A' if which[0] == a else 'B'}'s"
+        st.caption(f"{both} quality numbers are {GENERATED_NOTE}.")
+
+
+def _ranked_now(p: Project, run) -> None:
+    """A run built before its model was ranked: the worst INT8 layers of the ranking stored since."""
+    ranking = ui.ranking(p, run.calibration_method)
+    if ranking is None:
+        return
+    try:
+        worst = worst_int8_layers(ranking, run_policy(p, run.run_dir))
+    except (OSError, MixprecError):
+        return
+    if worst:
+        st.caption("The cumulative ranking stored since names these INT8 layers of this run as the worst: "
+                   + ", ".join(ui.code(n) for n in worst))
