@@ -123,6 +123,8 @@ def calibrate(model: LoadedModel, ds: Dataset, settings: CalibrationSettings | s
     if settings.method not in CALIB_METHODS:
         raise MixprecError(f"unknown calibration method {settings.method!r}",
                            f"use one of {', '.join(CALIB_METHODS)}")
+    if getattr(ds, "problem", None) is not None:  # MissingData: the reason there is none
+        raise ds.problem
     if ds.num_samples == 0:
         raise MixprecError("the calibration data holds no samples", "give a .npz with at least one sample per input")
     ws = ws or Workspace.default()

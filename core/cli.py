@@ -89,7 +89,9 @@ def _shape_lines(p) -> str:
     lines = [f"input {name}: {shape_text(shape)}" for name, shape in p.input_shapes.items()]
     lines += [f"  {c.input} axis {c.axis}{f' ({c.symbol})' if c.symbol and c.symbol != '?' else ''}: {c.note}"
               for c in p.shape_choices if c.source != "fixed"]
-    if p.data_generated:
+    if p.data_problem is not None:
+        lines.append(f"data: needed before a build — {p.data_problem}")
+    elif p.data_generated:
         lines.append("data: generated (give --data/--eval .npz files for real quality numbers)")
     return "\n" + "\n".join(lines)
 
@@ -139,6 +141,7 @@ def cmd_inspect(args):
                   "outputs": [{"name": s.name, "dtype": s.dtype, "shape": list(s.shape)} for s in m.outputs],
                   "input_shapes": {k: list(v) for k, v in p.input_shapes.items()},
                   "shape_choices": [c.to_dict() for c in p.shape_choices], "data_generated": p.data_generated,
+                  "data_problem": None if p.data_problem is None else str(p.data_problem),
                   "generated_names": m.generated_names},
         "normalization": [s.to_dict() for s in m.normalization],
         "layers": inv.drop(columns=["inputs", "outputs"]).to_dict(orient="records"),

@@ -72,6 +72,29 @@ class Dataset:
                        self.generated, dict(self.batch_axes), self.fixed_batch)
 
 
+@dataclass
+class MissingData(Dataset):
+    """Data that mixprec could not generate (an integer input it cannot invent values for). The
+    model still opens, so its inventory, shapes and default policy can be shown; anything that
+    needs samples (calibration, evaluation, timing) raises ``problem``, which names the input."""
+
+    problem: MixprecError | None = None
+
+    @property
+    def num_samples(self) -> int:
+        return 0
+
+    @property
+    def sha256(self) -> str:
+        return "missing-" + hashlib.sha256(str(self.problem).encode()).hexdigest()
+
+    def batches(self, batch: int = 1) -> list[dict[str, np.ndarray]]:
+        raise self.problem
+
+    def slice(self, start: int, stop: int | None = None) -> "Dataset":
+        raise self.problem
+
+
 def load_npz(source, model: LoadedModel | None = None, name: str | None = None) -> Dataset:
     """Load a user ``.npz`` from a path or bytes. Pickled (object) arrays are refused."""
     label = name or (Path(source).name if isinstance(source, (str, Path)) else "upload.npz")
@@ -172,14 +195,21 @@ def check_dataset(ds: Dataset, model: LoadedModel) -> None:
 
 
 def _vocab_size(model: LoadedModel, input_name: str) -> int | None:
-    """Rows of the embedding table that a Gather indexes with this input (directly or through a Cast)."""
-    inits = {i.name: i for i in model.proto.graph.initializer}
+    """Rows of the embedding table that a Gather indexes with this input (directly or through a
+    Cast). The table may be an initializer or computed from one (e.g. int8 weights dequantized
+    by Cast and Mul): its row count comes from the initializer or from shape inference."""
+    rows = {i.name: (int(i.dims[0]) if i.dims else None) for i in model.proto.graph.initializer}
+    for vi in model.proto.graph.value_info:
+        dims = vi.type.tensor_type.shape.dim
+        if dims and dims[0].HasField("dim_value"):
+            rows.setdefault(vi.name, int(dims[0].dim_value))
     frontier = {input_name}
     for node in model.proto.graph.node:
         if node.op_type in ("Cast", "Reshape", "Unsqueeze", "Flatten") and node.input and node.input[0] in frontier:
             frontier.update(node.output)
-        if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] in frontier and node.input[0] in inits:
-            return int(inits[node.input[0]].dims[0])
+        if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] in frontier \
+                and rows.get(node.input[0]):
+            return rows[node.input[0]]
     return None
 
 

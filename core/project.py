@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .data import Dataset, check_dataset, generate_dataset, load_npz
+from .data import Dataset, MissingData, check_dataset, generate_dataset, load_npz
 from .errors import MixprecError
 from .inventory import Layer, build_inventory, inventory_frame
 from .model import LoadedModel, load_model
@@ -28,6 +28,11 @@ class Project:
     def data_generated(self) -> bool:
         """Whether the calibration or evaluation data was generated (not the user's or the sample's)."""
         return bool(self.calib_data.generated or self.eval_data.generated)
+
+    @property
+    def data_problem(self) -> MixprecError | None:
+        """Why there is no data to calibrate or evaluate with (an input needs an .npz), or None."""
+        return next((d.problem for d in (self.calib_data, self.eval_data) if isinstance(d, MissingData)), None)
 
     @property
     def batch(self) -> int:
@@ -78,6 +83,15 @@ def _check_fits(ds: Dataset, choices: list[DimChoice], shapes: dict[str, tuple[i
                            "give --shape/--dim values that match the data, or data of that shape", details=bad)
 
 
+def _generated(model: LoadedModel, n: int, seed: int, shapes: dict[str, tuple[int, ...]]) -> Dataset:
+    """Generated data, or a MissingData that raises the reason when samples are needed (so a model
+    whose inputs mixprec cannot invent still opens for inspection)."""
+    try:
+        return generate_dataset(model, n, seed=seed, shapes=shapes)
+    except MixprecError as e:
+        return MissingData({}, "missing", generated=True, problem=e)
+
+
 def open_project(model_spec, data=None, eval_data=None, ws: Workspace | None = None, batch: int = 1,
                  shape_overrides: dict[str, int] | None = None, shapes: dict | None = None,
                  progress=None) -> Project:
@@ -106,8 +120,8 @@ def open_project(model_spec, data=None, eval_data=None, ws: Workspace | None = N
             _check_fits(ds, choices, input_shapes)
     b = model_batch(model, input_shapes)
     if calib is None:
-        calib = generate_dataset(model, max(32, b), seed=0, shapes=input_shapes)
+        calib = _generated(model, max(32, b), 0, input_shapes)
     if evald is None:
-        evald = generate_dataset(model, max(16, 2 * b), seed=1, shapes=input_shapes)  # two batches: dev + held-out
+        evald = _generated(model, max(16, 2 * b), 1, input_shapes)  # two batches: dev + held-out
     layers = build_inventory(model, calib.arrays, input_shapes)
     return Project(model, layers, calib, evald, input_shapes, ws, choices)

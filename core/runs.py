@@ -9,6 +9,7 @@ says so (``data_generated``)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
@@ -192,7 +193,12 @@ def quality_warnings(project: Project, policy: Policy, q: Quality, warn_below: f
     below ``warn_below``; then one naming the worst INT8 layers of ``ranking``, or, without one,
     saying how to compute it."""
     cos = q.cosine_mean
-    if cos is None or not cos < warn_below:  # NaN (no cosine) never warns
+    if cos is not None and not math.isfinite(cos):
+        return [f"cosine_mean is {cos}: the outputs are not finite (NaN or inf)"
+                + (f" ({GENERATED_NOTE})" if generated else "") + ", so quality could not be measured. The FP32 "
+                "model or this policy overflows (FP16's range ends at 65504): check the FP32 outputs on this data, "
+                "or keep the layers whose activations are large in FP32."]
+    if cos is None or not cos < warn_below:
         return []
     head = f"cosine_mean {cos:.4f} is below {warn_below:g}" + (f" ({GENERATED_NOTE})" if generated else "")
     worst = worst_int8_layers(ranking, policy)

@@ -92,3 +92,26 @@ def test_npz_samples_along_the_batch_axis_in_the_fix(tmp_path, tiny_cnn):
     np.savez(p, image=np.zeros((4, 3, 16, 32), np.float32))
     with pytest.raises(MixprecError, match="Fix: save one array per input, keyed by input name, samples along axis 0"):
         load_npz(p, tiny_cnn.model)
+
+
+def test_token_ids_are_found_through_a_dequantized_embedding_table(tmp_path):
+    """An int8 embedding table dequantized by Cast and Mul (weight-only int8 exports) still makes
+    input_ids token ids within its vocabulary, not an input mixprec refuses to invent."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from core.model import load_model
+
+    table = numpy_helper.from_array(np.ones((100, 8), np.int8), "table_q")
+    scale = numpy_helper.from_array(np.array(0.1, np.float32), "scale")
+    nodes = [helper.make_node("Cast", ["table_q"], ["table_f"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["table_f", "scale"], ["table"]),
+             helper.make_node("Gather", ["table", "input_ids"], ["emb"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"])],
+                          [helper.make_tensor_value_info("emb", TensorProto.FLOAT, ["batch", "seq", 8])],
+                          [table, scale])
+    path = tmp_path / "emb.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    ds = generate_dataset(load_model(path), 8, shapes={"input_ids": (1, 12)})
+    ids = ds.arrays["input_ids"]
+    assert ids.shape == (8, 12) and ids.min() >= 0 and ids.max() < 100 and len(np.unique(ids)) > 2

@@ -183,7 +183,8 @@ def test_quality_warning_below_the_threshold(tiny_cnn):
     assert f"({GENERATED_NOTE})" in offer and "python -m core rank sample:tiny-cnn" in offer
     assert "Sensitivity page" in offer
     assert quality_warnings(tiny_cnn, pol, q, 0.41, ranked) == []  # at the threshold: no warning
-    assert quality_warnings(tiny_cnn, pol, Quality(float("nan"), 0, 0, 0, None, None, 8), 0.98) == []
+    (nan,) = quality_warnings(tiny_cnn, pol, Quality(float("nan"), 0, 0, 0, None, None, 8), 0.98)
+    assert "not finite" in nan and "could not be measured" in nan  # NaN quality is never silent
 
     r = build_and_measure(tiny_cnn, pol, iterations=3, profile_iterations=1, warn_below=1.01, ranking=ranked)
     assert len(r.warnings) == 1 and f"are {int8[2]}, {int8[1]}." in r.warnings[0]

@@ -4,6 +4,7 @@ Models are built in code and kept tiny."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import onnx
@@ -212,8 +213,10 @@ def test_integer_input_without_meaning_is_refused(tmp_path, fresh_ws):
     msg = r"sample_rate \(int64, shape \[\]\) has no value mixprec can invent.*Fix: give an .npz with sample_rate"
     with pytest.raises(MixprecError, match=msg):
         generate_dataset(m, 4)
+    p = open_project(path, ws=fresh_ws)  # opens for inspection; anything that needs samples says why
+    assert p.layers is not None and p.data_problem is not None and re.search(msg, str(p.data_problem))
     with pytest.raises(MixprecError, match=msg):
-        open_project(path, ws=fresh_ws)
+        build_and_measure(p, p.default_policy(), backend="onnxruntime")
     npz = tmp_path / "audio.npz"
     np.savez(npz, audio=np.ones((8, 32), np.float32), sample_rate=np.array(16000, np.int64))
     p = open_project(path, data=npz, ws=fresh_ws)

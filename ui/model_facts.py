@@ -33,7 +33,9 @@ def data_origin(p: Project) -> None:
     st.dataframe(pd.DataFrame(rows, columns=["data", "samples", "origin", "source"]), hide_index=True,
                  key="data_origin_table")
     which = " and ".join(w for w, g in (("calibration", calib), ("evaluation", evald)) if g)
-    if which:
+    if p.data_problem is not None:
+        st.warning(f"Data needed before a build: {p.data_problem}", icon="⚠️")
+    elif which:
         st.info(f"The {which} data is generated (values that fit the inputs' shapes and dtypes, not real inputs). "
                 f"Quality numbers computed on it are marked \"{GENERATED_NOTE}\": give .npz files above for "
                 "numbers that hold on real inputs.")
