@@ -94,3 +94,25 @@ def run_model(proto_or_path, feeds):
     sess = ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
     name = sess.get_outputs()[0].name
     return np.concatenate([sess.run([name], f)[0] for f in feeds], axis=0)
+
+
+def dynamic_cnn(path: Path, opset: int = 17) -> Path:
+    """A tiny CNN whose input is ``[N, 3, H, W]`` with symbolic N, H and W."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.zeros(8, np.float32), "b"),
+             numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "fw")]
+    nodes = [helper.make_node("Conv", ["images", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("GlobalAveragePool", ["r"], ["g"], name="gap"),
+             helper.make_node("Flatten", ["g"], ["f"], name="flat"),
+             helper.make_node("MatMul", ["f", "fw"], ["logits"], name="head")]
+    graph = helper.make_graph(nodes, "dyn", [helper.make_tensor_value_info("images", TensorProto.FLOAT,
+                                                                           ["N", 3, "H", "W"])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 4])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), path)
+    return path

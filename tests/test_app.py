@@ -12,6 +12,7 @@ from core.errors import MixprecError
 from core.jobs import JobManager
 from core.store import store_upload
 from core.workspace import Workspace
+from conftest import dynamic_cnn
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 LAYER = "/conv2/Conv"  # a tiny-cnn layer, INT8 by default
@@ -270,27 +271,6 @@ def test_user_text_is_literal_in_markdown():
     assert md("a_b*c :red[x] $y$ <b>") == r"a\_b\*c \:red\[x\] \$y\$ \<b\>"
     assert md("sample:tiny-cnn") == r"sample\:tiny-cnn"
     assert code("/tmp/x_y.onnx") == "`/tmp/x_y.onnx`" and code("a`b") == "``a`b``" and code("`a") == "`` `a ``"
-
-
-def dynamic_cnn(path: Path, opset: int = 17) -> Path:
-    """A tiny CNN whose input is ``[N, 3, H, W]`` with symbolic N, H and W."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w"),
-             numpy_helper.from_array(np.zeros(8, np.float32), "b"),
-             numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "fw")]
-    nodes = [helper.make_node("Conv", ["images", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c"], ["r"], name="relu"),
-             helper.make_node("GlobalAveragePool", ["r"], ["g"], name="gap"),
-             helper.make_node("Flatten", ["g"], ["f"], name="flat"),
-             helper.make_node("MatMul", ["f", "fw"], ["logits"], name="head")]
-    graph = helper.make_graph(nodes, "dyn", [helper.make_tensor_value_info("images", TensorProto.FLOAT,
-                                                                           ["N", 3, "H", "W"])],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 4])], inits)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), path)
-    return path
 
 
 def test_model_page_shape_editor_and_generated_data(ws, tmp_path):

@@ -20,6 +20,7 @@ import pytest
 
 from core.jobs import JobManager
 from core.workspace import Workspace
+from conftest import dynamic_cnn  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
@@ -257,34 +258,12 @@ def test_isolated_ranking_search_and_use_this_policy(server, browser, tmp_path):
     page.context.close()
 
 
-def _dynamic_cnn(path: Path) -> Path:
-    """A tiny CNN with input ``[N, 3, H, W]`` (N, H and W symbolic), saved at ``path``."""
-    import numpy as np
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w"),
-             numpy_helper.from_array(np.zeros(8, np.float32), "b"),
-             numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "fw")]
-    nodes = [helper.make_node("Conv", ["images", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c"], ["r"], name="relu"),
-             helper.make_node("GlobalAveragePool", ["r"], ["g"], name="gap"),
-             helper.make_node("Flatten", ["g"], ["f"], name="flat"),
-             helper.make_node("MatMul", ["f", "fw"], ["logits"], name="head")]
-    graph = helper.make_graph(nodes, "dyn", [helper.make_tensor_value_info("images", TensorProto.FLOAT,
-                                                                           ["N", 3, "H", "W"])],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 4])], inits)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    return path
-
-
 def test_shape_editor_320_is_used_in_the_build(server, browser, tmp_path):
     """Issue 10: load a model with dynamic spatial dims by path, see the guessed 224 marked as a
     guess, set 320×320 in the shape editor, rebuild, and see the build measured at 1x3x320x320
     (the run's input shapes on the Results page, trtexec's --optShapes on the Export page)."""
     url, ws = server
-    model = _dynamic_cnn(tmp_path / "dyn.onnx")
+    model = dynamic_cnn(tmp_path / "dyn.onnx")
     page = _new_page(browser, url)
     _idle(page)
     _goto(page, "Model")

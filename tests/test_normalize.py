@@ -346,15 +346,19 @@ def test_scalar_constant_attributes_keep_their_type(tmp_path):
     _fp32_reproduces(path, m, [{"x": RNG.standard_normal((1, 3)).astype(np.float32)}])
 
 
-def test_constant_weights_in_external_data(tmp_path):
-    """A Constant node whose value is stored as external data in the model's folder loads and folds."""
-    m0 = _const_weights(as_constants=True)
+def _external_constant_model(tmp_path):
+    """The Constant-weight model saved with its Constant values as external data in its folder."""
     folder = tmp_path / "m"
     folder.mkdir()
     path = folder / "model.onnx"
-    onnx.save_model(m0, path, save_as_external_data=True, location="weights.bin", size_threshold=100,
-                    convert_attribute=True)
-    raw = onnx.load(path, load_external_data=False)
+    onnx.save_model(_const_weights(as_constants=True), path, save_as_external_data=True, location="weights.bin",
+                    size_threshold=100, convert_attribute=True)
+    return path, onnx.load(path, load_external_data=False)
+
+
+def test_constant_weights_in_external_data(tmp_path):
+    """A Constant node whose value is stored as external data in the model's folder loads and folds."""
+    path, raw = _external_constant_model(tmp_path)
     assert any(a.t.data_location == TensorProto.EXTERNAL for n in raw.graph.node for a in n.attribute
                if a.name == "value")
     m = load_model(path)
@@ -363,13 +367,7 @@ def test_constant_weights_in_external_data(tmp_path):
 
 
 def test_constant_external_data_outside_folder_refused(tmp_path):
-    m0 = _const_weights(as_constants=True)
-    folder = tmp_path / "m"
-    folder.mkdir()
-    path = folder / "model.onnx"
-    onnx.save_model(m0, path, save_as_external_data=True, location="weights.bin", size_threshold=100,
-                    convert_attribute=True)
-    raw = onnx.load(path, load_external_data=False)
+    path, raw = _external_constant_model(tmp_path)
     for n in raw.graph.node:
         for a in n.attribute:
             for e in (a.t.external_data if a.name == "value" else []):
