@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import sys
 import tempfile
 import time
@@ -151,10 +152,27 @@ def calibrate(model: LoadedModel, ds: Dataset, settings: CalibrationSettings | s
     return CalibrationResult(ranges, settings, key, False, time.perf_counter() - t0, path)
 
 
-def trt_calibration_cache(result: CalibrationResult, version_tag: str = "TRT-100100-EntropyCalibration2") -> str:
+def trt_version_number(version: str) -> int:
+    """TensorRT's ``NV_TENSORRT_VERSION`` of ``"10.11"`` / ``"10.11.0.33"``: major*10000 + minor*100 + patch
+    (10.11.0 -> 101100), the number in a calibration cache's ``TRT-<n>-EntropyCalibration2`` header."""
+    m = re.fullmatch(r"\s*(\d+)\.(\d+)(?:\.(\d+))?(?:\.\d+)*\s*", str(version))
+    if not m or int(m[1]) < 10:
+        raise MixprecError(f"cannot read the TensorRT version {version!r} (10.0 or newer expected)",
+                           "give the TensorRT version that will read the cache, e.g. --trt-version 10.11.0")
+    return int(m[1]) * 10000 + int(m[2]) * 100 + int(m[3] or 0)
+
+
+# The TensorRT a calibration cache is written for unless told otherwise: the last release with implicit
+# INT8 and the per-layer precision APIs (10.12 deprecates them).
+DEFAULT_CACHE_TRT_VERSION = "10.11.0"
+
+
+def trt_calibration_cache(result: CalibrationResult, trt_version: str = DEFAULT_CACHE_TRT_VERSION) -> str:
     """The ranges as a TensorRT calibration cache (``name: hex(float32 scale)``, scale = amax/127),
-    readable by trtexec ``--calib`` for implicit-quantization builds (TensorRT ≤ 10.11)."""
-    lines = [version_tag]
+    readable by trtexec ``--calib`` for implicit-quantization builds (TensorRT <= 10.11). The header
+    names the TensorRT version that reads it (``TRT-101100-EntropyCalibration2`` for 10.11.0): TensorRT
+    rejects a cache written for another version and calibrates again (issue 11, bug 1)."""
+    lines = [f"TRT-{trt_version_number(trt_version)}-EntropyCalibration2"]
     for name, (lo, hi) in sorted(result.ranges.items()):
         scale = np.float32(max(abs(lo), abs(hi), 1e-12) / 127.0)
         lines.append(f"{name}: {scale.view(np.uint32):08x}")

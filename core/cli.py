@@ -13,13 +13,14 @@ from pathlib import Path
 from .backends import BACKENDS
 from .errors import MixprecError
 from .compile import TARGETS
-from .export import EXPORT_FORMATS, export_policy
+from .export import DEFAULT_TRT_VERSION, EXPORT_FORMATS, export_policy
 from .policy import CALIB_METHODS, NETWORK_DEFAULTS, load_policy
-from .project import open_project
+from .project import DEFAULT_TARGET, DEPLOY_TARGETS, TARGET_LABELS, open_project
 from .reports import load_engine_report
-from .runs import GENERATED_NOTE, WARN_BELOW, build_and_measure
+from .runs import GENERATED_NOTE, WARN_BELOW, build_and_measure, speedup_text
 from .samples import SAMPLES, write_sample
 from .search import SearchConfig, search
+from .search.searcher import search_objective
 from .shapes import parse_shape, shape_text
 from .sensitivity import MODES, RANK_METRICS, rank_layers, sensitivity
 from .store import cached_ranking
@@ -122,7 +123,8 @@ def trt_options(args) -> dict:
 def _project(args, progress=None):
     return open_project(args.model, data=getattr(args, "data", None), eval_data=getattr(args, "eval", None),
                         batch=getattr(args, "batch", 1), shape_overrides=_shape_overrides(getattr(args, "dim", None)),
-                        shapes=_input_shapes(getattr(args, "shape", None)), progress=progress)
+                        shapes=_input_shapes(getattr(args, "shape", None)), progress=progress,
+                        target=getattr(args, "deploy_target", DEFAULT_TARGET))
 
 
 def _policy(args, project):
@@ -143,13 +145,15 @@ def cmd_inspect(args):
                   "shape_choices": [c.to_dict() for c in p.shape_choices], "data_generated": p.data_generated,
                   "data_problem": None if p.data_problem is None else str(p.data_problem),
                   "generated_names": m.generated_names},
+        "target": p.target,
         "normalization": [s.to_dict() for s in m.normalization],
         "layers": inv.drop(columns=["inputs", "outputs"]).to_dict(orient="records"),
     }
     norm = "".join(f"\nnormalised ({s.step}): {s.detail}" for s in m.normalization)
     counts = inv.groupby(["op_type", "default_precision"]).size().to_string()
     _emit(args, doc, f"{m.name}  sha256 {m.sha256[:12]}…  opset {m.opset}  {len(inv)} layers "
-                     f"({int(inv.eligible.sum())} INT8-eligible){norm}\n{counts}" + _shape_lines(p))
+                     f"({int(inv.eligible.sum())} INT8-eligible)  target {TARGET_LABELS[p.target]}{norm}\n{counts}"
+          + _shape_lines(p))
 
 
 def cmd_rank(args):
@@ -176,11 +180,12 @@ def cmd_build(args):
                           trt_options=trt_options(args), warn_below=args.warn_below,
                           ranking=cached_ranking(p, policy.calibration.method))
     bar.done()
-    doc = r.to_json()
+    doc = r.to_json() | {"speedup_text": speedup_text(r.latency.speedup)[0], "latency_note": r.latency_note}
     q = r.quality
     text = (f"run {r.run_id} on {r.backend} ({r.backend_reason})\n"
             f"latency median {r.latency.median_ms:.3f} ms  p95 {r.latency.p95_ms:.3f} ms  "
-            f"fp32 {r.latency.ref_median_ms:.3f} ms  speedup {r.latency.speedup:.2f}x\n"
+            f"fp32 {r.latency.ref_median_ms:.3f} ms  speedup {speedup_text(r.latency.speedup)[0]}  "
+            f"[{r.latency_label}]" + (f"\nlatency note: {r.latency_note}" if r.latency_note else "") + "\n"
             f"reformat {r.reformat.count} nodes  {r.reformat.ms:.3f} ms  {r.reformat.pct:.1f}%\n"
             f"quality cosine mean {q.cosine_mean:.4f} min {q.cosine_min:.4f}  SNR {q.snr_db:.1f} dB  "
             f"max abs {q.max_abs:.3g}" + (f"  top1 {q.top1_agreement:.3f}" if q.top1_agreement is not None else "")
@@ -193,7 +198,8 @@ def cmd_build(args):
 def cmd_export(args):
     p = _project(args)
     policy = _policy(args, p)
-    out = export_policy(p, policy, args.format, args.out, target=args.target)
+    out = export_policy(p, policy, args.format, args.out, target=args.target, trt_version=args.trt_version,
+                        tf32=args.tf32, atol=args.atol)
     _emit(args, {"format": args.format, "out": str(out), "policy_sha256": policy.sha256},
           f"wrote {out} ({args.format})")
 
@@ -239,12 +245,14 @@ def cmd_search(args):
     out = Path(args.out) if args.out else p.ws.sub("policies") / f"search-{r.policy.sha256[:12]}.json"
     atomic_write_text(out, r.policy.to_json())
     doc = r.to_json() | {"policy_path": str(out), "warnings": list(r.run.warnings) if r.run else [],
-                         "data_generated": bool(r.run and r.run.data_generated)}
+                         "data_generated": bool(r.run and r.run.data_generated), "target": p.target,
+                         "objective": search_objective(config.objective, p.target, r.run.backend if r.run else
+                                                       ("tensorrt" if args.backend == "tensorrt" else "onnxruntime"))}
     text = [r.message, f"policy written to {out}  ({r.seconds:.0f} s)"]
     if r.run is not None:
         q, lat = r.run.quality, r.run.latency
         text.append(f"build {r.run.run_id}: cosine mean {q.cosine_mean:.4f} min {q.cosine_min:.4f}, speedup "
-                    f"{lat.speedup:.2f}x, reformat {r.run.reformat.pct:.1f}%, INT8 MAC share "
+                    f"{speedup_text(lat.speedup)[0]} [{r.run.latency_label}], reformat {r.run.reformat.pct:.1f}%, INT8 MAC share "
                     f"{100 * r.run.int8_mac_fraction:.0f}%{_on_generated(r.run)}")
     text.append("Pareto front (quality on the dev half, estimated latency):")
     text.append(r.front.to_string(index=False))
@@ -279,6 +287,10 @@ def build_parser() -> argparse.ArgumentParser:
             sp.add_argument("--dim", action="append", metavar="NAME=VALUE", help="value of a named dynamic dim")
             sp.add_argument("--shape", action="append", metavar="INPUT=1x3x320x320",
                             help="the full shape of an input (every dim, named or not; repeatable)")
+        if data and name != "export":  # export's --target is the compile target (trt/ort)
+            sp.add_argument("--target", dest="deploy_target", default=DEFAULT_TARGET, choices=DEPLOY_TARGETS,
+                            help="where the model is deployed: tensorrt (GPU, default) or onnxruntime (CPU); "
+                                 "labels latency and sets the search objective")
         sp.add_argument("--json", action="store_true", help="print one JSON document on stdout")
         sp.set_defaults(func=fn)
         return sp
@@ -302,6 +314,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--policy", help="policy JSON (default: the default policy)")
     sp.add_argument("--format", required=True, choices=EXPORT_FORMATS)
     sp.add_argument("--target", default="trt", choices=TARGETS, help="int8 encoding of --format onnx")
+    sp.add_argument("--trt-version", default=DEFAULT_TRT_VERSION,
+                    help=f"TensorRT that reads --format trtexec / calib-cache (its cache header; default {DEFAULT_TRT_VERSION})")
+    sp.add_argument("--tf32", action="store_true", help="let FP32 layers use TF32 (default off: --noTF32)")
+    sp.add_argument("--atol", type=float, help="--format polygraphy tolerance (default: measured, see the file)")
     sp.add_argument("--calibration", default="minmax", choices=CALIB_METHODS)
     sp.add_argument("--network-default", default="fp32", choices=NETWORK_DEFAULTS)
     sp.add_argument("--out", required=True)

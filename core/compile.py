@@ -39,6 +39,7 @@ from .errors import MixprecError
 from .inventory import CONTROL_FLOW, NON_COMPUTE
 from .model import LoadedModel
 from .policy import Policy
+from .trt_rules import assert_trt_rules
 
 TARGETS = ("ort", "trt")
 FLOAT_DTYPES = (np.float32, np.float16, np.float64)
@@ -145,6 +146,7 @@ class _Compiler:
         self.smoothing = dict(policy.smoothing)
         self.amax_override: dict[str, float] = {}
         self.quantized: dict[tuple[str, float], tuple[gs.Variable, gs.Constant, gs.Constant]] = {}
+        self.int8_weights: dict[tuple[str, int | None], gs.Constant] = {}  # (weight, axis) -> int8 copy
         self.int8_outputs = int8_outputs
 
     # --- helpers ------------------------------------------------------------------------
@@ -273,7 +275,8 @@ class _Compiler:
                         f"{node.name}/smooth/Mul", dtype=np.float32, shape=x.shape)
         self.amax_override[xs.name] = float(np.max(c / s))
         node.inputs[0] = xs
-        node.inputs[1] = gs.Constant(f"{w.name}__smoothed", wv * s[:, None])
+        # per layer: layers sharing one weight (tied weights) smooth it by their own s
+        node.inputs[1] = gs.Constant(f"{node.name}/{w.name}__smoothed", wv * s[:, None])
 
     def _as_int8(self, node):
         self._as_fp32(node)
@@ -317,9 +320,16 @@ class _Compiler:
             q, scale = _weight_quant(t.values, axis)
             zp = np.zeros_like(scale, dtype=np.int8)
             attrs = {"axis": axis} if axis is not None else {}
+            # one int8 copy per (weight, axis): a weight shared by layers that quantize it along
+            # different axes (tied weights, Gemm transB=1 and MatMul) needs one copy per axis
+            key = (t.name, axis)
+            if key not in self.int8_weights:
+                suffix = "" if not any(k[0] == t.name for k in self.int8_weights) else \
+                    ("_per_tensor" if axis is None else f"_axis{axis}")
+                self.int8_weights[key] = gs.Constant(f"{t.name}__int8{suffix}", q)
             return self._node(
                 "DequantizeLinear",
-                [gs.Constant(f"{t.name}__int8", q), gs.Constant(f"{node.name}/w{i}_scale", scale),
+                [self.int8_weights[key], gs.Constant(f"{node.name}/w{i}_scale", scale),
                  gs.Constant(f"{node.name}/w{i}_zero_point", zp)],
                 f"{node.name}/w{i}/DequantizeLinear", attrs, np.float32, t.shape)
         elif _is_float(t):
@@ -379,6 +389,10 @@ class _Compiler:
                 producer = out.inputs[0]
                 h = gs.Variable(f"{out.name}__fp16", dtype=np.float16, shape=out.shape)
                 producer.outputs[producer.outputs.index(out)] = h
+                for consumer in list(out.outputs):  # nodes inside the graph keep reading the float16 tensor
+                    for j, t in enumerate(consumer.inputs):
+                        if t is out:
+                            consumer.inputs[j] = h
                 out.dtype = np.float32
                 self.new_nodes.append(gs.Node("Cast", f"{out.name}/Cast_out", {"to": onnx.TensorProto.FLOAT}, [h], [out]))
         self.graph.nodes.extend(self.new_nodes)
@@ -396,6 +410,8 @@ class _Compiler:
             raise MixprecError(f"the compiled model fails onnx's checker: {first}",
                                f"set {what} to fp32 in the policy and build again (an all-FP32 policy leaves the "
                                "model's computation unchanged, so it always compiles)") from e
+        if self.target == "trt":  # what TensorRT gets must follow its explicit-quantization rules
+            assert_trt_rules(proto)
         switch_inputs = {layer: v.name for layer, v in (self.switches or {}).items()}
         return CompiledModel(proto, self.target, dict(Counter(n.op_type for n in proto.graph.node)), switch_inputs)
 

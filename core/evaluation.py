@@ -15,10 +15,10 @@ from .data import Dataset
 from .errors import MixprecError
 from .project import Project
 from .shapes import batch_axes, fixed_batch
-from .workspace import atomic_save_npz
+from .workspace import atomic_save_npz, sha256_bytes
 
 EVAL_BATCH = 16
-OUTPUTS_FORMAT_VERSION = 1
+OUTPUTS_FORMAT_VERSION = 2  # 2: keyed by the backend's identity (TensorRT version, GPU; issue 11, bug 5)
 
 
 def eval_batch(project: Project) -> int:
@@ -68,10 +68,18 @@ def engine_outputs(backend, engine, batches, name: str) -> list[np.ndarray]:
         return [np.asarray(r.infer(b)[name]) for b in batches]
 
 
+def backend_identity(backend) -> str:
+    """What a backend's outputs depend on beyond the model: its ``identity()`` where it has one (the
+    TensorRT backend: TensorRT version, GPU, TF32), else its name."""
+    identity = getattr(backend, "identity", None)
+    return f"{backend.name}: {identity()}" if callable(identity) else str(backend.name)
+
+
 def reference_outputs(backend, reference, project: Project, batches, name: str) -> list[np.ndarray]:
-    """FP32 outputs on the project's evaluation data, cached by model + data + output + format
-    version. A damaged cache file is recomputed."""
-    key = f"outputs-v{OUTPUTS_FORMAT_VERSION}-{project.eval_data.sha256[:16]}-{len(batches)}-" \
+    """FP32 outputs on the project's evaluation data, cached by model (the reference's folder) +
+    backend identity + data + output + format version. A damaged cache file is recomputed."""
+    ident = sha256_bytes(backend_identity(backend).encode())[:12]
+    key = f"outputs-v{OUTPUTS_FORMAT_VERSION}-{ident}-{project.eval_data.sha256[:16]}-{len(batches)}-" \
           f"{name.replace('/', '_')}.npz"
     path = Path(reference.compiled_path).parent / key
     if path.is_file():

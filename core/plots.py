@@ -6,6 +6,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from .compile import ORT_CPU_FP16_KERNELS
 from .errors import MixprecError
 from .reports import LAYER_COLUMNS, PCT_LABEL, PRECISION_COLUMNS, REFORMAT_COLUMNS, TYPE_COLUMNS
 from .sensitivity import ranking_comparison
@@ -119,11 +120,13 @@ def plot_run_latency(runs: pd.DataFrame) -> go.Figure:
     """Median latency per run with a whisker up to p95, against the FP32 baseline (measured
     interleaved in every run) and the newest all-FP16 run, if any."""
     df = _runs(runs)
+    source = df["latency_source"] if "latency_source" in df.columns else pd.Series("", index=df.index)
     fig = go.Figure(go.Bar(
         x=run_names(df), y=df["latency_median_ms"].tolist(), name="median", marker={"color": "#72B7B2"},
         error_y={"type": "data", "symmetric": False, "array": (df["latency_p95_ms"] - df["latency_median_ms"]).tolist(),
                  "arrayminus": [0] * len(df)},
-        hovertemplate="%{x}<br>median %{y:.3f} ms<extra>whisker: p95</extra>"))
+        customdata=source.tolist(),
+        hovertemplate="%{x}<br>median %{y:.3f} ms<br>%{customdata}<extra>whisker: p95</extra>"))
     if len(df):
         fig.add_hline(y=float(df["fp32_median_ms"].median()), line_dash="dash", line_color=PRECISION_COLORS["FP32"],
                       annotation_text="FP32 baseline (median)", annotation_position="top left")
@@ -132,7 +135,9 @@ def plot_run_latency(runs: pd.DataFrame) -> go.Figure:
         fig.add_hline(y=float(fp16["latency_median_ms"].iloc[-1]), line_dash="dot",
                       line_color=PRECISION_COLORS["FP16"], annotation_text="all-FP16 run",
                       annotation_position="bottom left")
-    return _titled(fig, "Latency per run (bar: median, whisker: p95)", "Run", "Latency (ms)")
+    sources = sorted(set(source) - {""})
+    return _titled(fig, "Latency per run (bar: median, whisker: p95)"
+                   + (f"<br><sup>{' / '.join(sources)}</sup>" if sources else ""), "Run", "Latency (ms)")
 
 
 def plot_run_reformat(runs: pd.DataFrame) -> go.Figure:
@@ -178,21 +183,44 @@ def plot_quality_vs_latency(runs: pd.DataFrame) -> go.Figure:
                    "Cosine similarity to FP32 (mean)")
 
 
-def plot_run_layers(per_layer: pd.DataFrame, top: int = 30) -> go.Figure:
-    """The ``top`` slowest nodes of one run (ms per inference), coloured by their layer's precision."""
+SIMULATED_FP16 = "FP16 (simulated on CPU)"  # the legend entry of FP16 nodes ORT's CPU provider computes in float32
+SIMULATED_NOTE = "FP16 simulated on the CPU (float32 compute, fp16 rounding): its time is not FP16 time"
+
+
+def simulated_fp16(per_layer: pd.DataFrame, backend: str = "onnxruntime") -> pd.Series:
+    """Which nodes of a run's per-layer table are FP16 layers simulated on the CPU: on the ONNX
+    Runtime backend, every FP16 compute node whose op has no float16 CPU kernel
+    (``core.compile.ORT_CPU_FP16_KERNELS``); precision conversions are not layers."""
+    if backend != "onnxruntime":
+        return pd.Series(False, index=per_layer.index)
+    real = per_layer["op_type"].astype(str).map(lambda op: any(k in op for k in ORT_CPU_FP16_KERNELS))
+    reformat = per_layer["is_reformat"].astype(str).str.lower().isin(("true", "1"))
+    return (per_layer["precision"].astype(str).str.lower() == "fp16") & ~reformat & ~real
+
+
+def plot_run_layers(per_layer: pd.DataFrame, top: int = 30, backend: str = "onnxruntime") -> go.Figure:
+    """The ``top`` slowest nodes of one run (ms per inference), coloured by their layer's precision.
+    FP16 nodes simulated on the CPU (:func:`simulated_fp16`) are their own cross-hatched trace,
+    ``SIMULATED_FP16``, and the title says their time is not FP16 time."""
     _check(per_layer, ["name", "op_type", "precision", "ms", "pct", "is_reformat"], "per-layer run")
     df = per_layer.sort_values("ms", ascending=False).head(top).iloc[::-1]
-    prec = df["precision"].replace("", "other").str.upper()
+    sim = simulated_fp16(df, backend)
+    prec = df["precision"].replace("", "other").str.upper().where(~sim, SIMULATED_FP16)
     fig = go.Figure()
     for p in dict.fromkeys(prec):
         rows = df[prec == p]
+        shapes = ["x" if p == SIMULATED_FP16 else "/" if r else "" for r in rows["is_reformat"]]
         fig.add_trace(go.Bar(
             y=rows["name"].tolist(), x=rows["ms"].tolist(), orientation="h", name=p,
-            marker={"color": precision_color(p), "pattern": {"shape": ["/" if r else "" for r in rows["is_reformat"]]}},
+            marker={"color": precision_color("FP16" if p == SIMULATED_FP16 else p), "pattern": {"shape": shapes}},
             customdata=rows[["op_type", "pct"]].values.tolist(),
-            hovertemplate=f"%{{y}}<br>%{{customdata[0]}} · %{{x:.4f}} ms (%{{customdata[1]:.1f}} {PCT_LABEL})<extra>{p}</extra>"))
-    return _titled(fig, f"Per-layer latency of the run: top {len(df)} nodes (hatched: precision conversions)",
-                   "Mean time per inference (ms)", "", height=max(400, 22 * len(df)), legend_title_text="Precision")
+            hovertemplate=f"%{{y}}<br>%{{customdata[0]}} · %{{x:.4f}} ms (%{{customdata[1]:.1f}} {PCT_LABEL})"
+                          + ("<br>" + SIMULATED_NOTE if p == SIMULATED_FP16 else "") + f"<extra>{p}</extra>"))
+    title = f"Per-layer latency of the run: top {len(df)} nodes (hatched: precision conversions)"
+    if sim.any():
+        title += f"<br><sup>cross-hatched: {int(sim.sum())} {SIMULATED_NOTE}</sup>"
+    return _titled(fig, title, "Mean time per inference (ms)", "", height=max(400, 22 * len(df)),
+                   legend_title_text="Precision")
 
 
 def plot_ranking(ranking: pd.DataFrame, metric: str = "cos_drop", top: int = 20) -> go.Figure:
@@ -249,11 +277,11 @@ PARETO_COLUMNS = ["candidate", "method", "n_int8", "quality", "est_ms", "int8_ma
                   "boundaries", "pareto"]
 
 
-def plot_pareto(candidates_df: pd.DataFrame, chosen: int | None = None, budget=None) -> go.Figure:
+def plot_pareto(candidates_df: pd.DataFrame, chosen: int | None = None, budget=None, basis: str = "") -> go.Figure:
     """Quality against estimated latency of every evaluated candidate; the non-dominated ones
     highlighted and connected, ``chosen`` (a candidate id) starred. ``budget`` (a
     ``core.search.Budget``) names the y axis, draws its threshold and flips the axis when lower
-    is better."""
+    is better. ``basis`` says what the latency estimate rests on (on the x axis)."""
     _check(candidates_df, PARETO_COLUMNS, "candidates")
     df = candidates_df.sort_values("est_ms")
     front = df["pareto"].astype(bool)
@@ -278,4 +306,4 @@ def plot_pareto(candidates_df: pd.DataFrame, chosen: int | None = None, budget=N
         if budget.op == "<=":
             fig.update_yaxes(autorange="reversed")
     return _titled(fig, f"Pareto front: {int(front.sum())} of {len(df)} candidates (quality on the dev half)",
-                   "Estimated latency (ms)", metric, legend_title_text="")
+                   f"Estimated latency (ms{', ' + basis if basis else ''})", metric, legend_title_text="")

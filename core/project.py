@@ -13,6 +13,18 @@ from .samples import materialize_sample
 from .shapes import DimChoice, model_batch, shape_choices, shape_text, shapes_of
 from .workspace import Workspace
 
+# where the user deploys: what latency numbers are compared with, and what the search optimises
+DEPLOY_TARGETS = ("tensorrt", "onnxruntime")
+DEFAULT_TARGET = "tensorrt"  # mixprec's users deploy on TensorRT; ONNX Runtime (CPU) is the embedded backend
+TARGET_LABELS = {"tensorrt": "TensorRT (GPU)", "onnxruntime": "ONNX Runtime (CPU)"}
+
+
+def check_target(target: str) -> str:
+    """``target`` if it is a deployment target, else a MixprecError naming them."""
+    if target not in DEPLOY_TARGETS:
+        raise MixprecError(f"unknown deployment target {target!r}", f"use one of {', '.join(DEPLOY_TARGETS)}")
+    return target
+
 
 @dataclass
 class Project:
@@ -23,6 +35,7 @@ class Project:
     input_shapes: dict[str, tuple[int, ...]]
     ws: Workspace = field(default_factory=Workspace.default)
     shape_choices: list[DimChoice] = field(default_factory=list)  # every input dim: value and source
+    target: str = DEFAULT_TARGET  # the deployment target (DEPLOY_TARGETS): TensorRT on a GPU, or ONNX Runtime's CPU
 
     @property
     def data_generated(self) -> bool:
@@ -94,14 +107,16 @@ def _generated(model: LoadedModel, n: int, seed: int, shapes: dict[str, tuple[in
 
 def open_project(model_spec, data=None, eval_data=None, ws: Workspace | None = None, batch: int = 1,
                  shape_overrides: dict[str, int] | None = None, shapes: dict | None = None,
-                 progress=None) -> Project:
+                 progress=None, target: str = DEFAULT_TARGET) -> Project:
     """Load a model (path or ``sample:NAME``) with its data, at the input shapes given
     (``shapes``: whole inputs, ``shape_overrides``: named dims, ``batch``; see ``core.shapes``).
 
     Calibration data: ``data`` (a .npz path/bytes or Dataset), else the sample's calib.npz,
     else generated data. Evaluation data: ``eval_data``, else the sample's eval.npz, else the
     last quarter of ``data`` (which is then not used for calibration), else generated data
-    with another seed. Evaluation never sees calibration samples."""
+    with another seed. Evaluation never sees calibration samples. ``target``: where the model is
+    deployed (``DEPLOY_TARGETS``; default TensorRT, where mixprec's users deploy)."""
+    check_target(target)
     ws = ws or Workspace.default()
     model = load_model(model_spec, ws, progress=progress)
     if model.sample:
@@ -124,4 +139,4 @@ def open_project(model_spec, data=None, eval_data=None, ws: Workspace | None = N
     if evald is None:
         evald = _generated(model, max(16, 2 * b), 1, input_shapes)  # two batches: dev + held-out
     layers = build_inventory(model, calib.arrays, input_shapes)
-    return Project(model, layers, calib, evald, input_shapes, ws, choices)
+    return Project(model, layers, calib, evald, input_shapes, ws, choices, target)

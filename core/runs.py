@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import time
 import uuid
@@ -28,14 +29,14 @@ from .errors import MixprecError
 from .evaluation import engine_outputs, eval_batch, output_name, reference_engine, reference_outputs, timing_feed
 from .metrics import Quality, quality
 from .policy import Policy
-from .project import Project
+from .project import DEFAULT_TARGET, TARGET_LABELS, Project
 from .records import check_format
 from .reports import ReformatSummary, reformat_summary
 from .sensitivity import Ranking, Sensitivity
 from .workspace import Workspace, atomic_write_json, atomic_write_text
 
 RUN_COLUMNS = [
-    "run_id", "created", "model_name", "model_sha256", "label", "backend", "policy_sha256",
+    "run_id", "created", "model_name", "model_sha256", "label", "backend", "target", "latency_source", "policy_sha256",
     "latency_median_ms", "latency_p95_ms", "fp32_median_ms", "speedup",
     "reformat_count", "reformat_ms", "reformat_pct",
     "cosine_mean", "cosine_min", "snr_db", "max_abs", "top1_agreement", "knn5_overlap",
@@ -45,6 +46,45 @@ WARN_BELOW = 0.98  # default threshold of the quality warning (cosine_mean)
 GENERATED_NOTE = "on generated data"  # said next to every quality number computed on generated data
 # the files of a run directory runs/<id>/ (the compiled model and engine artifacts are the backend's)
 POLICY_FILE, METRICS_FILE, PER_LAYER_FILE = "policy.json", "metrics.json", "per_layer.csv"
+ORT_CPU_SOURCE = "ONNX Runtime CPU, measured"
+_TRT_REASON = re.compile(r"TensorRT (?P<version>[0-9][^\s]*) on (?P<gpu>.+?)(?: \(compute capability|$)")
+
+
+def latency_source(backend: str, backend_reason: str = "") -> str:
+    """What produced a build's latency numbers: ``ONNX Runtime CPU, measured`` or ``TensorRT
+    <version> on <GPU>, measured`` (read from the backend's reason, e.g. ``tensorrt: TensorRT 10.13
+    on NVIDIA A100 (compute capability 8.0)``)."""
+    if backend == "tensorrt":
+        m = _TRT_REASON.search(backend_reason or "")
+        return f"TensorRT {m['version']} on {m['gpu']}, measured" if m else "TensorRT (GPU), measured"
+    if backend == "onnxruntime":
+        return ORT_CPU_SOURCE
+    return f"{backend}, measured"
+
+
+def latency_caveat(target: str, backend: str) -> str:
+    """What a latency measured on ``backend`` says about the deployment ``target`` ("" when it is
+    measured there)."""
+    if target == "tensorrt" and backend != "tensorrt":
+        return ("Latency measured on ONNX Runtime's CPU does not predict TensorRT latency on the GPU (the target): "
+                "FP16 is simulated on the CPU for every op but LayerNormalization, and the CPU's INT8 kernels are "
+                "not TensorRT's. The quality numbers do transfer.")
+    if target == "onnxruntime" and backend == "tensorrt":
+        return "Latency measured on TensorRT does not predict ONNX Runtime CPU latency (the target)."
+    return ""
+
+
+def speedup_text(speedup: float | None) -> tuple[str, str]:
+    """A speedup against FP32 as words and a direction: ``("1.50× faster than FP32", "up")``,
+    ``("0.78× · 1.28× slower than FP32", "down")``, ``("1.00× · same as FP32", "off")``; a slowdown
+    always reads as one."""
+    if speedup is None or not math.isfinite(speedup) or speedup <= 0:
+        return "no FP32 reference", "off"
+    if round(speedup, 2) == 1.0:
+        return f"{speedup:.2f}× · same as FP32", "off"
+    if speedup > 1:
+        return f"{speedup:.2f}× faster than FP32", "up"
+    return f"{speedup:.2f}× · {1 / speedup:.2f}× slower than FP32", "down"
 
 
 @dataclass
@@ -52,8 +92,9 @@ class RunResult:
     """One build and its measurements. ``to_json()`` is the run's document (``metrics.json``
     is it without ``per_layer``, which is stored beside it as ``per_layer.csv``)."""
 
-    # 3: "warnings", "data_generated", "input_shapes"; 2: "kind"; 1 (no kind). Older ones are migrated by from_json.
-    FORMAT_VERSION: ClassVar[int] = 3
+    # 4: "latency_source", "target"; 3: "warnings", "data_generated", "input_shapes"; 2: "kind"; 1 (no kind).
+    # Older ones are migrated by from_json.
+    FORMAT_VERSION: ClassVar[int] = 4
     KIND: ClassVar[str] = "run"
 
     run_id: str
@@ -77,6 +118,18 @@ class RunResult:
     warnings: list[str] = field(default_factory=list)  # e.g. quality below the warning threshold
     data_generated: bool = False  # the evaluation data was generated: the quality numbers say so
     input_shapes: dict[str, list[int]] = field(default_factory=dict)  # the shapes it was built and measured at
+    latency_source: str = ORT_CPU_SOURCE  # what produced the latency numbers (:func:`latency_source`)
+    target: str = DEFAULT_TARGET  # the deployment target of the project it was built for
+
+    @property
+    def latency_note(self) -> str:
+        """What this run's latency says about its target ("" when it was measured on the target)."""
+        return latency_caveat(self.target, self.backend)
+
+    @property
+    def latency_label(self) -> str:
+        """The latency source with the target, e.g. ``ONNX Runtime CPU, measured · target TensorRT (GPU)``."""
+        return f"{self.latency_source} · target {TARGET_LABELS.get(self.target, self.target)}"
 
     @property
     def quality_note(self) -> str:
@@ -95,7 +148,7 @@ class RunResult:
             "latency_ms": {"median": self.latency.median_ms, "p95": self.latency.p95_ms,
                            "fp32_median": self.latency.ref_median_ms, "fp32_p95": self.latency.ref_p95_ms,
                            "iterations": self.latency.iterations},
-            "speedup": self.latency.speedup,
+            "speedup": self.latency.speedup, "latency_source": self.latency_source, "target": self.target,
             "reformat": asdict(self.reformat),
             "quality": q,
             "precision_counts": self.precision_counts,
@@ -133,7 +186,8 @@ class RunResult:
                 calibration_cache_hit=doc["calibration"]["cache_hit"],
                 per_layer=pd.DataFrame(rows or [], columns=PER_LAYER_COLUMNS),
                 warnings=[str(w) for w in doc["warnings"]], data_generated=bool(doc["data_generated"]),
-                input_shapes={k: [int(d) for d in v] for k, v in doc["input_shapes"].items()})
+                input_shapes={k: [int(d) for d in v] for k, v in doc["input_shapes"].items()},
+                latency_source=str(doc["latency_source"]), target=str(doc["target"]))
         except (KeyError, TypeError) as e:
             raise MixprecError(f"the stored run {doc.get('run_id', '?')} lacks the field {e}",
                                "delete the run and build the policy again") from e
@@ -143,6 +197,7 @@ class RunResult:
         q, lat, rf, pc = self.quality, self.latency, self.reformat, self.precision_counts
         row = {"run_id": self.run_id, "created": self.created, "model_name": self.model_name,
                "model_sha256": self.model_sha256, "label": self.label, "backend": self.backend,
+               "target": self.target, "latency_source": self.latency_source,
                "policy_sha256": self.policy_sha256, "latency_median_ms": lat.median_ms,
                "latency_p95_ms": lat.p95_ms, "fp32_median_ms": lat.ref_median_ms, "speedup": lat.speedup,
                "reformat_count": rf.count, "reformat_ms": rf.ms, "reformat_pct": rf.pct,
@@ -158,13 +213,17 @@ class RunResult:
 def _migrate(doc, kind: str):
     """A run document of an older format as the current one: format 1 had no ``kind``; formats 1
     and 2 had no ``warnings`` (none were given), ``data_generated`` (not known: False) and
-    ``input_shapes`` (not known: empty)."""
+    ``input_shapes`` (not known: empty); formats 1-3 had no ``latency_source`` (read from the
+    backend and its reason) and no ``target`` (TensorRT: the only target mixprec had)."""
     if not isinstance(doc, dict):
         return doc
     if "kind" not in doc and doc.get("format_version") == 1:
         doc = {**doc, "kind": kind, "format_version": 2}  # migration 1 -> 2
     if doc.get("kind") == kind and doc.get("format_version") == 2:  # migration 2 -> 3
         doc = {"warnings": [], "data_generated": False, "input_shapes": {}, **doc, "format_version": 3}
+    if doc.get("kind") == kind and doc.get("format_version") == 3:  # migration 3 -> 4
+        source = latency_source(str(doc.get("backend", "")), str(doc.get("backend_reason", "")))
+        doc = {"latency_source": source, "target": DEFAULT_TARGET, **doc, "format_version": 4}
     return doc
 
 
@@ -271,6 +330,7 @@ def build_and_measure(project: Project, policy: Policy, backend: str = "auto", l
             warnings=quality_warnings(project, policy, q, warn_below, ranking, generated),
             data_generated=generated,
             input_shapes={k: [int(d) for d in v] for k, v in project.input_shapes.items()},
+            latency_source=latency_source(be.name, reason), target=project.target,
         )
         _write_run(tmp_dir, result, policy)
         os.replace(tmp_dir, result.run_dir)

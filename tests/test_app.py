@@ -144,9 +144,12 @@ def test_search_under_budget_pareto_and_use_this_policy(ws):
     from ui.common import md
 
     assert md("meets cosine_mean>=0.99") in at.success[0].value and "held-out half" in at.success[0].value
+    assert job.params["target"] == "tensorrt" and "does not optimise CPU latency" in at.success[0].value
     (chart,) = at.get("plotly_chart")
-    names = [t["name"] for t in json.loads(chart.proto.spec)["data"]]
+    spec = json.loads(chart.proto.spec)
+    names = [t["name"] for t in spec["data"]]
     assert names[:2] == ["other candidates", "Pareto front"]
+    assert "ONNX Runtime CPU profiles, not the objective" in spec["layout"]["xaxis"]["title"]["text"]
     project = open_project(model, ws=ws)
     result = load_search(ws, project, "cosine_mean>=0.99", False)
     pick = at.selectbox(key="front_pick")
@@ -157,6 +160,8 @@ def test_search_under_budget_pareto_and_use_this_policy(ws):
     assert at.session_state[policy_key(ws, model)].sha256 == result.front_policy(pick.value).sha256
     again = ok(page("precision", model=model))  # a new session: the stored search, no recomputation
     assert len(again.get("plotly_chart")) == 1 and len(JobManager.for_workspace(ws).jobs()) == 1
+    again.sidebar.selectbox(key="target_pick").select("onnxruntime").run()  # stored searches are not per target
+    assert any("run with the other deployment target's objective (INT8 MAC share)" in c.value for c in ok(again).caption)
 
 
 def test_search_bad_budget_shows_the_fix(ws):
@@ -333,3 +338,68 @@ def test_results_page_shows_the_quality_warning(ws):
     assert r.warnings
     at = ok(page("build_and_results"))
     assert at.warning and "is below 1.01" in at.warning[0].value and "Sensitivity page" in at.warning[0].value
+
+
+def test_sidebar_shows_and_keeps_the_deployment_target(ws):
+    """TensorRT by default (where mixprec's users deploy), with the caveat that this machine's CPU
+    latency does not predict it; picking ONNX Runtime keeps it in the session and the URL, and
+    jobs carry it."""
+    at = ok(page("precision"))
+    pick = at.sidebar.selectbox(key="target_pick")
+    assert pick.value == "tensorrt" and any("**Target:** TensorRT (GPU)" in m.value for m in at.sidebar.markdown)
+    assert any("does not predict TensorRT latency" in c.value for c in at.sidebar.caption)
+    pick.select("onnxruntime").run()
+    ok(at)
+    assert at.session_state["source"]["target"] == "onnxruntime" and at.query_params["target"] == "onnxruntime"
+    assert any("**Target:** ONNX Runtime (CPU)" in m.value for m in at.sidebar.markdown)
+    assert not any("does not predict" in c.value for c in at.sidebar.caption)
+    at.button(key="rebuild").click().run()
+    (job,) = wait_all(ws)
+    assert job.params["target"] == "onnxruntime"
+    reloaded = AppTest.from_file(APP, default_timeout=120)  # a reload keeps the target (URL)
+    reloaded.query_params.update({"model": "sample:tiny-cnn", "target": "onnxruntime"})
+    ok(reloaded.run())
+    assert reloaded.sidebar.selectbox(key="target_pick").value == "onnxruntime"
+
+
+def test_precision_page_states_the_search_objective(ws):
+    at = ok(page("precision"))
+    assert any("Objective: INT8 MAC share" in i.value for i in at.info)  # TensorRT target, no TensorRT here
+    at.sidebar.selectbox(key="target_pick").select("onnxruntime").run()
+    assert not any("Objective: INT8 MAC share" in i.value for i in ok(at).info)
+    assert any("Objective: the estimated latency on onnxruntime" in c.value for c in at.caption)
+
+
+def test_results_page_shows_a_slowdown_as_one_and_the_latency_source(ws):
+    """A run slower than FP32 reads "… slower than FP32" in red with a down arrow (not "↑ 0.78×");
+    a faster one in green with an up arrow. The latency says what measured it, and, for the TensorRT
+    target, that ONNX Runtime CPU latency does not predict TensorRT's."""
+    from streamlit.proto.Metric_pb2 import Metric as MetricProto
+
+    from core.policy import uniform_policy
+    from core.project import open_project
+    from core.runs import build_and_measure
+
+    p = open_project("sample:tiny-cnn", ws=ws)
+    fast = build_and_measure(p, p.default_policy(), label="fast", iterations=3, profile_iterations=1)
+    slow = build_and_measure(p, uniform_policy(p.model, p.layers, "fp16"), label="all-FP16", iterations=3,
+                             profile_iterations=1)
+    for run, speedup in ((fast, 1.5), (slow, 0.78)):  # this CPU's noise must not decide the test
+        doc = json.loads((run.run_dir / "metrics.json").read_text())
+        (run.run_dir / "metrics.json").write_text(json.dumps(doc | {"speedup": speedup}))
+    at = ok(page("build_and_results"))
+    metric = next(m for m in at.metric if m.label == "Median latency")  # the newest run: all-FP16
+    assert metric.delta == "0.78× · 1.28× slower than FP32"
+    assert metric.proto.color == MetricProto.MetricColor.RED and metric.proto.direction == MetricProto.MetricDirection.DOWN
+    assert "ONNX Runtime CPU, measured" in metric.help
+    captions = [c.value for c in at.caption]
+    assert any("ONNX Runtime CPU, measured · deployment target TensorRT (GPU)" in c for c in captions)
+    assert any("latency ONNX Runtime CPU, measured · target TensorRT (GPU)" in c.replace("\\", "") for c in captions)
+    assert at.info and "does not predict TensorRT latency" in at.info[0].value
+    assert any(c.startswith("Run A latency: ONNX Runtime CPU, measured") and "does not predict" in c for c in captions)
+    history = at.dataframe[0].value
+    assert set(history["vs FP32"]) == {"1.50× faster than FP32", "0.78× · 1.28× slower than FP32"}
+    layers = at.get("plotly_chart")[-1].proto.spec
+    assert "FP16 (simulated on CPU)" in layers and "not FP16 time" in layers
+    at.selectbox(key="layers_run").select(fast.run_id).run()
+    assert "FP16 (simulated on CPU)" not in ok(at).get("plotly_chart")[-1].proto.spec  # INT8 default policy

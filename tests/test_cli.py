@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -73,13 +74,71 @@ def test_export_roundtrip_and_onnx(ws, tmp_path, tiny_transformer):
     assert y.shape == (2, 32)
     cmd = tmp_path / "trt.sh"
     cli(ws, "export", "sample:tiny-transformer", "--policy", str(pol), "--format", "trtexec", "--out", str(cmd))
-    text = cmd.read_text()
-    assert "/ffn/up/MatMul:fp16" in text and "/attn/q/MatMul:int8" in text
-    assert (tmp_path / "trt.calib.cache").read_text().startswith("TRT-")
+    text = cmd.read_text()  # INT8 MatMuls: built through Polygraphy and the post-process script (issue 11, bug 1)
+    script = (tmp_path / "trt.postprocess.py").read_text()
+    assert "'/ffn/up/MatMul': 'fp16'" in script and "'/attn/q/MatMul': 'int8'" in script
+    assert "--trt-network-postprocess-script trt.postprocess.py" in text and "--calib" not in text
+    assert not (tmp_path / "trt.calib.cache").exists()
     assert (tmp_path / "trt.named.onnx").is_file()
     typed = tmp_path / "typed.sh"
     cli(ws, "export", "sample:tiny-transformer", "--policy", str(pol), "--format", "trtexec-typed", "--out", str(typed))
     assert "--stronglyTyped" in typed.read_text() and (tmp_path / "typed.mixprec.onnx").is_file()
+
+
+def test_export_trtexec_for_int8_gemm_ships_a_postprocess_script(ws, tmp_path):
+    """Issue 11, bug 1: trtexec cannot range the weight Constants the parser makes for INT8 Gemm (tiny-cnn's
+    /fc/Gemm), so the build goes through Polygraphy with a shipped post-process script; the cache header
+    follows --trt-version, and a TensorRT without the legacy APIs is refused."""
+    cmd = tmp_path / "cnn.sh"
+    cli(ws, "export", "sample:tiny-cnn", "--format", "trtexec", "--out", str(cmd), "--trt-version", "10.8")
+    text = cmd.read_text()
+    build = next(l for l in text.splitlines() if l.startswith("polygraphy convert"))
+    for arg in ("cnn.named.onnx", "--precision-constraints obey", "--trt-network-postprocess-script cnn.postprocess.py",
+                "--trt-config-postprocess-script cnn.postprocess.py"):
+        assert arg in build
+    assert "--int8" not in build  # Polygraphy's --int8 adds a calibrator on random data
+    assert any(l.startswith("trtexec --loadEngine=model.plan") for l in text.splitlines())
+    script = (tmp_path / "cnn.postprocess.py").read_text()
+    compile(script, "cnn.postprocess.py", "exec")
+    assert "'/fc/Gemm': 'int8'" in script and "def postprocess(network)" in script
+    assert not (tmp_path / "cnn.calib.cache").exists()  # not used on this route
+    pol = tmp_path / "conv-only.json"  # INT8 convolutions only: trtexec builds it with the calibration cache
+    cli(ws, "export", "sample:tiny-cnn", "--format", "json", "--out", str(pol))
+    doc = json.loads(pol.read_text())
+    doc["layers"]["/fc/Gemm"] = "fp16"
+    pol.write_text(json.dumps(doc))
+    cli(ws, "export", "sample:tiny-cnn", "--policy", str(pol), "--format", "trtexec", "--out", str(cmd),
+        "--trt-version", "10.8")
+    text = cmd.read_text()
+    assert (tmp_path / "cnn.calib.cache").read_text().startswith("TRT-100800-EntropyCalibration2\n")
+    assert "--calib=cnn.calib.cache" in text and "--noTF32" in text and "/fc/Gemm:fp16" in text
+    p = cli(ws, "export", "sample:tiny-cnn", "--format", "trtexec", "--out", str(cmd), "--trt-version", "10.12",
+            check=False)
+    assert p.returncode == 2 and "--format trtexec-typed" in p.stderr
+
+
+def test_export_polygraphy_compares_against_fp32_and_passes(ws, tmp_path):
+    """Issue 11, bug 2: the Polygraphy export compares with FP32 ONNX Runtime outputs of the original at a
+    tolerance measured for the policy. Run here with ONNX Runtime standing in for TensorRT: it passes
+    at the exported tolerance and fails at Polygraphy's defaults (which is what the old export used)."""
+    out = tmp_path / "poly.sh"
+    cli(ws, "export", "sample:tiny-cnn", "--format", "polygraphy", "--out", str(out))
+    lines = [l for l in out.read_text().splitlines() if l.startswith("polygraphy run")]
+    assert len(lines) == 2 and "poly.named.onnx --onnxrt" in lines[0] and "--load-outputs" in lines[1]
+    assert "tolerance: 2 x the max abs error" in out.read_text()
+    exe = str(Path(sys.executable).parent / "polygraphy")
+
+    def run(line):
+        args = [a for a in shlex.split(line)[1:]]
+        return subprocess.run([exe, *args], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+    assert run(lines[0]).returncode == 0
+    args = shlex.split(lines[1])
+    cut = args.index("--load-inputs")  # ONNX Runtime instead of TensorRT: drop --trt, --strongly-typed, shapes
+    onnxrt = shlex.join([*args[:3], "--onnxrt", *args[cut:]])
+    assert run(onnxrt).returncode == 0, run(onnxrt).stdout
+    atol = args.index("--atol")
+    assert run(shlex.join([*args[:3], "--onnxrt", *args[cut:atol]])).returncode != 0
 
 
 def test_sample_command_writes_files(ws, tmp_path):

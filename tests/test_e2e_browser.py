@@ -305,3 +305,42 @@ def test_shape_editor_320_is_used_in_the_build(server, browser, tmp_path):
     _goto(page, "Export")
     page.get_by_text("--optShapes=images:1x3x320x320").first.wait_for(timeout=30_000)
     page.context.close()
+
+
+def test_slowdown_in_red_and_latency_labelled_for_what_it_is(server, browser, tmp_path):
+    """Issue 11 §3: tiny-cnn all-FP16 is slower than FP32 on this CPU (FP16 is simulated: Casts
+    around float32 kernels). The Results page shows it as a slowdown — red, a down arrow, "slower
+    than FP32" — and says what measured the latency (ONNX Runtime CPU) for which target (TensorRT),
+    and that it does not predict TensorRT latency. The per-layer chart marks the simulated FP16."""
+    url, ws = server
+    page = _new_page(browser, url, "/Build_and_results?model=sample:tiny-cnn")
+    page.get_by_role("heading", name="Build and results", exact=True).wait_for()
+    _idle(page)
+    sidebar = page.get_by_test_id("stSidebar")
+    assert sidebar.get_by_text("Target: TensorRT (GPU)").count() == 1
+    assert sidebar.get_by_text("does not predict TensorRT latency").count() == 1
+    page.get_by_role("button", name="Build the all-FP16 baseline").click()
+    metric = page.get_by_test_id("stMetric").filter(has_text="Median latency")
+    metric.wait_for(timeout=300_000)
+    _idle(page)
+    (job,) = JobManager.for_workspace(ws).jobs(kind="build")
+    assert job.status == "done" and job.params["target"] == "tensorrt", job
+    from core.runs import list_runs
+
+    speedup = float(list_runs(ws)["speedup"].iloc[0])
+    assert speedup < 1, f"all-FP16 tiny-cnn was not slower than FP32 on this CPU ({speedup:.2f}×)"
+    delta = metric.get_by_test_id("stMetricDelta")
+    assert "slower than FP32" in delta.inner_text() and f"{speedup:.2f}×" in delta.inner_text()
+    assert delta.get_by_test_id("stMetricDeltaIcon-Down").count() == 1
+    assert delta.get_by_test_id("stMetricDeltaIcon-Up").count() == 0
+    r, g, b = (int(v) for v in delta.evaluate("e => getComputedStyle(e).color").strip("rgba()").split(",")[:3])
+    assert r > 150 and r > g + 60 and r > b + 60, (r, g, b)  # red
+    assert page.get_by_text("ONNX Runtime CPU, measured · deployment target TensorRT (GPU)").count() == 1
+    assert page.get_by_text("does not predict TensorRT latency on the GPU").count() >= 1
+    assert page.get_by_text("latency ONNX Runtime CPU, measured · target TensorRT (GPU)").count() >= 1
+    layers = page.get_by_test_id("stPlotlyChart").filter(has_text="Per-layer latency of the run")
+    assert layers.get_by_text("FP16 (simulated on CPU)").count() >= 1
+    page.get_by_text("Runs of sample:tiny-cnn").evaluate("e => e.scrollIntoView({block: 'start'})")
+    page.wait_for_timeout(500)
+    _shot(page, tmp_path, "10-slowdown-and-latency-source")
+    page.context.close()

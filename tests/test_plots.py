@@ -98,3 +98,25 @@ def test_search_front_from_a_stored_document(candidates, isolated, tiny_cnn, tmp
     with pytest.raises(MixprecError, match="not a mixprec search document") as e:
         load_search(ws, tiny_cnn, "cosine_mean>=0.99", False)
     assert "compute it again" in str(e.value)
+
+
+def test_per_layer_chart_marks_fp16_simulated_on_the_cpu():
+    """On the ORT backend an FP16 MatMul is simulated (no float16 CPU kernel): its own cross-hatched
+    trace, and the title says its time is not FP16 time; a real float16 LayerNormalization, a Cast
+    (a conversion) and every node on TensorRT are not marked."""
+    from core.backends.base import PER_LAYER_COLUMNS
+    from core.plots import SIMULATED_FP16, plot_run_layers, simulated_fp16
+
+    rows = [("/mm", "MatMul", "/mm", "fp16", 0.4, 40.0, False), ("/ln", "LayerNormalization", "/ln", "fp16", 0.2, 20.0,
+            False), ("/cast", "Cast", "", "fp16", 0.1, 10.0, True), ("/q", "MatMul", "/q", "int8", 0.3, 30.0, False)]
+    df = pd.DataFrame(rows, columns=PER_LAYER_COLUMNS)
+    assert simulated_fp16(df).tolist() == [True, False, False, False]
+    fig = plot_run_layers(df)
+    by_name = {t.name: t for t in fig.data}
+    assert list(by_name[SIMULATED_FP16].y) == ["/mm"] and by_name[SIMULATED_FP16].marker.pattern.shape == ("x",)
+    assert "/mm" not in by_name["FP16"].y and set(by_name["FP16"].y) == {"/ln", "/cast"}
+    assert "not FP16 time" in fig.layout.title.text and "not FP16 time" in by_name[SIMULATED_FP16].hovertemplate
+    trt = plot_run_layers(df, backend="tensorrt")
+    assert SIMULATED_FP16 not in {t.name for t in trt.data} and "not FP16 time" not in trt.layout.title.text
+    # a table read back from per_layer.csv has is_reformat as text
+    assert simulated_fp16(df.astype({"is_reformat": str})).tolist() == [True, False, False, False]

@@ -2,12 +2,16 @@
 from __future__ import annotations
 
 import json
+import shlex
+from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
 from core.errors import MixprecError
-from core.export import polygraphy_command, trtexec_legacy_command, trtexec_typed_command
-from core.policy import policy_from_dict, policy_from_text, uniform_policy
+from core.export import (DEFAULT_TRT_VERSION, compiled_onnx, polygraphy_command, trtexec_legacy_command,
+                         trtexec_typed_command)
+from core.policy import Policy, policy_from_dict, policy_from_text, uniform_policy
 
 
 def test_default_policy_roundtrip(tiny_transformer):
@@ -57,7 +61,7 @@ def test_trtexec_exports_name_real_layers(minilm):
     typed = trtexec_typed_command(minilm.model, "m.mixprec.onnx", minilm.input_shapes)
     assert "--stronglyTyped" in typed and "--onnx=m.mixprec.onnx" in typed and "--fp16" not in typed
     poly = polygraphy_command(minilm.model, "m.mixprec.onnx", minilm.input_shapes)
-    assert poly.startswith("polygraphy run m.mixprec.onnx --trt --strongly-typed --onnxrt")
+    assert poly.splitlines()[1].startswith("polygraphy run m.mixprec.onnx --trt --strongly-typed")
     assert f"input_ids:[1,{seq}]" in poly
 
 
@@ -65,3 +69,91 @@ def test_uniform_int8_only_on_eligible(tiny_cnn):
     p = uniform_policy(tiny_cnn.model, tiny_cnn.layers, "int8")
     by = {l.name: l for l in tiny_cnn.layers}
     assert all((prec == "int8") == by[n].eligible for n, prec in p.layers.items())
+
+
+# ---------------------------------------------------------------------------- issue 11, section 2 (export bugs)
+
+def test_legacy_command_has_int8_and_calib_only_with_int8_layers(tiny_cnn):
+    """Bug 1: ``--calib`` without a written cache makes trtexec calibrate on random data."""
+    fp16 = uniform_policy(tiny_cnn.model, tiny_cnn.layers, "fp16")
+    cmd = trtexec_legacy_command(tiny_cnn.model, fp16, "m.onnx", "c.cache", tiny_cnn.input_shapes)
+    assert "--calib" not in cmd and "--int8" not in cmd and "--fp16" in cmd
+    int8 = tiny_cnn.default_policy()
+    assert "--calib=c.cache" in trtexec_legacy_command(tiny_cnn.model, int8, "m.onnx", "c.cache", tiny_cnn.input_shapes)
+    no_cache = trtexec_legacy_command(tiny_cnn.model, int8, "m.onnx", None, tiny_cnn.input_shapes)
+    assert "--calib" not in no_cache
+
+
+def test_calibration_cache_header_names_the_target_tensorrt(tiny_cnn):
+    """Bug 1: the header was hard-coded to TRT-100100 (10.1.0); TensorRT rejects another version's cache."""
+    from core.calibration import calibrate, trt_calibration_cache, trt_version_number
+
+    calib = calibrate(tiny_cnn.model, tiny_cnn.calib_data, "minmax", tiny_cnn.ws)
+    assert trt_calibration_cache(calib, "10.8.0.43").splitlines()[0] == "TRT-100800-EntropyCalibration2"
+    assert trt_calibration_cache(calib, DEFAULT_TRT_VERSION).startswith("TRT-101100-EntropyCalibration2\n")
+    assert trt_version_number("10.14.1") == 101401  # NV_TENSORRT_VERSION: major*10000 + minor*100 + patch
+    with pytest.raises(MixprecError, match="TensorRT version"):
+        trt_calibration_cache(calib, "8.6")
+
+
+def test_tf32_is_explicit_in_the_exported_commands(tiny_cnn):
+    """Bug 4: mixprec builds with TF32 off, trtexec defaults it on."""
+    pol, m, shapes = tiny_cnn.default_policy(), tiny_cnn.model, tiny_cnn.input_shapes
+    for cmd in (trtexec_legacy_command, lambda *a, **k: trtexec_typed_command(a[0], "c.onnx", a[4], **k)):
+        assert "--noTF32" in shlex.split(cmd(m, pol, "m.onnx", "c.cache", shapes))
+        assert "--noTF32" not in shlex.split(cmd(m, pol, "m.onnx", "c.cache", shapes, tf32=True))
+    assert "--tf32" not in polygraphy_command(m, "c.onnx", shapes)
+    assert "--tf32" in shlex.split(polygraphy_command(m, "c.onnx", shapes, tf32=True).splitlines()[1])
+
+
+def test_polygraphy_command_compares_with_fp32_outputs_at_explicit_tolerance(tiny_cnn):
+    """Bug 2: ONNX Runtime ran the compiled model, at Polygraphy's default 1e-5 tolerances."""
+    ref, run = polygraphy_command(tiny_cnn.model, "c.onnx", tiny_cnn.input_shapes, reference_onnx="orig.onnx",
+                                  inputs="in.json", outputs="fp32.json", atol=0.25).splitlines()
+    assert shlex.split(ref) == ["polygraphy", "run", "orig.onnx", "--onnxrt", "--load-inputs", "in.json",
+                                "--save-outputs", "fp32.json"]
+    args = shlex.split(run)
+    assert args[:3] == ["polygraphy", "run", "c.onnx"] and "--onnxrt" not in args
+    for flag, value in (("--load-inputs", "in.json"), ("--load-outputs", "fp32.json"), ("--atol", "0.25"),
+                        ("--rtol", "0")):
+        assert args[args.index(flag) + 1] == value
+
+
+def _spec(name):
+    return SimpleNamespace(name=name, dynamic_axes=(0,))
+
+
+def test_trtexec_name_checks_follow_trtexec_parsing(tiny_cnn):
+    """Bug 10: trtexec splits on the last ':' (so ':' is fine), but ',' splits entries, "'" quotes and '*'
+    is --layerPrecisions' wildcard; input names in shape flags were not checked at all."""
+    model = SimpleNamespace(inputs=[_spec("in:0")])
+    ok = trtexec_legacy_command(model, Policy("m", "0" * 64, "fp32", {"scope:conv": "int8"}), "m.onnx", "c",
+                                {"in:0": (1, 3)})
+    assert "--layerPrecisions=scope:conv:int8" in ok and "--optShapes=in:0:1x3" in ok
+    for bad in ("a,b", "a'b", "conv*"):
+        with pytest.raises(MixprecError, match="trtexec") as e:
+            trtexec_legacy_command(model, Policy("m", "0" * 64, "fp32", {bad: "fp16"}), "m.onnx", "c", {"in:0": (1, 3)})
+        assert e.value.details == [bad]
+    for bad in ("ids,mask", "it's"):
+        with pytest.raises(MixprecError, match="input names") as e:
+            trtexec_typed_command(SimpleNamespace(inputs=[_spec(bad)]), "c.onnx", {bad: (1, 3)})
+        assert e.value.details == [bad]
+
+
+def test_trt_target_export_requires_opset_13(tiny_cnn):
+    """Bug 8: the trt target's per-channel DequantizeLinear (axis) needs opset >= 13; say so, and how."""
+    old = replace(tiny_cnn, model=replace(tiny_cnn.model, opset=12))
+    with pytest.raises(MixprecError, match="opset 12.*needs opset >= 13") as e:
+        compiled_onnx(old, old.default_policy(), "trt")
+    assert "onnx.version_converter" in e.value.fix
+
+
+def test_legacy_int8_layers_output_fp32_like_the_typed_build(tiny_cnn):
+    """Bug 6: under an fp16 network default INT8 layers output fp32 in the compiled (strongly typed)
+    model but the network default in the legacy command; both now output fp32."""
+    pol = tiny_cnn.default_policy("fp16")
+    cmd = trtexec_legacy_command(tiny_cnn.model, pol, "m.onnx", "c.cache", tiny_cnn.input_shapes)
+    outputs = dict(kv.rsplit(":", 1) for kv in cmd.split("--layerOutputTypes=")[1].split()[0].split(","))
+    int8 = [n for n, p in pol.layers.items() if p == "int8"]
+    assert int8 and all(outputs[n] == "fp32" for n in int8)
+    assert {outputs[n] for n, p in pol.layers.items() if p == "fp16"} <= {"fp16"}

@@ -13,7 +13,8 @@ from core.backends.base import PER_LAYER_COLUMNS
 from core.errors import MixprecError
 from core.metrics import Quality
 from core.reports import ReformatSummary
-from core.runs import GENERATED_NOTE, RUN_COLUMNS, RunResult, build_and_measure, quality_warnings
+from core.runs import GENERATED_NOTE, ORT_CPU_SOURCE, RUN_COLUMNS, RunResult, build_and_measure, latency_caveat, \
+    latency_source, quality_warnings, speedup_text
 from core.sensitivity import RANK_COLUMNS, Ranking
 from core.store import list_runs, load_run, load_run_per_layer
 from core.workspace import Workspace, atomic_write_json, atomic_write_text
@@ -111,7 +112,8 @@ def _run(snr=float("inf"), per_layer=True, new_fields=True) -> RunResult:
         calibration_method="minmax", calibration_cache_hit=True,
         per_layer=pd.DataFrame(rows if per_layer else [], columns=PER_LAYER_COLUMNS),
         **(dict(warnings=["cosine_mean 0.9000 is below 0.98: …"], data_generated=True,
-                input_shapes={"x": [1, 3, 320, 320]}) if new_fields else {}))
+                input_shapes={"x": [1, 3, 320, 320]}, latency_source=ORT_CPU_SOURCE, target="onnxruntime")
+           if new_fields else {}))
 
 
 def _same_run(a: RunResult, b: RunResult):
@@ -135,14 +137,24 @@ def test_run_round_trips_through_its_record():
 
 def test_run_records_of_an_older_or_foreign_format(tmp_path):
     doc = {k: v for k, v in _run().to_json().items() if k != "per_layer"}  # as in metrics.json
-    v2 = {k: v for k, v in doc.items() if k not in ("warnings", "data_generated", "input_shapes")} \
+    v3 = {k: v for k, v in doc.items() if k not in ("latency_source", "target")} | {"format_version": 3}
+    v2 = {k: v for k, v in v3.items() if k not in ("warnings", "data_generated", "input_shapes")} \
         | {"format_version": 2}  # before quality warnings
     v1 = {k: v for k, v in v2.items() if k != "kind"} | {"format_version": 1}  # mixprec before run records
     old = _run(per_layer=False, new_fields=False)
     assert old.warnings == [] and old.data_generated is False and old.input_shapes == {}
+    assert old.latency_source == ORT_CPU_SOURCE and old.target == "tensorrt"
     _same_run(RunResult.from_json(v2), old)
     _same_run(RunResult.from_json(v1), old)
-    assert RunResult.from_json(v2).to_json()["format_version"] == RunResult.FORMAT_VERSION == 3
+    assert RunResult.from_json(v2).to_json()["format_version"] == RunResult.FORMAT_VERSION == 4
+    # 3 -> 4: the latency source is read from the backend and its reason; the target was TensorRT
+    migrated = RunResult.from_json(v3)
+    assert migrated.latency_source == ORT_CPU_SOURCE and migrated.target == "tensorrt"
+    assert migrated.warnings == doc["warnings"] and migrated.input_shapes == {"x": [1, 3, 320, 320]}
+    gpu = RunResult.from_json(v3 | {"backend": "tensorrt", "backend_reason": "tensorrt: TensorRT 10.13.0.35 on "
+                                    "NVIDIA A100-SXM4-40GB (compute capability 8.0)"})
+    assert gpu.latency_source == "TensorRT 10.13.0.35 on NVIDIA A100-SXM4-40GB, measured"
+    assert gpu.to_json()["latency_source"] == gpu.latency_source and gpu.latency_note == ""
     with pytest.raises(MixprecError, match="newer than this mixprec reads"):
         RunResult.from_json(doc | {"format_version": 99})
     with pytest.raises(MixprecError, match="not a mixprec run document"):
@@ -160,6 +172,39 @@ def test_run_records_of_an_older_or_foreign_format(tmp_path):
     assert load_run(ws, "new").run_dir == ws.runs / "new" and load_run(ws, "new").per_layer.empty
     with pytest.raises(MixprecError, match="there is no run 'gone'"):
         load_run(ws, "gone")
+
+
+def test_latency_source_and_what_it_predicts():
+    assert latency_source("onnxruntime", "onnxruntime: ONNX Runtime 1.22.0 on the CPU") == "ONNX Runtime CPU, measured"
+    assert latency_source("tensorrt", "tensorrt: TensorRT 10.8.0 on NVIDIA L4 (compute capability 8.9)") == \
+        "TensorRT 10.8.0 on NVIDIA L4, measured"
+    assert latency_source("tensorrt", "something else") == "TensorRT (GPU), measured"
+    assert "does not predict TensorRT latency" in latency_caveat("tensorrt", "onnxruntime")
+    assert latency_caveat("onnxruntime", "onnxruntime") == "" and latency_caveat("tensorrt", "tensorrt") == ""
+    r = _run()  # target onnxruntime, measured there: nothing to say
+    assert r.latency_note == "" and r.latency_label == "ONNX Runtime CPU, measured · target ONNX Runtime (CPU)"
+    assert r.row()["latency_source"] == ORT_CPU_SOURCE and r.row()["target"] == "onnxruntime"
+    from dataclasses import replace
+
+    assert "does not predict TensorRT latency" in replace(r, target="tensorrt").latency_note
+
+
+def test_a_slowdown_reads_as_one():
+    assert speedup_text(1.5) == ("1.50× faster than FP32", "up")
+    assert speedup_text(0.78) == ("0.78× · 1.28× slower than FP32", "down")
+    assert speedup_text(1.001) == ("1.00× · same as FP32", "off")
+    assert speedup_text(float("nan"))[1] == "off" and speedup_text(None)[1] == "off"
+
+
+def test_build_records_the_target_and_latency_source(ws, tiny_cnn):
+    from dataclasses import replace
+
+    r = build_and_measure(replace(tiny_cnn, ws=ws, target="tensorrt"), tiny_cnn.default_policy(), iterations=3,
+                          profile_iterations=1)
+    assert r.backend == "onnxruntime" and r.latency_source == ORT_CPU_SOURCE and r.target == "tensorrt"
+    assert "does not predict TensorRT latency" in r.latency_note
+    stored = load_run(ws, r.run_id)
+    assert stored.latency_source == ORT_CPU_SOURCE and stored.target == "tensorrt"
 
 
 def _ranking(names: list[str]) -> Ranking:
@@ -203,9 +248,25 @@ def test_cli_build_json_carries_the_warning(ws, tiny_cnn, monkeypatch, capsys):
     assert main(["build", "sample:tiny-cnn", "--json", "--iterations", "3", "--warn-below", "1.01"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["data_generated"] is False and len(doc["warnings"]) == 1
+    assert doc["target"] == "tensorrt" and doc["latency_source"] == ORT_CPU_SOURCE  # the default target
     assert doc["warnings"][0].startswith("cosine_mean ") and "below 1.01" in doc["warnings"][0]
     assert main(["build", "sample:tiny-cnn", "--iterations", "3", "--warn-below", "1.01"]) == 0
     assert "\nwarning: cosine_mean" in capsys.readouterr().out
+    assert "does not predict TensorRT latency" in doc["latency_note"] and "FP32" in doc["speedup_text"]
+
+
+def test_cli_target_in_the_json_and_the_text(ws, monkeypatch, capsys):
+    from core.cli import main
+
+    monkeypatch.setenv("MIXPREC_WORKSPACE", str(ws.root))
+    assert main(["build", "sample:tiny-cnn", "--json", "--iterations", "3", "--target", "onnxruntime"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["target"] == "onnxruntime" and doc["latency_note"] == ""
+    assert main(["build", "sample:tiny-cnn", "--iterations", "3"]) == 0
+    text = capsys.readouterr().out
+    assert "[ONNX Runtime CPU, measured · target TensorRT (GPU)]" in text and "does not predict TensorRT" in text
+    assert main(["inspect", "sample:tiny-cnn", "--json", "--target", "onnxruntime"]) == 0
+    assert json.loads(capsys.readouterr().out)["target"] == "onnxruntime"
 
 
 def test_search_verdict_carries_the_warning_and_says_generated(tiny_cnn, tmp_path):

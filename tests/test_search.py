@@ -118,3 +118,36 @@ def test_top1_drop_budget_uses_labels(tiny_cnn, tmp_path):
 def test_budget_metric_must_apply(tiny_transformer):
     with pytest.raises(MixprecError, match="does not apply"):
         search(tiny_transformer, SearchConfig("top1_drop<=1%", workers=1, verify=False))
+
+
+def test_tensorrt_target_without_tensorrt_searches_mac_share_not_cpu_latency(tiny_cnn):
+    """Target TensorRT where TensorRT does not run: the search ranks candidates by INT8 MAC share,
+    then fewest boundaries (not by the CPU latency estimate), and its verdict says so."""
+    from dataclasses import replace
+
+    from core.metrics import Quality
+    from core.search.result import Candidate
+    from core.search.searcher import MAC_SHARE_NOTE, _preference, search_objective
+
+    assert search_objective("auto", "tensorrt", "onnxruntime") == "mac_share"
+    assert search_objective("auto", "tensorrt", "tensorrt") == "latency"
+    assert search_objective("auto", "onnxruntime", "onnxruntime") == "latency"
+    assert search_objective("latency", "tensorrt", "onnxruntime") == "latency"
+    with pytest.raises(MixprecError, match="unknown search objective"):
+        search_objective("speed", "tensorrt", "onnxruntime")
+    q = Quality(0.995, 0.99, 30.0, 0.1, None, None, 8)
+    fast = Candidate("minmax", frozenset({"a"}), q, 1.0, 0.4, 0.0, True, boundaries=2)
+    more_int8 = Candidate("minmax", frozenset({"a", "b"}), q, 1.5, 0.9, 0.0, True, boundaries=3)
+    fewer_edges = Candidate("minmax", frozenset({"a", "c"}), q, 1.6, 0.9, 0.0, True, boundaries=1)
+    b = Budget.parse("cosine_mean>=0.99")
+    assert min([fast, more_int8, fewer_edges], key=_preference(b)) is fast
+    assert min([fast, more_int8, fewer_edges], key=_preference(b, "mac_share")) is fewer_edges
+
+    config = SearchConfig("cosine_mean>=0.99", methods=("minmax",), workers=1, verify=False)
+    r = search(replace(tiny_cnn, target="tensorrt"), config)
+    assert MAC_SHARE_NOTE in r.message and "does not optimise CPU latency" in r.message
+    c = r.candidates
+    chosen = c.set_index("candidate").loc[r.chosen]
+    assert chosen.int8_mac_share == c[c.meets_budget].int8_mac_share.max()
+    on_cpu = search(replace(tiny_cnn, target="onnxruntime"), config)
+    assert MAC_SHARE_NOTE not in on_cpu.message

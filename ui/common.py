@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import streamlit as st
@@ -13,12 +14,13 @@ from core.backends import select_backend
 from core.errors import MixprecError
 from core.jobs import Job, JobManager
 from core.policy import Policy
-from core.project import Project, open_project
+from core.project import DEFAULT_TARGET, DEPLOY_TARGETS, Project, open_project
+from core.runs import speedup_text
 from core.workspace import Workspace
 
 SAMPLES = ["sample:minilm", "sample:tiny-cnn", "sample:tiny-transformer"]
 DEFAULT_MODEL = SAMPLES[0]
-SOURCE_KEYS = ("model", "data", "eval_data")  # and "shapes": the input shapes the user set (Model page)
+SOURCE_KEYS = ("model", "data", "eval_data")  # and "shapes" (the input shapes the user set), "target" (sidebar)
 _MARKDOWN = re.compile(r"([\\`*_{}\[\]<>()#+!|~$:&^=])")
 
 
@@ -50,6 +52,21 @@ def auto_backend() -> str:
     return select_backend("auto")[1]
 
 
+def auto_backend_name() -> str:
+    """The name of the backend `auto` picks here (``onnxruntime`` or ``tensorrt``)."""
+    return auto_backend().split(":", 1)[0]
+
+
+_DELTA = {"up": "green", "down": "red", "off": "gray"}
+
+
+def speedup_metric(where, label: str, value: str, speedup, help: str | None = None) -> None:
+    """An ``st.metric`` whose delta is the speedup against FP32 in words: green with an up arrow
+    when faster, red with a down arrow and "slower than FP32" when slower (``core.runs.speedup_text``)."""
+    text, direction = speedup_text(speedup)
+    where.metric(label, value, text, delta_color=_DELTA[direction], delta_arrow=direction, help=help)
+
+
 # --- the model and data of this session -------------------------------------------------------
 def _shapes_text(shapes: dict | None) -> str:
     """Input shapes as the URL keeps them (JSON, any input name): ``{"images":[1,3,320,320]}``."""
@@ -73,6 +90,7 @@ def source() -> dict:
         st.session_state["source"] = {k: qp.get(k) for k in SOURCE_KEYS}
         st.session_state["source"]["model"] = st.session_state["source"]["model"] or DEFAULT_MODEL
         st.session_state["source"]["shapes"] = _shapes_from_text(qp.get("shapes"))
+        st.session_state["source"]["target"] = qp.get("target") if qp.get("target") in DEPLOY_TARGETS else None
         if qp.get("job"):  # re-attach to the job this browser tab started before a reload
             st.session_state.setdefault("my_jobs", []).append(qp["job"])
     return st.session_state["source"]
@@ -83,11 +101,26 @@ def shapes() -> dict[str, list[int]] | None:
     return source().get("shapes") or None
 
 
+def target() -> str:
+    """The session's deployment target (sidebar; kept in the URL): ``tensorrt`` unless the user picked another."""
+    t = source().get("target")
+    return t if t in DEPLOY_TARGETS else DEFAULT_TARGET
+
+
+def set_target(value: str) -> None:
+    """Deploy on ``value`` (``core.project.DEPLOY_TARGETS``); keeps the model, data and shapes."""
+    src = source()
+    set_source(src["model"], src.get("data"), src.get("eval_data"), src.get("shapes"), value)
+
+
 def set_source(model: str, data: str | None = None, eval_data: str | None = None,
-               shapes: dict | None = None) -> None:
-    """The session's model, data and input shapes (a new model starts from its default shapes); kept in the URL."""
+               shapes: dict | None = None, target: str | None = None) -> None:
+    """The session's model, data and input shapes (a new model starts from its default shapes) and
+    deployment target (None: the one chosen so far); kept in the URL."""
+    target = target or st.session_state.get("source", {}).get("target")
     st.session_state["source"] = {"model": model, "data": data, "eval_data": eval_data,
-                                  "shapes": _shapes_from_text(_shapes_text(shapes))}
+                                  "shapes": _shapes_from_text(_shapes_text(shapes)),
+                                  "target": target if target in DEPLOY_TARGETS else None}
     for k, v in {**st.session_state["source"], "shapes": _shapes_text(shapes)}.items():
         if v:
             st.query_params[k] = v
@@ -98,7 +131,7 @@ def set_source(model: str, data: str | None = None, eval_data: str | None = None
 def set_shapes(shapes: dict | None) -> None:
     """Keep the model and data, use these input shapes (None: back to the defaults)."""
     src = source()
-    set_source(src["model"], src.get("data"), src.get("eval_data"), shapes)
+    set_source(src["model"], src.get("data"), src.get("eval_data"), shapes, src.get("target"))
 
 
 @st.cache_resource(show_spinner="Opening the model (the first MiniLM load exports it: ~20 s)…", max_entries=8)
@@ -107,8 +140,11 @@ def _open(model: str, data: str | None, eval_data: str | None, shapes: str, ws_r
 
 
 def open_source(model: str, data: str | None = None, eval_data: str | None = None,
-                shapes: dict | None = None) -> Project:
-    return _open(model, data, eval_data, _shapes_text(shapes), str(workspace().root))
+                shapes: dict | None = None, target: str | None = None) -> Project:
+    """The (cached) project, for the deployment ``target`` (the session's if None)."""
+    p = _open(model, data, eval_data, _shapes_text(shapes), str(workspace().root))
+    t = target if target in DEPLOY_TARGETS else DEFAULT_TARGET
+    return p if p.target == t else replace(p, target=t)
 
 
 def project() -> Project:

@@ -34,6 +34,8 @@ def section(layer_names: list[str]) -> None:
                     + (f", {rf.ms:.4f} ms of {rf.total_ms:.4f} ms ({rf.pct:.1f} {PCT_LABEL})" if rep.has_profile
                        else " (no profile loaded: no times)"))
         if rep.has_profile:
+            st.caption("Latency: TensorRT on the GPU that ran trtexec, measured (the imported profile).")
+        if rep.has_profile:
             c1, c2 = st.columns(2)
             c1.plotly_chart(plot_layer_latency(rep.layers), key="trt_layers_chart")
             c2.plotly_chart(plot_latency_by_type(rep.latency_by_type()), key="trt_types_chart")

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import streamlit as st
 
+from core.project import DEPLOY_TARGETS, TARGET_LABELS
+from core.runs import latency_caveat
 from ui import common as ui
 
 
@@ -27,10 +29,23 @@ class PageInfo:
                        default=default)
 
 
+def _pick_target() -> None:
+    ui.set_target(st.session_state["target_pick"])
+
+
 def sidebar() -> None:
     src = ui.source()
     with st.sidebar:
         st.markdown(f"**Model:** {ui.code(src['model'])}")
+        target = ui.target()
+        st.selectbox("Deployment target", DEPLOY_TARGETS, index=DEPLOY_TARGETS.index(target), key="target_pick",
+                     format_func=TARGET_LABELS.get, on_change=_pick_target,
+                     help="Where the model will run. It labels every latency number and sets what the search "
+                          "optimises.")
+        st.markdown(f"**Target:** {TARGET_LABELS[target]}")
+        caveat = latency_caveat(target, ui.auto_backend_name())
+        if caveat:
+            st.caption(caveat)
         if ui.shapes():
             st.caption("Input shapes: " + ", ".join(f"{ui.md(n)}={'x'.join(map(str, dims))}"
                                                     for n, dims in ui.shapes().items()))

@@ -23,7 +23,7 @@ def section(p: Project, pol: Policy, counts: dict) -> None:
     if r3.button("Rebuild", type="primary", key="rebuild"):
         src = ui.source()
         job = ui.submit("build", build_params(src["model"], pol.to_json(), src["data"], src["eval_data"], backend,
-                                              label, shapes=ui.shapes()),
+                                              label, shapes=ui.shapes(), target=ui.target()),
                         label or f"int8={counts['int8']} fp16={counts['fp16']} fp32={counts['fp32']}")
         if job:
             st.toast(f"Build queued: {ui.md(job.label)}")

@@ -1,6 +1,7 @@
 """Results page, what to know about a run's numbers: its quality warning (below the threshold,
 with the worst layers or the way to find them), whether its quality was measured on generated
-data, and the input shapes it was built and measured at."""
+data, the input shapes it was built and measured at, and what measured its latency (and whether
+that predicts its deployment target's)."""
 from __future__ import annotations
 
 import pandas as pd
@@ -8,7 +9,8 @@ import streamlit as st
 
 from core.errors import MixprecError
 from core.project import Project
-from core.runs import GENERATED_NOTE, worst_int8_layers
+from core.project import TARGET_LABELS
+from core.runs import GENERATED_NOTE, latency_caveat, worst_int8_layers
 from core.shapes import shape_text
 from core.store import load_run, run_policy
 from ui import common as ui
@@ -24,7 +26,7 @@ def section(p: Project, run_id: str) -> None:
         st.warning(f"Run {ui.md(run.label)}: {ui.md(w)}")
     if run.warnings and not any("worst INT8 layers" in w for w in run.warnings):
         _ranked_now(p, run)
-    notes = []
+    notes = [f"latency {run.latency_label}"]
     if run.data_generated:
         notes.append(f"quality {GENERATED_NOTE} (give evaluation data on the Model page for numbers that hold)")
     if run.input_shapes:
@@ -34,8 +36,15 @@ def section(p: Project, run_id: str) -> None:
 
 
 def comparison(runs: pd.DataFrame, a: str, b: str) -> None:
-    """Says which of the two compared runs have their quality on generated data."""
-    gen = runs.set_index("run_id")["data_generated"].to_dict()
+    """Says what measured each compared run's latency (and when that does not predict its target's),
+    and which of the two have their quality on generated data."""
+    by_id = runs.set_index("run_id")
+    for name, r in (("A", a), ("B", b)):
+        row = by_id.loc[r]
+        caveat = latency_caveat(row["target"], row["backend"])
+        st.caption(f"Run {name} latency: {ui.md(row['latency_source'])} · target "
+                   f"{TARGET_LABELS.get(row['target'], ui.md(row['target']))}" + (f". {caveat}" if caveat else ""))
+    gen = by_id["data_generated"].to_dict()
     which = list(dict.fromkeys(r for r in (a, b) if bool(gen.get(r))))
     if which:
         both = "Both runs'" if len(which) == 2 or a == b else f"Run {'A' if which[0] == a else 'B'}'s"

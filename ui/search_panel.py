@@ -10,6 +10,7 @@ from core.plots import plot_pareto
 from core.project import Project
 from core.runs import GENERATED_NOTE
 from core.search import BUDGET_METRICS
+from core.search.searcher import MAC_SHARE_NOTE, search_objective
 from ui import common as ui
 
 
@@ -22,35 +23,51 @@ def section(p: Project) -> None:
                                     + ", ".join(BUDGET_METRICS))
         smooth = s2.checkbox("SmoothQuant-style smoothing", key="search_smooth")
         try:
-            params = search_params(src["model"], src["data"], src["eval_data"], budget, smooth, shapes=ui.shapes())
+            params = search_params(src["model"], src["data"], src["eval_data"], budget, smooth, shapes=ui.shapes(),
+                                   target=ui.target())
         except MixprecError as e:
             st.error(str(e))
             return
+        objective = search_objective("auto", ui.target(), ui.auto_backend_name())
+        if objective == "mac_share":
+            st.info(MAC_SHARE_NOTE)
+        else:
+            st.caption(f"Objective: the estimated latency on {ui.auto_backend_name()} (the latency model fitted on its "
+                       "profiles), then the fewest INT8/float boundaries.")
         result = ui.search_result(p, params["budget"], smooth)
         ui.job_button("search", params, f"search {params['budget']} · {p.model.name}", "Start the search",
                       "start_search", result is not None, "Not searched yet for this budget: the search chooses on "
                       "half of the evaluation data and verifies on the other half (MiniLM: a few minutes).")
         if result is not None:
-            _result(p, result)
+            _result(p, result, objective)
 
 
-def _result(p: Project, result) -> None:
-    """A stored ``SearchResult``: verdict, Pareto chart, the front and the front point to use."""
+def _result(p: Project, result, objective: str) -> None:
+    """A stored ``SearchResult``: verdict, Pareto chart, the front and the front point to use
+    (``objective``: what a search for the session's target would optimise)."""
     met = result.met_on_dev and result.met_on_holdout is not False
     (st.success if met else st.warning)(ui.md(result.message))
+    if (MAC_SHARE_NOTE in result.message) != (objective == "mac_share"):  # stored searches are not kept per target
+        st.caption("This stored search was run with the other deployment target's objective ("
+                   + ("INT8 MAC share" if MAC_SHARE_NOTE in result.message else "estimated CPU latency") + ").")
     if result.run is not None and result.run.data_generated and GENERATED_NOTE not in result.message:
         st.caption(f"The search's quality numbers are {GENERATED_NOTE}.")  # a search stored before it said so
-    st.plotly_chart(plot_pareto(result.candidates, result.chosen, result.budget), key="pareto_chart")
+    basis = "estimate from " + (result.run.latency_source.replace(", measured", "") if result.run else "the backend's") \
+        + " profiles" + (", not the objective" if MAC_SHARE_NOTE in result.message else "")
+    st.plotly_chart(plot_pareto(result.candidates, result.chosen, result.budget, basis), key="pareto_chart")
     front = result.front
     st.dataframe(front, hide_index=True)
     f1, f2 = st.columns([3, 1])
     points = {r.candidate: f"#{r.candidate}{' (chosen)' if r.candidate == result.chosen else ''}: "
-              f"{r.n_int8} layers INT8, {r.method}, {r.est_ms:.3f} ms, {r.quality:.4f}" for r in front.itertuples()}
+              f"{r.n_int8} layers INT8, {r.method}, {r.est_ms:.3f} ms est., {100 * r.int8_mac_share:.0f}% MACs INT8, "
+              f"{r.quality:.4f}" for r in front.itertuples()}
+    if result.chosen is not None and result.chosen not in points:  # chosen by MAC share: not on the latency front
+        points[result.chosen] = f"#{result.chosen} (chosen, by INT8 MAC share; not on the latency front)"
     pick = f1.selectbox("Front point", list(points), format_func=points.get, key="front_pick")
     f2.write("")
     if f2.button("Use this policy", type="primary", key="use_front"):
         try:
-            ui.set_policy(p, result.front_policy(int(pick)))
+            ui.set_policy(p, result.policy if pick == result.chosen else result.front_policy(int(pick)))
             ui.flash(f"Front point #{pick} is now the current policy: Rebuild to measure it.", rerun=True)
         except MixprecError as e:
             st.error(str(e))

@@ -12,8 +12,10 @@ Two build paths, picked by the installed TensorRT version (:func:`build_mode`):
     ``precision_constraints="obey"``) and INT8 ranges from mixprec's calibration set as tensor
     dynamic ranges: implicit quantization without running a calibrator. The ONNX parser names
     each layer after its node and writes ``[ONNX Layer: <node>]`` into the layer's metadata, so
-    every layer TensorRT makes for a policy node gets that node's precision. Layers of nodes the
-    policy does not list (Relu, Add, Reshape, ...) are left to TensorRT.
+    those layers get that node's precision. The layers it creates without metadata (weight
+    Constants and their Shuffles, broadcast shuffles, Gemm bias/alpha/beta) take the node of the
+    layers next to them (:func:`policy_nodes`). Layers of nodes the policy does not list are left
+    to TensorRT.
 
 Engines are bound to the GPU model and the TensorRT version: they are cached in
 ``engines/tensorrt/`` under a key of everything they depend on (:func:`engine_cache_key`).
@@ -39,7 +41,7 @@ import pandas as pd
 from ..compile import compile_policy
 from ..errors import MixprecError
 from ..evaluation import EVAL_BATCH
-from ..reports import metadata_nodes, parse_layers
+from ..reports import _ONNX_LAYER, metadata_nodes, parse_layers  # one metadata parser (issue 11, bug 9)
 from ..shapes import batch_axes
 from ..workspace import Workspace, atomic_write_bytes, atomic_write_json, sha256_bytes
 from .base import Backend, Engine, Latency, ProfileRow, Runner, latency_from_pairs, per_layer_frame
@@ -49,7 +51,7 @@ MIN_VERSION = (10, 0)          # TensorRT 10 API: execute_async_v3, ILayer.metad
 STRONG_TYPING_FROM = (10, 12)  # per-layer precision APIs deprecated, superseded by strong typing
 LEGACY_REMOVED_IN = (11, 0)    # ... and removed
 DEFAULT_WORKSPACE_BYTES = 4 << 30
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: the key covers the parsed ONNX's digest, the legacy constraints and TF32 (issue 11, bugs 4/5)
 INT8_COMPUTE = ("CONVOLUTION", "DECONVOLUTION", "MATRIX_MULTIPLY")  # the layers of an INT8 node that run int8
 NO_PRECISION = ("CONSTANT", "SHAPE")  # layers a precision constraint must not touch
 INSTALL = "pip install tensorrt-cu12 or tensorrt-cu13 on a machine with an NVIDIA GPU"
@@ -62,7 +64,7 @@ POLYGRAPHY_CALLS = {
     "polygraphy.backend.trt.NetworkFromOnnxPath": ("strongly_typed",),
     "polygraphy.backend.trt.SetLayerPrecisions": (),
     "polygraphy.backend.trt.PostprocessNetwork": ("name",),
-    "polygraphy.backend.trt.CreateConfig": ("fp16", "int8", "precision_constraints", "profiles",
+    "polygraphy.backend.trt.CreateConfig": ("fp16", "int8", "tf32", "precision_constraints", "profiles",
                                             "profiling_verbosity", "memory_pool_limits"),
     "polygraphy.backend.trt.EngineBytesFromNetwork": ("config",),
     "polygraphy.backend.trt.EngineFromBytes": (),
@@ -119,6 +121,21 @@ def build_mode(trt_version: str, requested: str = "auto") -> str:
     if requested != "auto":
         return requested
     return "strongly-typed" if v >= STRONG_TYPING_FROM else "legacy"
+
+
+TRT_MIN_OPSET = 13  # per-channel DequantizeLinear (``axis``) needs opset 13; QuantizeLinear 10
+
+
+def require_trt_opset(model) -> None:
+    """The ``trt`` target's Q/DQ need opset >= 13 (issue 11, bug 8). Models loaded with
+    ``core.model.load_model`` are upgraded already; this catches one that was not."""
+    if int(model.opset) < TRT_MIN_OPSET:
+        raise MixprecError(
+            f"{model.name} is at opset {model.opset}, but the TensorRT export writes per-channel "
+            f"DequantizeLinear (axis), which needs opset >= {TRT_MIN_OPSET}",
+            "load the model through mixprec (python -m core, open_project or load_model), which upgrades opset "
+            "< 13 with onnx.version_converter, or re-export it at opset 13 or later (torch.onnx.export(..., "
+            "opset_version=17))")
 
 
 def profile_shapes(input_shapes: dict[str, tuple[int, ...]], overrides: dict | None = None,
@@ -218,7 +235,7 @@ def per_layer_from_reports(graph: dict, profile: list, layers, policy) -> pd.Dat
     layer with the policy layer it runs (the first of its ONNX nodes, or the Q/DQ and Cast nodes
     compiled for a layer, that names one) and that layer's policy precision."""
     try:
-        table = parse_layers(graph, profile)[0]
+        table = parse_layers(graph, aux_tolerant_profile(graph, profile))[0]
     except MixprecError as e:
         raise MixprecError(f"the engine's layer information and its profile do not match: {e.what}",
                            "rebuild the engine (delete it from engines/tensorrt/) so it is built with "
@@ -227,6 +244,27 @@ def per_layer_from_reports(graph: dict, profile: list, layers, policy) -> pd.Dat
     rows = [ProfileRow(name, kind, (*nodes, *qdq), ms, bool(reformat))
             for name, kind, nodes, qdq, ms, reformat in zip(*(table[c] for c in columns))]
     return per_layer_frame(rows, layers, policy)
+
+
+def aux_tolerant_profile(graph: dict, profile: list) -> list:
+    """``profile`` without the records of layers the layer information does not list, when every
+    listed layer has a record: the signal/wait layers of auxiliary streams, which an ``IProfiler``
+    reports but the inspector may not (issue 11, bug 12). Anything else is left for the strict match."""
+    layers = graph.get("Layers") if isinstance(graph, dict) else None
+    if not isinstance(layers, list) or not isinstance(profile, list):
+        return profile
+    names = {str(l.get("Name")) if isinstance(l, dict) else str(l) for l in layers}
+    timed = {str(r["name"]) for r in profile if isinstance(r, dict) and "name" in r}
+    if not names <= timed:
+        return profile
+    return [r for r in profile if not (isinstance(r, dict) and "name" in r) or str(r["name"]) in names]
+
+
+def constraints_digest(precisions: dict, outputs: dict, ranges: dict) -> str:
+    """A digest of the legacy path's per-layer precisions, output types and INT8 ranges."""
+    doc = {"precisions": {k: str(v) for k, v in precisions.items()},
+           "outputs": {k: str(v) for k, v in outputs.items()}, "ranges": {k: float(v) for k, v in ranges.items()}}
+    return sha256_bytes(json.dumps(doc, sort_keys=True).encode())[:32]
 
 
 # ---------------------------------------------------------------------------- TensorRT and the GPU
@@ -291,8 +329,11 @@ def _polygraphy_log(path: Path):
     try:
         yield path if mine else None
     finally:
-        if mine:
+        if mine:  # Polygraphy's setter opens the file and never closes it (issue 11, bug 11)
+            opened = getattr(G_LOGGER, "_log_file", None)
             G_LOGGER.log_file = None
+            if opened is not None and hasattr(opened, "close"):
+                opened.close()
 
 
 def _logged_errors(log: Path | None) -> list[str]:
@@ -326,27 +367,58 @@ def _source_amax(tensor, amax: dict, producers: dict, trt) -> float | None:
     return None if tensor is None else amax[tensor.name]
 
 
+def policy_nodes(network, known) -> list[str | None]:
+    """The policy node (one of ``known``) of each layer, by index: the ONNX node in its metadata, or
+    its name (the parser names a node's layers after it). The parser creates some layers with no
+    metadata (weight Constants and their Shuffles, ``ONNXTRT_Broadcast`` shuffles, Gemm's bias/alpha/
+    beta): those take the one policy node of the layers that feed them, else of the layers they feed
+    (issue 11, bug 7), so a Gemm's bias add follows its MatMul and a weight Shuffle its consumer."""
+    layers = [network.get_layer(i) for i in range(network.num_layers)]
+    nodes = [n if n in known else None for n in (layer_node(l.name, l.metadata) for l in layers)]
+    producer, consumers = {}, {}
+    for i, layer in enumerate(layers):
+        producer.update((layer.get_output(k).name, i) for k in range(layer.num_outputs))
+        for k in range(layer.num_inputs):
+            if layer.get_input(k) is not None:
+                consumers.setdefault(layer.get_input(k).name, []).append(i)
+    bare = [i for i, layer in enumerate(layers) if nodes[i] is None and not metadata_nodes(layer.metadata)]
+    changed = True
+    while changed:
+        changed = False
+        for i in (i for i in bare if nodes[i] is None):
+            ins = [layers[i].get_input(k) for k in range(layers[i].num_inputs)]
+            up = {nodes[producer[t.name]] for t in ins if t is not None and t.name in producer} - {None}
+            down = {nodes[j] for k in range(layers[i].num_outputs)
+                    for j in consumers.get(layers[i].get_output(k).name, ())} - {None}
+            pick = up if len(up) == 1 else down if len(down) == 1 else None
+            if pick:
+                nodes[i], changed = next(iter(pick)), True
+    return nodes
+
+
 def legacy_constraints(network, policy, calib, trt):
     """For the policy on a parsed original (weakly typed) network: ``{layer: compute dtype}``,
     ``{layer: output dtype}`` and ``{tensor: amax}`` for the inputs of INT8 layers. INT8 nodes run
-    int8 in their Convolution/Deconvolution/MatrixMultiply layers and hand the network default's
-    float type on (as trtexec --layerOutputTypes in policy.trtexec_legacy_command)."""
+    int8 in their Convolution/Deconvolution/MatrixMultiply layers, fp32 in their other layers, and
+    output fp32 whatever the network default, as the compiled model of the strongly typed path does
+    (its DequantizeLinear outputs float32; issue 11, bug 6), and as trtexec --layerOutputTypes in
+    export.trtexec_legacy_command."""
     dtype = {"fp32": trt.float32, "fp16": trt.float16, "int8": trt.int8}  # policy precision -> TensorRT type
     int8_kinds = {getattr(trt.LayerType, n) for n in INT8_COMPUTE}
     skip = {getattr(trt.LayerType, n) for n in NO_PRECISION}
     amax = {t: calib.amax(t) for t in calib.ranges} if calib is not None else {}
     precisions, outputs, producers, int8_layers = {}, {}, {}, []
-    for i in range(network.num_layers):
+    for i, node in enumerate(policy_nodes(network, policy.layers)):
         layer = network.get_layer(i)
         outs = [layer.get_output(k) for k in range(layer.num_outputs)]
         producers.update((t.name, layer) for t in outs)
-        prec = policy.layers.get(layer_node(layer.name, layer.metadata))
+        prec = policy.layers.get(node)
         if prec is None or layer.type in skip or not all(t.dtype in (trt.float32, trt.float16) for t in outs):
             continue
         if prec == "int8" and layer.type not in int8_kinds:
-            prec = policy.network_default
+            prec = "fp32"
         precisions[layer.name] = dtype[prec]
-        outputs[layer.name] = dtype[policy.network_default if prec == "int8" else prec]
+        outputs[layer.name] = dtype["fp32" if prec == "int8" else prec]
         if prec == "int8":
             int8_layers.append(layer)
     ranges, missing = {}, []
@@ -364,6 +436,127 @@ def legacy_constraints(network, policy, calib, trt):
                            "<= 10.11 needs for implicit INT8", "set these layers to fp16/fp32, or use "
                            "TensorRT >= 10.12 (strongly typed, Q/DQ)", details=missing)
     return precisions, outputs, ranges
+
+
+# The network post-process script the TensorRT <= 10.11 export ships (core/export.py): trtexec cannot
+# put ranges on the tensors the ONNX parser creates (weight Constants, ONNXTRT_Broadcast shuffles of
+# INT8 Gemm/MatMul), so the export builds with ``polygraphy convert --trt-network-postprocess-script``.
+# It applies the same constraints as :func:`legacy_constraints`; tests/backends check that they agree.
+POSTPROCESS_SCRIPT = """\
+\"\"\"mixprec policy {policy_sha} for {model_name}: TensorRT 10.0-10.11 network post-process script.
+
+polygraphy convert MODEL.onnx --fp16 --precision-constraints obey \\\\
+    --trt-network-postprocess-script THIS_FILE.py --trt-config-postprocess-script THIS_FILE.py -o model.plan
+postprocess() sets each policy layer's precision and output type (INT8 nodes compute int8 in
+their convolutions/matrix multiplies and output fp32, as the strongly typed build does), and the
+dynamic range of every input of an INT8 layer: calibrated activations from AMAX, weights (the
+parser's Constant layers, through Shuffles) from max |w|. postprocess_config()
+enables INT8 without a calibrator (Polygraphy's --int8 would add one, calibrating on random data).\"\"\"
+import re
+
+import numpy as np
+import tensorrt as trt
+
+POLICY = {layers}
+AMAX = {amax}
+INT8_COMPUTE = {int8_compute!r}
+NO_PRECISION = {no_precision!r}
+ONNX_LAYER = re.compile({onnx_layer!r})
+
+
+def _meta(layer):
+    return [n.strip() for n in ONNX_LAYER.findall(layer.metadata or "") if n.strip()]
+
+
+def _nodes(network):
+    # the policy node of each layer; layers the parser made without metadata take the one node of
+    # the layers that feed them, else of the layers they feed
+    layers = [network.get_layer(i) for i in range(network.num_layers)]
+    nodes = [n if n in POLICY else None for n in ((_meta(l) or [l.name])[0] for l in layers)]
+    producer, consumers = {{}}, {{}}
+    for i, layer in enumerate(layers):
+        producer.update((layer.get_output(k).name, i) for k in range(layer.num_outputs))
+        for k in range(layer.num_inputs):
+            if layer.get_input(k) is not None:
+                consumers.setdefault(layer.get_input(k).name, []).append(i)
+    bare = [i for i, layer in enumerate(layers) if nodes[i] is None and not _meta(layer)]
+    changed = True
+    while changed:
+        changed = False
+        for i in [i for i in bare if nodes[i] is None]:
+            ins = [layers[i].get_input(k) for k in range(layers[i].num_inputs)]
+            up = {{nodes[producer[t.name]] for t in ins if t is not None and t.name in producer}} - {{None}}
+            down = {{nodes[j] for k in range(layers[i].num_outputs)
+                    for j in consumers.get(layers[i].get_output(k).name, ())}} - {{None}}
+            pick = up if len(up) == 1 else down if len(down) == 1 else None
+            if pick:
+                nodes[i], changed = next(iter(pick)), True
+    return nodes
+
+
+def _amax(tensor, producers):
+    while tensor is not None and tensor.name not in AMAX:
+        layer = producers.get(tensor.name)
+        if layer is None or layer.type not in (trt.LayerType.SHUFFLE, trt.LayerType.CONSTANT):
+            return None
+        if layer.type == trt.LayerType.CONSTANT:
+            layer.__class__ = trt.IConstantLayer
+            return float(np.abs(np.asarray(layer.weights, dtype=np.float32)).max(initial=0.0))
+        tensor = layer.get_input(0)
+    return None if tensor is None else AMAX[tensor.name]
+
+
+def postprocess(network):
+    types = {{"fp32": trt.float32, "fp16": trt.float16, "int8": trt.int8}}
+    int8_kinds = {{getattr(trt.LayerType, n) for n in INT8_COMPUTE}}
+    skip = {{getattr(trt.LayerType, n) for n in NO_PRECISION}}
+    producers, int8_layers, ranges, missing = {{}}, [], {{}}, []
+    for i, node in enumerate(_nodes(network)):
+        layer = network.get_layer(i)
+        outs = [layer.get_output(k) for k in range(layer.num_outputs)]
+        producers.update((t.name, layer) for t in outs)
+        prec = POLICY.get(node)
+        if prec is None or layer.type in skip or not all(t.dtype in (trt.float32, trt.float16) for t in outs):
+            continue
+        if prec == "int8" and layer.type not in int8_kinds:
+            prec = "fp32"
+        layer.precision = types[prec]
+        for k in range(layer.num_outputs):
+            layer.set_output_type(k, types["fp32" if prec == "int8" else prec])
+        if prec == "int8":
+            int8_layers.append(layer)
+    for layer in int8_layers:
+        for k in range(layer.num_inputs):
+            t = layer.get_input(k)
+            if t is not None:
+                a = _amax(t, producers)
+                if a is None:
+                    missing.append(f"{{layer.name}}: input {{k}} ({{t.name}})")
+                else:
+                    ranges[t.name] = a
+                    t.dynamic_range = (-a, a)
+    if missing:
+        raise RuntimeError("INT8 layers with inputs that have no range: " + ", ".join(missing))
+    return network
+
+
+def postprocess_config(builder, network, config):
+    if "int8" in POLICY.values():
+        config.set_flag(trt.BuilderFlag.INT8)
+"""
+
+
+def legacy_postprocess_script(policy, calib) -> str:
+    """The Polygraphy network post-process script (``POSTPROCESS_SCRIPT``) for ``policy`` with the
+    ranges of ``calib`` (None: a policy without INT8)."""
+    amax = {t: calib.amax(t) for t in sorted(calib.ranges)} if calib is not None else {}
+    def literal(d: dict) -> str:
+        return "{\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in d.items()) + "}"
+
+    return POSTPROCESS_SCRIPT.format(
+        policy_sha=policy.sha256[:12], model_name=policy.model_name, layers=literal(dict(policy.layers)),
+        amax=literal(amax), int8_compute=INT8_COMPUTE,
+        no_precision=NO_PRECISION, onnx_layer=_ONNX_LAYER.pattern)
 
 
 def _apply_types_and_ranges(network, outputs: dict, ranges: dict):
@@ -460,14 +653,22 @@ class TensorRTBackend(Backend):
     name = "tensorrt"
 
     def __init__(self, ws: Workspace | None = None, profiles: dict | None = None,
-                 workspace_bytes: int = DEFAULT_WORKSPACE_BYTES, mode: str = "auto"):
+                 workspace_bytes: int = DEFAULT_WORKSPACE_BYTES, mode: str = "auto", tf32: bool = False):
         """``profiles``: ``{input: (min, opt, max)}`` replacing the default ranges of :func:`profile_shapes`
         (quality is evaluated in batches of up to ``evaluation.EVAL_BATCH`` where the batch axis is dynamic, so a
         range should reach that); ``workspace_bytes``: the builder's workspace pool; ``mode``: ``auto``
-        (by TensorRT version), ``strongly-typed`` or ``legacy``."""
+        (by TensorRT version), ``strongly-typed`` or ``legacy``; ``tf32``: let FP32 layers use TF32
+        (off by default, as in Polygraphy; trtexec needs ``--noTF32`` to match)."""
         if mode not in MODES:
             raise MixprecError(f"unknown TensorRT build mode {mode!r}", f"use one of {', '.join(MODES)}")
         self._ws, self.profiles, self.workspace_bytes, self.mode = ws, profiles, int(workspace_bytes), mode
+        self.tf32 = bool(tf32)
+
+    def identity(self) -> str:
+        """What this backend's outputs depend on besides the engine's inputs: TensorRT version, GPU
+        and TF32 (the FP32 reference-output cache is keyed by it, issue 11, bug 5)."""
+        gpu = cuda_device() or ("no GPU", "?")
+        return f"tensorrt {_trt().__version__} on {gpu[0]} (sm {gpu[1]}) tf32={self.tf32}"
 
     @property
     def ws(self) -> Workspace:
@@ -483,22 +684,29 @@ class TensorRTBackend(Backend):
         profile = Profile()
         for name, (lo, opt, hi) in shapes.items():
             profile.add(name, min=lo, opt=opt, max=hi)
-        return CreateConfig(fp16=fp16, int8=int8, precision_constraints="obey" if mode == "legacy" else None,
+        return CreateConfig(fp16=fp16, int8=int8, tf32=self.tf32,
+                            precision_constraints="obey" if mode == "legacy" else None,
                             profiles=[profile], profiling_verbosity=trt.ProfilingVerbosity.DETAILED,
                             memory_pool_limits={trt.MemoryPoolType.WORKSPACE: self.workspace_bytes})
 
-    def _network(self, trt, onnx_path: Path, mode: str, policy, calib, log):
-        """The parsed network (and the FP16/INT8 flags it needs) as Polygraphy's (builder, network, parser)."""
-        from polygraphy.backend.trt import NetworkFromOnnxPath, PostprocessNetwork, SetLayerPrecisions
+    def _parse(self, onnx_path: Path, mode: str, log):
+        """The parsed network as Polygraphy's (builder, network, parser)."""
+        from polygraphy.backend.trt import NetworkFromOnnxPath
 
-        network = _polygraphy_step(
+        return _polygraphy_step(
             NetworkFromOnnxPath(str(onnx_path), strongly_typed=mode == "strongly-typed"),
             f"TensorRT's ONNX parser rejects {onnx_path.name} ({mode} build)",
             "set the nodes named here to fp32; if the original model fails too, it uses operators this "
             "TensorRT cannot parse (polygraphy inspect capability MODEL lists them)", log)
-        if mode != "legacy" or policy is None:
+
+    def _network(self, trt, network, constraints):
+        """The parsed network with the legacy ``constraints`` applied (None: as parsed), and the FP16/INT8
+        flags it needs."""
+        from polygraphy.backend.trt import PostprocessNetwork, SetLayerPrecisions
+
+        if constraints is None:
             return network, False, False
-        precisions, outputs, ranges = legacy_constraints(network[1], policy, calib, trt)
+        precisions, outputs, ranges = constraints
         apply = functools.partial(_apply_types_and_ranges, outputs=outputs, ranges=ranges)
         network = PostprocessNetwork(SetLayerPrecisions(network, precisions), apply,
                                      name="mixprec output types and INT8 ranges")()
@@ -524,22 +732,31 @@ class TensorRTBackend(Backend):
         if int8 and calib is None:
             raise MixprecError("the policy has INT8 layers but no calibration was given",
                                "calibrate first (core.calibration.calibrate), or set those layers to fp16/fp32")
-        parts = {"model_sha256": model.sha256, "policy_sha256": policy.sha256 if policy else "reference-fp32",
-                 "calibration": calib.key if int8 and calib is not None else None, "mode": mode,
-                 "tensorrt": trt.__version__, "polygraphy": polygraphy.__version__, "gpu": gpu[0],
-                 "compute_capability": gpu[1], "profiles": shapes, "workspace_bytes": self.workspace_bytes}
-        key = engine_cache_key(parts)
         out_dir = Path(out_dir)
         if policy is not None and mode == "strongly-typed":
+            require_trt_opset(model)
             onnx_bytes, onnx_name = compile_policy(model, policy, calib, target="trt").serialized(), "compiled.onnx"
         else:
             onnx_bytes, onnx_name = model.serialized(), f"{stem}.onnx" if policy is None else "model.onnx"
         onnx_path = atomic_write_bytes(out_dir / onnx_name, onnx_bytes)
-        cache = self.ws.sub("engines", "tensorrt") / f"{key}.plan"
-        hit = cache.is_file()
-        if not hit:
-            with _polygraphy_log(out_dir / f"{stem}.tensorrt-build.log") as log:
-                network, fp16, use_int8 = self._network(trt, onnx_path, mode, policy, calib, log)
+        with _polygraphy_log(out_dir / f"{stem}.tensorrt-build.log") as log:
+            # the legacy constraints depend on the parsed network, so it is parsed before the cache lookup
+            network = self._parse(onnx_path, mode, log) if mode == "legacy" and policy is not None else None
+            constraints = None if network is None else legacy_constraints(network[1], policy, calib, trt)
+            # the key covers what is parsed and how it is constrained: a compiler change is a new engine
+            parts = {"model_sha256": model.sha256, "policy_sha256": policy.sha256 if policy else "reference-fp32",
+                     "calibration": calib.key if int8 and calib is not None else None, "mode": mode,
+                     "onnx_sha256": sha256_bytes(onnx_bytes),
+                     "legacy_constraints": None if constraints is None else constraints_digest(*constraints),
+                     "tf32": self.tf32, "tensorrt": trt.__version__, "polygraphy": polygraphy.__version__,
+                     "gpu": gpu[0], "compute_capability": gpu[1], "profiles": shapes,
+                     "workspace_bytes": self.workspace_bytes}
+            key = engine_cache_key(parts)
+            cache = self.ws.sub("engines", "tensorrt") / f"{key}.plan"
+            hit = cache.is_file()
+            if not hit:
+                network, fp16, use_int8 = self._network(trt, network or self._parse(onnx_path, mode, log),
+                                                        constraints)
                 config = self._config(trt, mode, shapes, fp16=fp16, int8=use_int8)
                 data = _polygraphy_step(
                     EngineBytesFromNetwork(network, config=config),
@@ -547,6 +764,7 @@ class TensorRTBackend(Backend):
                     "read TensorRT's errors listed here; usually a layer has no kernel in the precision the "
                     "policy obeys (set it to fp16/fp32) or the builder workspace is too small "
                     "(TensorRTBackend(workspace_bytes=...))", log)
+        if not hit:
             atomic_write_bytes(cache, memoryview(data))
             atomic_write_json(cache.with_suffix(".json"), {"key": key, **parts})
         plan = _place(cache, out_dir / f"{stem}.plan")

@@ -9,7 +9,7 @@ import uuid
 
 from ..errors import MixprecError
 from ..policy import policy_from_text
-from ..project import open_project
+from ..project import DEFAULT_TARGET, open_project
 from ..runs import METRICS_FILE, build_and_measure
 from ..search import SearchConfig, search
 from ..sensitivity import rank_layers, sensitivity
@@ -23,7 +23,7 @@ ANALYSIS_KINDS = ("rank", "isolated", "search")  # one at a time, in the "rank" 
 def _open(p, ws: Workspace, progress):
     progress(0.01, "opening the model")
     return open_project(p.model, p.data, p.eval_data, ws=ws, batch=int(p.batch or 1), shape_overrides=p.dims or None,
-                        shapes=p.shapes or None)
+                        shapes=p.shapes or None, target=p.target or DEFAULT_TARGET)
 
 
 def run_build(params: dict, ws: Workspace, progress) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
+from ..project import DEFAULT_TARGET
 from ..search import Budget
 
 
@@ -17,6 +18,7 @@ class _Params:
     shapes: dict | None = None  # per-input full shapes, {"images": [1, 3, 320, 320]} (core.shapes)
     dims: dict | None = None  # named dims, {"seq": 128}
     batch: int = 1
+    target: str = DEFAULT_TARGET  # the project's deployment target (core.project.DEPLOY_TARGETS)
 
     def to_params(self) -> dict:
         """The job's params: JSON-serialisable, every field written out."""
@@ -64,29 +66,33 @@ def shape_params(shapes: dict | None = None, dims: dict | None = None, batch: in
 
 def build_params(model: str, policy_json: str, data: str | None = None, eval_data: str | None = None,
                  backend: str = BuildParams.backend, label: str = BuildParams.label,
-                 shapes: dict | None = None, dims: dict | None = None, batch: int = 1) -> dict:
+                 shapes: dict | None = None, dims: dict | None = None, batch: int = 1,
+                 target: str = DEFAULT_TARGET) -> dict:
     """The parameters of a ``build`` job (all JSON-serialisable)."""
-    return BuildParams(str(model), data, eval_data, **shape_params(shapes, dims, batch), policy=policy_json,
-                       backend=backend, label=label).to_params()
+    return BuildParams(str(model), data, eval_data, **shape_params(shapes, dims, batch), target=target,
+                       policy=policy_json, backend=backend, label=label).to_params()
 
 
 def rank_params(model: str, data: str | None = None, eval_data: str | None = None,
                 method: str = RankParams.method, max_samples: int = RankParams.max_samples,
-                shapes: dict | None = None, dims: dict | None = None, batch: int = 1) -> dict:
-    return RankParams(str(model), data, eval_data, **shape_params(shapes, dims, batch), method=method,
+                shapes: dict | None = None, dims: dict | None = None, batch: int = 1,
+                target: str = DEFAULT_TARGET) -> dict:
+    return RankParams(str(model), data, eval_data, **shape_params(shapes, dims, batch), target=target, method=method,
                       max_samples=int(max_samples)).to_params()
 
 
 def isolated_params(model: str, data: str | None = None, eval_data: str | None = None,
                     method: str = IsolatedParams.method, mode: str = IsolatedParams.mode,
-                    shapes: dict | None = None, dims: dict | None = None, batch: int = 1) -> dict:
-    return IsolatedParams(str(model), data, eval_data, **shape_params(shapes, dims, batch), method=method,
-                          mode=mode).to_params()
+                    shapes: dict | None = None, dims: dict | None = None, batch: int = 1,
+                    target: str = DEFAULT_TARGET) -> dict:
+    return IsolatedParams(str(model), data, eval_data, **shape_params(shapes, dims, batch), target=target,
+                          method=method, mode=mode).to_params()
 
 
 def search_params(model: str, data: str | None = None, eval_data: str | None = None,
                   budget: str = SearchParams.budget, smooth: bool = SearchParams.smooth,
-                  shapes: dict | None = None, dims: dict | None = None, batch: int = 1) -> dict:
+                  shapes: dict | None = None, dims: dict | None = None, batch: int = 1,
+                  target: str = DEFAULT_TARGET) -> dict:
     """The parameters of a ``search`` job; the budget is checked (MixprecError) and normalised here."""
-    return SearchParams(str(model), data, eval_data, **shape_params(shapes, dims, batch),
+    return SearchParams(str(model), data, eval_data, **shape_params(shapes, dims, batch), target=target,
                         budget=str(Budget.parse(budget)), smooth=bool(smooth)).to_params()

@@ -11,7 +11,13 @@ is kept for the Pareto front.
 
 Steps of :func:`search`: prepare (budget, data halves, FP32 reference), variants (one switchable
 model and isolated ranking per calibration variant), fit (the latency model), choose (fallback
-search per variant, the best candidate), verify (a real build on the held-out half)."""
+search per variant, the best candidate), verify (a real build on the held-out half).
+
+The objective (``SearchConfig.objective``): ``latency`` orders and ranks candidates by the latency
+model's estimate; ``mac_share`` by the INT8 share of MACs, then the fewest INT8/float boundaries —
+hardware-neutral, for a TensorRT target where TensorRT does not run (optimising ONNX Runtime CPU
+time would optimise the wrong hardware). ``auto`` picks ``mac_share`` exactly then
+(:func:`search_objective`)."""
 from __future__ import annotations
 
 import math
@@ -33,6 +39,21 @@ from .budget import Budget, default_margin
 from .latency import LatencyModel, latency_model
 from .result import Candidate, SearchResult, candidate_table, chosen_candidate
 
+OBJECTIVES = ("auto", "latency", "mac_share")
+MAC_SHARE_NOTE = ("Objective: INT8 MAC share, then the fewest INT8/float boundaries (hardware-neutral). The target is "
+                  "TensorRT and TensorRT is not available here, so the search does not optimise CPU latency; its "
+                  "estimated ms are ONNX Runtime CPU estimates, shown for reference only.")
+
+
+def search_objective(objective: str, target: str, backend: str) -> str:
+    """The objective a search uses: ``objective`` unless ``auto``; then ``mac_share`` when the
+    deployment ``target`` is TensorRT and the ``backend`` that measures is not, else ``latency``."""
+    if objective not in OBJECTIVES:
+        raise MixprecError(f"unknown search objective {objective!r}", f"use one of {', '.join(OBJECTIVES)}")
+    if objective != "auto":
+        return objective
+    return "mac_share" if target == "tensorrt" and backend != "tensorrt" else "latency"
+
 
 @dataclass
 class SearchConfig:
@@ -42,7 +63,8 @@ class SearchConfig:
     ones. ``backend`` (``auto`` picks TensorRT where it runs) fits the latency model and builds
     the verification run; the quality trials always run on ONNX Runtime's switchable model.
     ``margin``: headroom on the dev half (default :func:`default_margin`). ``warn_below``: the
-    verifying build warns below this cosine_mean (the verdict then says so)."""
+    verifying build warns below this cosine_mean (the verdict then says so). ``objective``:
+    ``latency``, ``mac_share`` or ``auto`` (:func:`search_objective`)."""
 
     budget: Budget | str
     methods: tuple = CALIB_METHODS
@@ -55,6 +77,7 @@ class SearchConfig:
     backend: str = "auto"
     trt_options: dict | None = None
     warn_below: float = WARN_BELOW
+    objective: str = "auto"
 
 
 @dataclass
@@ -85,6 +108,7 @@ class _Context:
     step: object
     should_stop: object
     timings: dict = field(default_factory=dict)
+    objective: str = "latency"  # resolved: "latency" or "mac_share"
 
     def check_stop(self):
         if self.should_stop and self.should_stop():
@@ -92,8 +116,9 @@ class _Context:
 
 
 class _Searcher:
-    def __init__(self, budget, pool, lat: LatencyModel, method, margin, eligible):
+    def __init__(self, budget, pool, lat: LatencyModel, method, margin, eligible, objective: str = "latency"):
         self.budget, self.pool, self.lat, self.method, self.margin = budget, pool, lat, method, margin
+        self.objective = objective
         self.macs = {l.name: l.macs for l in eligible}
         self.total_macs = max(sum(self.macs.values()), 1)
         self.seen: dict[frozenset, Candidate] = {}
@@ -110,7 +135,7 @@ class _Searcher:
     def run(self, order: list[str]) -> Candidate:
         """``order``: fallback priority, worst quality cost per latency gain first. Layers whose
         INT8 saves no time start in the fallback set and never return."""
-        slow = [l for l in order if self.lat.wall.gain_ms.get(l, 0.0) <= 0]
+        slow = [l for l in order if self.gain(l) <= 0]
         order = slow + [l for l in order if l not in slow]
         lo, hi = len(slow), len(order)  # smallest fallback count k that meets the budget (binary search)
         if self.eval([set(order[lo:])])[0].meets_budget:
@@ -124,29 +149,41 @@ class _Searcher:
         self.refine(set(order[hi:]), [l for l in order[:hi] if l not in slow])
         return self.best()
 
+    def gain(self, layer: str) -> float:
+        """What putting ``layer`` in INT8 gains under the objective: ms saved, or MACs."""
+        return self.macs.get(layer, 0) if self.objective == "mac_share" else self.lat.wall.gain_ms.get(layer, 0.0)
+
     def refine(self, int8: set[str], todo: list[str]):
         """Try the fallback layers back in INT8, the one that saves the most time *now* first —
-        a layer next to an INT8 neighbour also saves the conversions between them."""
+        a layer next to an INT8 neighbour also saves the conversions between them (``mac_share``:
+        the most MACs first, then the fewest boundaries it leaves)."""
         while todo:
             now = self.lat.estimate(int8)[0]
-            layer = max(todo, key=lambda l: now - self.lat.estimate(int8 | {l})[0])
+            if self.objective == "mac_share":
+                layer = max(todo, key=lambda l: (self.macs[l], -self.lat.boundaries(int8 | {l})))
+            else:
+                layer = max(todo, key=lambda l: now - self.lat.estimate(int8 | {l})[0])
             todo.remove(layer)
             if self.eval([int8 | {layer}])[0].meets_budget:
                 int8 = int8 | {layer}
 
     def best(self) -> Candidate:
         """The fastest (estimated) candidate that meets the budget — at equal time the one with
-        fewer INT8/FP16 boundaries, then the better quality — else the best quality."""
+        fewer INT8/FP16 boundaries, then the better quality — else the best quality (``mac_share``:
+        the largest INT8 MAC share instead of the fastest)."""
         ok = [c for c in self.seen.values() if c.meets_budget]
         if ok:
-            return min(ok, key=_preference(self.budget))
+            return min(ok, key=_preference(self.budget, self.objective))
         return max(self.seen.values(), key=lambda c: self.budget.value_of(c.quality))
 
 
-def _preference(budget: Budget):
-    """Sort key among candidates that meet the budget: estimated time (to 0.1 %), then fewer
-    boundaries (contiguous INT8 regions), then quality."""
+def _preference(budget: Budget, objective: str = "latency"):
+    """Sort key among candidates that meet the budget: estimated time (to 0.1 %) — or, for
+    ``mac_share``, the INT8 MAC share (to 0.01 %, larger first) — then fewer boundaries
+    (contiguous INT8 regions), then quality."""
     def key(c: Candidate):
+        if objective == "mac_share":
+            return (-round(c.int8_mac_share, 4), c.boundaries, -budget.value_of(c.quality))
         return (round(math.log(max(c.est_ms, 1e-9)), 3), c.boundaries, -budget.value_of(c.quality))
     return key
 
@@ -155,7 +192,8 @@ def _preference(budget: Budget):
 def _prepare(project: Project, config: SearchConfig, progress, should_stop) -> _Context:
     """Check what can fail early (budget, backend, eligible layers, budget metric) and split the data."""
     budget = Budget.parse(config.budget) if isinstance(config.budget, str) else config.budget
-    select_backend(config.backend, **(config.trt_options or {}))  # a backend that cannot run fails now, not minutes in
+    be, _ = select_backend(config.backend, **(config.trt_options or {}))  # a backend that cannot run fails now
+    objective = search_objective(config.objective, project.target, be.name)
     margin = default_margin(budget) if config.margin is None else config.margin  # so the held-out half meets it too
     dev, test = split_eval(project.eval_data)
     eligible = require_eligible(project.model.name, project.layers, "search")
@@ -164,7 +202,7 @@ def _prepare(project: Project, config: SearchConfig, progress, should_stop) -> _
         raise MixprecError(f"the budget metric {budget.metric} does not apply to {project.model.name}'s output",
                            "use cosine_mean, cosine_min or snr_db (top-1 needs logits, knn5_overlap needs embeddings)")
     return _Context(project, config, budget, margin, dev, test, eligible, project.default_policy(), data,
-                    progress or (lambda f, t: None), should_stop)
+                    progress or (lambda f, t: None), should_stop, objective=objective)
 
 
 def _isolated(ctx: _Context, method: str, base: Policy, sw: Switchable, progress) -> Sensitivity:
@@ -250,11 +288,12 @@ def _fit(ctx: _Context, first: Variant) -> LatencyModel:
 def _search_variant(ctx: _Context, v: Variant, lat: LatencyModel) -> tuple[Candidate, list[Candidate]]:
     """Greedy fallback + refinement on one variant: its best candidate and every one it evaluated."""
     # harm per benefit: layers whose INT8 saves no time go first, then the worst drop per ms saved
+    # (mac_share: per MAC)
     eps = 1e-6
-    order = sorted((l.name for l in ctx.eligible),
-                   key=lambda n: (lat.wall.gain_ms[n] > eps, -(v.drop[n] / max(lat.wall.gain_ms[n], eps))))
+    gain = {l.name: (l.macs if ctx.objective == "mac_share" else lat.wall.gain_ms[l.name]) for l in ctx.eligible}
+    order = sorted(gain, key=lambda n: (gain[n] > eps, -(v.drop[n] / max(gain[n], eps))))
     with TrialPool.on(v.switchable, ctx.data, ctx.config.workers) as pool:
-        s = _Searcher(ctx.budget, pool, lat, v.name, ctx.margin, ctx.eligible)
+        s = _Searcher(ctx.budget, pool, lat, v.name, ctx.margin, ctx.eligible, ctx.objective)
         return s.run(order), list(s.seen.values())
 
 
@@ -273,7 +312,7 @@ def _choose(ctx: _Context, variants: list[Variant], lat: LatencyModel) -> tuple[
     budget, n = ctx.budget, len(ctx.eligible)
     ok = [c for c in chosen if c.meets_budget]
     if ok:
-        pick = min(ok, key=_preference(budget))
+        pick = min(ok, key=_preference(budget, ctx.objective))
         message = (f"meets {budget} on the dev half with {len(pick.int8)}/{n} layers INT8 "
                    f"({100 * pick.int8_mac_share:.0f}% of eligible MACs), {pick.method} calibration")
     else:
@@ -317,6 +356,8 @@ def search(project: Project, config: SearchConfig, progress=None, should_stop=No
         message += verdict
     if run.data_generated if run else is_generated(ctx.dev):
         message += f" (quality {GENERATED_NOTE}: give real evaluation data for numbers that hold)"
+    if ctx.objective == "mac_share":
+        message += f". {MAC_SHARE_NOTE}"
     ctx.step(1.0, "done")
     return SearchResult(ctx.budget, policy, met_on_dev, ctx.budget.met(run.quality) if run else None,
                         run.quality if run else None, message, table, sens, run, time.perf_counter() - t_start,

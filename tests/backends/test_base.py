@@ -38,3 +38,29 @@ def test_per_layer_from_trace():
 def test_per_layer_from_trace_without_node_events():
     df = per_layer_from_trace([], 1, [], Policy("m", "0" * 64, "fp32", {}))
     assert list(df.columns) == PER_LAYER_COLUMNS and df.empty
+
+
+def test_reference_outputs_are_cached_per_backend_identity(tmp_path, monkeypatch):
+    """Issue 11, bug 5: the FP32 reference outputs were cached without the TensorRT version or GPU,
+    so another TensorRT or GPU reused outputs it did not compute."""
+    import numpy as np
+
+    import core.evaluation as ev
+
+    calls = []
+    monkeypatch.setattr(ev, "engine_outputs", lambda be, ref, batches, name: calls.append(be) or [np.ones(2)])
+    project = SimpleNamespace(eval_data=SimpleNamespace(sha256="d" * 64))
+    reference = SimpleNamespace(compiled_path=tmp_path / "reference-fp32.onnx")
+
+    def backend(identity):
+        return SimpleNamespace(name="tensorrt", identity=lambda: identity)
+
+    a, b = backend("tensorrt 10.11.0.33 on NVIDIA A100"), backend("tensorrt 10.12.0.36 on NVIDIA A100")
+    ev.reference_outputs(a, reference, project, [{}], "y")
+    ev.reference_outputs(a, reference, project, [{}], "y")
+    assert len(calls) == 1  # cached
+    ev.reference_outputs(b, reference, project, [{}], "y")
+    ev.reference_outputs(backend("tensorrt 10.11.0.33 on NVIDIA H100"), reference, project, [{}], "y")
+    assert len(calls) == 3
+    assert "tensorrt: tensorrt 10.11" in ev.backend_identity(a)
+    assert ev.backend_identity(SimpleNamespace(name="onnxruntime")) == "onnxruntime"

@@ -35,6 +35,7 @@ def _fake_trt(version: str = "10.11.0.33"):
     trt.MemoryPoolType = types.SimpleNamespace(WORKSPACE="workspace")
     trt.LayerInformationFormat = types.SimpleNamespace(JSON="json")
     trt.IConstantLayer = _Layer
+    trt.BuilderFlag = types.SimpleNamespace(INT8="int8-flag")
 
     class IProfiler:
         def __init__(self):
@@ -49,9 +50,12 @@ def _tensor(name, dtype="f32"):
 
 
 class _Layer:
+    """A network layer. ``node=False``: a layer the ONNX parser creates without ``[ONNX Layer: ...]``
+    metadata (weight Constants, their Shuffles, Gemm's bias add), as the real parser does."""
+
     def __init__(self, name, type_, inputs, outputs, node=None, weights=None):
         self.name, self.type, self.weights = name, type_, weights
-        self.metadata = f"[ONNX Layer: {node or name}]"
+        self.metadata = "" if node is False else f"[ONNX Layer: {node or name}]"
         self.precision, self.out_types = None, {}
         self.ins, self.outs = inputs, outputs
         self.num_inputs, self.num_outputs = len(inputs), len(outputs)
@@ -76,14 +80,30 @@ class _Network(list):
 
     @classmethod
     def from_onnx(cls, graph):
-        """One layer per node, named after it (weights are not inputs)."""
-        tensors = {}
+        """One layer per node, named after it (convolution weights are not inputs); a Gemm becomes what
+        the parser makes of it: a weight Constant and Shuffle and the bias add, with no metadata, around
+        the MatrixMultiply named after the node."""
+        from onnx import numpy_helper
+
+        tensors, inits = {}, {i.name: numpy_helper.to_array(i) for i in graph.initializer}
 
         def tensor(name):
             return tensors.setdefault(name, _tensor(name))
 
-        layers = [_Layer(n.name, KINDS.get(n.op_type, "OTHER"), [tensor(i) for i in n.input[:1]],
-                         [tensor(o) for o in n.output]) for n in graph.node]
+        layers = []
+        for n in graph.node:
+            if n.op_type != "Gemm" or n.input[1] not in inits:  # a compiled Gemm's weights come from a DQ
+                layers.append(_Layer(n.name, KINDS.get(n.op_type, "OTHER"), [tensor(i) for i in n.input[:1]],
+                                     [tensor(o) for o in n.output]))
+                continue
+            k = len(layers)
+            w, wt, mm = (tensor(f"(Unnamed Layer* {k + j}) [{kind}]_output") for j, kind in
+                         enumerate(("Constant", "Shuffle", "Matrix Multiply")))
+            layers += [_Layer(f"(Unnamed Layer* {k}) [Constant]", "CONSTANT", [], [w], False, inits[n.input[1]]),
+                       _Layer(f"(Unnamed Layer* {k + 1}) [Shuffle]", "SHUFFLE", [w], [wt], False),
+                       _Layer(n.name, "MATRIX_MULTIPLY", [tensor(n.input[0]), wt], [mm]),
+                       _Layer(f"(Unnamed Layer* {k + 3}) [ElementWise]", "ELEMENTWISE", [mm],
+                              [tensor(n.output[0])], False)]
         return cls([tensor(i.name) for i in graph.input], layers)
 
     def get_input(self, i):
@@ -202,8 +222,15 @@ def test_legacy_build_constrains_the_original_network(fakes, project, tmp_path):
     calib = calibrate(project.model, project.calib_data, policy.calibration, project.ws)
     int8_inputs = {l.ins[0].name for l in net if l.precision == "i8"}
     assert "image" in int8_inputs and len(int8_inputs) >= 3  # conv1, conv3, fc
+    # the layers the parser made for /fc/Gemm without metadata follow it (issue 11, bug 7)
+    shuffle, bias = (next(l for l in net if l.type == kind) for kind in ("SHUFFLE", "ELEMENTWISE"))
+    assert shuffle.metadata == bias.metadata == "" and layer["/fc/Gemm"].precision == "i8"
+    assert (shuffle.precision, bias.precision, bias.out_types) == ("f32", "f32", {0: "f32"})
+    weights = next(l for l in net if l.type == "CONSTANT")
     for name, t in net.tensors.items():
         amax = calib.amax(name) if name in int8_inputs else None
+        if name == shuffle.outs[0].name:  # the Gemm's weights, through the parser's Shuffle: max |w|
+            amax = float(np.abs(weights.weights).max())
         assert t.dynamic_range == (None if amax is None else (-amax, amax)), name
     config = fakes.configs[-1]
     assert (config.fp16, config.int8, config.precision_constraints) == (True, True, "obey")
@@ -271,8 +298,11 @@ def test_build_failure_lists_tensorrt_errors(fakes, project, tmp_path, monkeypat
     import polygraphy.backend.trt as pt
     from polygraphy.logger import G_LOGGER
 
+    opened = []
+
     def failing_build(network, config=None):
         def build():
+            opened.append(G_LOGGER._log_file)
             G_LOGGER.error("[TRT] 10: Could not find any implementation for node /fc/Gemm [INT8].")
             G_LOGGER.critical("Invalid Engine. Please ensure the engine was built correctly")
         return build
@@ -283,6 +313,7 @@ def test_build_failure_lists_tensorrt_errors(fakes, project, tmp_path, monkeypat
         _build(project, tmp_path, workspace_bytes=1 << 20)  # a key no other test built
     assert any("Could not find any implementation for node /fc/Gemm" in d for d in e.value.details)
     assert G_LOGGER.log_file is None and (tmp_path / "compiled.tensorrt-build.log").is_file()
+    assert opened and opened[0].closed  # issue 11, bug 11: the log file Polygraphy opened is closed
     assert set(project.ws.sub("engines", "tensorrt").glob("*.plan")) == plans  # nothing cached
 
 
@@ -301,15 +332,18 @@ def test_build_and_measure_runs_on_the_tensorrt_backend(fakes, project, monkeypa
 # ---------------------------------------------------------------------------- legacy constraints on a hand-made network
 
 def _gemm_network():
-    """conv1 -> relu1 -> fc (MatMul on Shuffle(Constant) weights, then a bias add), plus a Shape layer."""
-    t = {n: _tensor(n) for n in ("x", "c1", "r1", "w", "wt", "mm", "fc_out")}
+    """conv1 -> relu1 -> fc (MatMul on Shuffle(Constant) weights, then a bias add) -> relu2, plus a Shape
+    layer. As in the real parser, the weight Constant, its Shuffle and the bias add have no metadata."""
+    t = {n: _tensor(n) for n in ("x", "c1", "r1", "w", "wt", "mm", "fc_out", "r2")}
     layers = [
         _Layer("conv1", "CONVOLUTION", [t["x"]], [t["c1"]]),
         _Layer("relu1", "ACTIVATION", [t["c1"]], [t["r1"]]),
-        _Layer("fc_2", "CONSTANT", [], [t["w"]], "fc", weights=np.array([[-3.0, 1.0]], np.float32)),
-        _Layer("fc_3", "SHUFFLE", [t["w"]], [t["wt"]], "fc"),
+        _Layer("(Unnamed Layer* 2) [Constant]", "CONSTANT", [], [t["w"]], False,
+               weights=np.array([[-3.0, 1.0]], np.float32)),
+        _Layer("(Unnamed Layer* 3) [Shuffle]", "SHUFFLE", [t["w"]], [t["wt"]], False),
         _Layer("fc", "MATRIX_MULTIPLY", [t["r1"], t["wt"]], [t["mm"]]),
-        _Layer("fc_1", "ELEMENTWISE", [t["mm"]], [t["fc_out"]], "fc"),
+        _Layer("(Unnamed Layer* 5) [ElementWise]", "ELEMENTWISE", [t["mm"]], [t["fc_out"]], False),
+        _Layer("relu2", "ACTIVATION", [t["fc_out"]], [t["r2"]]),
         _Layer("shape_of_x", "SHAPE", [t["x"]], [_tensor("shape", "i64")], "norm"),
     ]
     return _Network([t["x"]], layers)
@@ -317,16 +351,20 @@ def _gemm_network():
 
 def test_legacy_constraints_and_ranges():
     net = _gemm_network()
-    policy = Policy("m", "0" * 64, "fp16", {"conv1": "fp32", "relu1": "fp16", "fc": "int8", "norm": "fp16"})
+    policy = Policy("m", "0" * 64, "fp16", {"conv1": "fp32", "relu1": "fp16", "fc": "int8", "relu2": "fp16",
+                                            "norm": "fp16"})
     calib = types.SimpleNamespace(ranges={"r1": (-0.5, 6.0), "x": (-1.0, 1.0)}, amax={"r1": 6.0, "x": 1.0}.get)
     precisions, outputs, ranges = tb.legacy_constraints(net, policy, calib, _fake_trt())
-    # the MatMul of the INT8 node runs int8; the weight Shuffle and bias add TensorRT made for it run the
-    # network default; constants and shape layers are never constrained
-    assert precisions == {"conv1": "f32", "relu1": "f16", "fc_3": "f16", "fc": "i8", "fc_1": "f16"}
-    assert outputs == {"conv1": "f32", "relu1": "f16", "fc_3": "f16", "fc": "f16", "fc_1": "f16"}
+    # the MatMul of the INT8 node runs int8; the weight Shuffle and bias add the parser made for it (with no
+    # metadata, issue 11 bug 7) follow that node, the bias add its MatMul rather than the relu2 it feeds.
+    # Under an fp16 network default the INT8 node still outputs fp32, as the strongly typed path's
+    # DequantizeLinear does (bug 6); constants and shape layers are never constrained
+    shuffle, bias = "(Unnamed Layer* 3) [Shuffle]", "(Unnamed Layer* 5) [ElementWise]"
+    assert precisions == {"conv1": "f32", "relu1": "f16", shuffle: "f32", "fc": "i8", bias: "f32", "relu2": "f16"}
+    assert outputs == {"conv1": "f32", "relu1": "f16", shuffle: "f32", "fc": "f32", bias: "f32", "relu2": "f16"}
     assert ranges == {"r1": 6.0, "wt": 3.0}  # the calibrated activation; the weights through the Shuffle
     tb._apply_types_and_ranges(net, outputs, ranges)
-    assert net[4].out_types == {0: "f16"} and net.tensors["r1"].dynamic_range == (-6.0, 6.0)
+    assert net[4].out_types == {0: "f32"} and net.tensors["r1"].dynamic_range == (-6.0, 6.0)
     assert net.tensors["wt"].dynamic_range == (-3.0, 3.0) and net.tensors["x"].dynamic_range is None
 
 
@@ -336,3 +374,99 @@ def test_legacy_constraints_name_int8_inputs_without_range():
     with pytest.raises(MixprecError, match="no calibrated range") as e:
         tb.legacy_constraints(_gemm_network(), policy, calib, _fake_trt())
     assert e.value.details == ["fc: input 0 (r1)"]
+
+
+# ---------------------------------------------------------------------------- issue 11, section 2
+
+@pytest.mark.parametrize("fakes", ["10.12.0.36"], indirect=True)
+def test_engine_cache_key_covers_the_compiled_onnx(fakes, project, tmp_path, monkeypatch):
+    """Bug 5: a compiler change (other compiled bytes for the same model, policy and calibration)
+    silently reused the stale engine."""
+    _build(project, tmp_path / "a", workspace_bytes=6 << 30)  # a key no other test builds
+    _build(project, tmp_path / "b", workspace_bytes=6 << 30)
+    assert len(fakes.built) == 1  # unchanged: a cache hit
+    real = tb.compile_policy
+
+    def changed_compiler(*args, **kwargs):
+        compiled = real(*args, **kwargs)
+        compiled.proto.doc_string = "compiled by a newer mixprec"
+        return compiled
+
+    monkeypatch.setattr(tb, "compile_policy", changed_compiler)
+    _build(project, tmp_path / "c", workspace_bytes=6 << 30)
+    side = json.loads((tmp_path / "c" / "compiled.tensorrt.json").read_text())
+    assert len(fakes.built) == 2 and not side["cache_hit"] and len(side["onnx_sha256"]) == 64
+
+
+def test_engine_cache_key_covers_the_legacy_constraints(fakes, project, tmp_path, monkeypatch):
+    """Bug 5: on the legacy path the key lacked the precisions, output types and ranges applied."""
+    _build(project, tmp_path / "a", workspace_bytes=3 << 30)
+    before = len(fakes.built)
+    _build(project, tmp_path / "b", workspace_bytes=3 << 30)
+    assert len(fakes.built) == before  # unchanged: a cache hit
+    real = tb.legacy_constraints
+
+    def other_ranges(*args):
+        precisions, outputs, ranges = real(*args)
+        return precisions, outputs, {k: 2 * v for k, v in ranges.items()}
+
+    monkeypatch.setattr(tb, "legacy_constraints", other_ranges)
+    _build(project, tmp_path / "c", workspace_bytes=3 << 30)
+    assert len(fakes.built) == before + 1
+    assert json.loads((tmp_path / "c" / "compiled.tensorrt.json").read_text())["legacy_constraints"]
+
+
+def test_tf32_is_explicit_in_the_config_and_the_key(fakes, project, tmp_path):
+    """Bug 4: TF32 is off unless asked for, set in the builder config, and part of the engine key."""
+    _build(project, tmp_path / "off", workspace_bytes=5 << 30)
+    assert fakes.configs[-1].tf32 is False
+    off = json.loads((tmp_path / "off" / "compiled.tensorrt.json").read_text())
+    _build(project, tmp_path / "on", workspace_bytes=5 << 30, tf32=True)
+    assert fakes.configs[-1].tf32 is True
+    on = json.loads((tmp_path / "on" / "compiled.tensorrt.json").read_text())
+    assert (off["tf32"], on["tf32"]) == (False, True) and off["key"] != on["key"]
+    assert tb.TensorRTBackend(tf32=True).identity() == "tensorrt 10.11.0.33 on Fake GPU (sm 8.9) tf32=True"
+
+
+def _constrained(net):
+    return ({l.name: (l.precision, dict(l.out_types)) for l in net},
+            {n: t.dynamic_range for n, t in net.tensors.items()})
+
+
+def test_exported_postprocess_script_constrains_like_the_backend(monkeypatch):
+    """Bug 1: the script the <= 10.11 export ships applies the backend's legacy constraints, including
+    ranges on the weight Constant (through its Shuffle) of an INT8 Gemm, and enables INT8 without a calibrator."""
+    fake = _fake_trt()
+    monkeypatch.setitem(sys.modules, "tensorrt", fake)
+    policy = Policy("m", "0" * 64, "fp16", {"conv1": "fp32", "relu1": "fp16", "fc": "int8", "norm": "fp16"})
+    calib = types.SimpleNamespace(ranges={"r1": (-0.5, 6.0), "x": (-1.0, 1.0)}, amax={"r1": 6.0, "x": 1.0}.get)
+    backend_net, script_net = _gemm_network(), _gemm_network()
+    precisions, outputs, ranges = tb.legacy_constraints(backend_net, policy, calib, fake)
+    for layer in backend_net:
+        if layer.name in precisions:
+            layer.precision = precisions[layer.name]
+    tb._apply_types_and_ranges(backend_net, outputs, ranges)
+    ns: dict = {}
+    exec(compile(tb.legacy_postprocess_script(policy, calib), "postprocess.py", "exec"), ns)
+    assert ns["postprocess"](network=script_net) is script_net
+    assert _constrained(script_net) == _constrained(backend_net)
+    assert script_net.tensors["wt"].dynamic_range == (-3.0, 3.0)  # max |w| of the Constant behind the Shuffle
+    flags = []
+    ns["postprocess_config"](builder=None, network=script_net, config=types.SimpleNamespace(set_flag=flags.append))
+    assert flags == ["int8-flag"]
+    missing = Policy("m", "0" * 64, "fp32", {"fc": "int8"})
+    ns = {}
+    exec(compile(tb.legacy_postprocess_script(missing, types.SimpleNamespace(ranges={}, amax=None)), "p.py", "exec"), ns)
+    with pytest.raises(RuntimeError, match="fc: input 0"):
+        ns["postprocess"](network=_gemm_network())
+
+
+@pytest.mark.parametrize("fakes", ["10.12.0.36"], indirect=True)
+def test_trt_build_requires_opset_13(fakes, project, tmp_path):
+    """Bug 8: the strongly typed build compiles Q/DQ with per-channel axis, which needs opset >= 13."""
+    from dataclasses import replace
+
+    old = replace(project.model, opset=12)
+    calib = calibrate(project.model, project.calib_data, project.default_policy().calibration, project.ws)
+    with pytest.raises(MixprecError, match="opset 12.*needs opset >= 13"):
+        tb.TensorRTBackend(ws=project.ws).build(old, project.default_policy(), calib, tmp_path, project.input_shapes)

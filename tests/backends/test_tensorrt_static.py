@@ -127,6 +127,7 @@ def test_polygraphy_attributes_the_backend_reads():
 
     log_file = inspect.getattr_static(type(G_LOGGER), "log_file")
     assert isinstance(log_file, property) and log_file.fset is not None and G_LOGGER.log_file is None
+    assert "_log_file" in vars(G_LOGGER)  # the file the setter opens, which _polygraphy_log closes
     assert issubclass(PolygraphyException, Exception)
     activate = inspect.getsource(TrtRunner.activate_impl)  # runner.context / runner.engine, used by profile()
     assert "self.context = " in activate and "self.engine = " in activate
@@ -228,13 +229,15 @@ def test_profile_shapes_rejects(override, text):
 def test_engine_cache_key():
     parts = {"model_sha256": "a" * 64, "policy_sha256": "b" * 64, "calibration": None, "mode": "legacy",
              "tensorrt": "10.11.0.33", "polygraphy": "0.53.6", "gpu": "NVIDIA A100-SXM4-80GB",
-             "compute_capability": "8.0", "profiles": {"x": ((1, 4),) * 3}, "workspace_bytes": 4 << 30}
+             "compute_capability": "8.0", "profiles": {"x": ((1, 4),) * 3}, "workspace_bytes": 4 << 30,
+             "onnx_sha256": "e" * 64, "legacy_constraints": "f" * 32, "tf32": False}
     key = trt_backend.engine_cache_key(parts)
     assert len(key) == 32 and key == trt_backend.engine_cache_key(dict(reversed(list(parts.items()))))
     assert key == trt_backend.engine_cache_key({**parts, "profiles": {"x": [[1, 4]] * 3}})
     for field, value in (("model_sha256", "c" * 64), ("policy_sha256", "d" * 64), ("calibration", "k"),
                          ("tensorrt", "10.11.0.34"), ("gpu", "NVIDIA H100"), ("compute_capability", "9.0"),
-                         ("profiles", {"x": ((1, 4), (1, 4), (2, 4))}), ("mode", "strongly-typed")):
+                         ("profiles", {"x": ((1, 4), (1, 4), (2, 4))}), ("mode", "strongly-typed"),
+                         ("onnx_sha256", "0" * 64), ("legacy_constraints", None), ("tf32", True)):
         assert trt_backend.engine_cache_key({**parts, field: value}) != key, field
 
 
@@ -306,3 +309,18 @@ def test_per_layer_from_reports_names_a_mismatched_profile():
     graph, profile = _fixture("a100-resnet-fp16")
     with pytest.raises(MixprecError, match="layer information and its profile do not match"):
         trt_backend.per_layer_from_reports(graph, profile[:-1], [], Policy("m", "0" * 64, "fp32", {}))
+
+
+def test_profile_records_of_auxiliary_stream_layers_are_tolerated():
+    """Issue 11, bug 12: with auxiliary streams an IProfiler also reports signal/wait layers that the
+    inspector's layer information does not list, which broke the strict profile-to-layer-info match."""
+    graph, profile = _fixture("a100-resnet-fp16")
+    extra = [{"name": "Signal aux stream 1", "timeMs": 0.01, "averageMs": 0.001, "medianMs": 0.001,
+              "percentage": 0.0}, {"name": "Wait aux stream 1", "timeMs": 0.01, "averageMs": 0.001,
+                                   "medianMs": 0.001, "percentage": 0.0}]
+    with_aux = [profile[0], *profile[1:3], extra[0], *profile[3:], extra[1]]
+    df = trt_backend.per_layer_from_reports(graph, with_aux, [], Policy("m", "0" * 64, "fp32", {}))
+    assert len(df) == len(graph["Layers"]) and "Signal aux stream 1" not in set(df["name"])
+    # a profile that misses one of the engine's layers is still refused
+    with pytest.raises(MixprecError, match="do not match"):
+        trt_backend.per_layer_from_reports(graph, with_aux[:-3] + with_aux[-1:], [], Policy("m", "0" * 64, "fp32", {}))
