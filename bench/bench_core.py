@@ -31,7 +31,7 @@ def main():
     args = ap.parse_args()
     import onnxruntime as ort
 
-    p = open_project("sample:minilm")
+    p = open_project("sample:minilm", target="onnxruntime")
     base = p.default_policy()
     ffn_down = {l.name: "fp16" for l in p.layers if l.name.endswith("/output/dense/MatMul")}
     policies = [

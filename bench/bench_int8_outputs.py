@@ -23,7 +23,7 @@ from core.project import open_project  # noqa: E402
 
 
 def main():
-    p = open_project("sample:minilm")
+    p = open_project("sample:minilm", target="onnxruntime")
     base = p.default_policy()
     calib = calibrate(p.model, p.calib_data, base.calibration, p.ws)
     feeds = p.eval_data.batches(1)

@@ -37,7 +37,7 @@ def main():
     ap.add_argument("--policies", type=int, default=12, help="random policies (plus the island/contiguous pairs)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    p = open_project(f"sample:{args.model}")
+    p = open_project(f"sample:{args.model}", target="onnxruntime")
     base = p.default_policy()
     t0 = time.perf_counter()
     calib = calibrate(p.model, p.calib_data, base.calibration, p.ws)

@@ -64,7 +64,7 @@ def main():
     print(f"ORT {ort.__version__} CPU, {os.cpu_count()} cores; {args.iterations} interleaved timing pairs per row; "
           f"quality on the held-out half of each sample's evaluation set (never used for choosing)\n")
     for name in args.models.split(","):
-        p = open_project(f"sample:{name}")
+        p = open_project(f"sample:{name}", target="onnxruntime")
         held = replace(p, eval_data=split_eval(p.eval_data)[1])
         base = p.default_policy()
         eligible = [l.name for l in p.layers if l.eligible]

@@ -50,7 +50,8 @@ def ranking_path(ws: Workspace, key: str) -> Path:
 
 def search_path(ws: Workspace, project: Project, budget: str, smooth: bool) -> Path:
     """Where the search of this model, data, budget (normalised, ``str(Budget)``) and smoothing is stored."""
-    return ws.sub("searches") / f"{project_ranking_key(project, f'{budget}|smooth={bool(smooth)}', 'search')}.json"
+    key = f"{budget}|smooth={bool(smooth)}|target={project.target}"  # the target decides the search's objective
+    return ws.sub("searches") / f"{project_ranking_key(project, key, 'search')}.json"
 
 
 def _read(path: Path, what: str) -> dict | None:

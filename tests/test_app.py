@@ -160,8 +160,9 @@ def test_search_under_budget_pareto_and_use_this_policy(ws):
     assert at.session_state[policy_key(ws, model)].sha256 == result.front_policy(pick.value).sha256
     again = ok(page("precision", model=model))  # a new session: the stored search, no recomputation
     assert len(again.get("plotly_chart")) == 1 and len(JobManager.for_workspace(ws).jobs()) == 1
-    again.sidebar.selectbox(key="target_pick").select("onnxruntime").run()  # stored searches are not per target
-    assert any("run with the other deployment target's objective (INT8 MAC share)" in c.value for c in ok(again).caption)
+    again.sidebar.selectbox(key="target_pick").select("onnxruntime").run()  # stored searches are kept per target
+    assert not ok(again).get("plotly_chart")  # the TensorRT-target search is not shown as the CPU target's
+    assert load_search(ws, open_project(model, ws=ws, target="onnxruntime"), "cosine_mean>=0.99", False) is None
 
 
 def test_search_bad_budget_shows_the_fix(ws):

@@ -47,9 +47,6 @@ def _result(p: Project, result, objective: str) -> None:
     (``objective``: what a search for the session's target would optimise)."""
     met = result.met_on_dev and result.met_on_holdout is not False
     (st.success if met else st.warning)(ui.md(result.message))
-    if (MAC_SHARE_NOTE in result.message) != (objective == "mac_share"):  # stored searches are not kept per target
-        st.caption("This stored search was run with the other deployment target's objective ("
-                   + ("INT8 MAC share" if MAC_SHARE_NOTE in result.message else "estimated CPU latency") + ").")
     if result.run is not None and result.run.data_generated and GENERATED_NOTE not in result.message:
         st.caption(f"The search's quality numbers are {GENERATED_NOTE}.")  # a search stored before it said so
     basis = "estimate from " + (result.run.latency_source.replace(", measured", "") if result.run else "the backend's") \

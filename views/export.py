@@ -17,13 +17,21 @@ st.download_button("Download policy JSON", pol.to_json(), policy_filename(pol), 
                    key="dl_policy", type="primary")
 onnx_name = policy_filename(pol, ".mixprec.onnx")
 st.subheader("TensorRT ≤ 10.11: per-layer precision constraints (deprecated in 10.12, removed in 11)")
+st.caption("INT8 Gemm/MatMul layers need the Polygraphy post-process script that `python -m core export "
+           "--format trtexec` writes beside the command (the parser makes their weights Constant layers without "
+           "ranges); this preview shows the trtexec form.")
 try:
     st.code(trtexec_legacy_command(p.model, pol, "model.onnx", "calibration.cache", p.input_shapes), language="bash", wrap_lines=True)
 except MixprecError as e:
-    st.warning(str(e))
+    st.warning(ui.md(e))
 st.subheader("TensorRT ≥ 10.12 / 11: strongly typed build of the explicit-precision ONNX")
-st.code(trtexec_typed_command(p.model, onnx_name, p.input_shapes), language="bash", wrap_lines=True)
-st.code(polygraphy_command(p.model, onnx_name, p.input_shapes), language="bash", wrap_lines=True)
+try:
+    st.code(trtexec_typed_command(p.model, onnx_name, p.input_shapes), language="bash", wrap_lines=True)
+    st.code(polygraphy_command(p.model, onnx_name, p.input_shapes), language="bash", wrap_lines=True)
+    st.caption("The Polygraphy preview uses a fixed tolerance; `python -m core export --format polygraphy` "
+               "measures the policy's error and compares TensorRT against saved FP32 outputs.")
+except MixprecError as e:
+    st.warning(ui.md(e))
 if st.button("Compile the explicit-precision ONNX", key="compile"):
     try:
         with st.spinner("Calibrating and compiling…"):
