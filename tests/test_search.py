@@ -151,3 +151,40 @@ def test_tensorrt_target_without_tensorrt_searches_mac_share_not_cpu_latency(tin
     assert chosen.int8_mac_share == c[c.meets_budget].int8_mac_share.max()
     on_cpu = search(replace(tiny_cnn, target="onnxruntime"), config)
     assert MAC_SHARE_NOTE not in on_cpu.message
+
+
+def test_a_calibration_method_that_cannot_run_is_skipped_and_said(tiny_cnn, monkeypatch):
+    """A model whose activations break the histogram calibrators (the zoo's light DenseNet: 'Too
+    many bins for data range') still searches with MinMax; the verdict says which method was
+    skipped and why. The first method failing is an error."""
+    import core.search.searcher as searcher
+
+    real = searcher.calibrate
+
+    def calibrate(model, ds, settings, ws=None, progress=None):
+        if getattr(settings, "method", settings) == "entropy":
+            raise MixprecError("entropy calibration cannot build its histograms", "use --calibration minmax")
+        return real(model, ds, settings, ws, progress)
+
+    monkeypatch.setattr(searcher, "calibrate", calibrate)
+    r = search(tiny_cnn, SearchConfig("cosine_mean>=0.9", methods=("minmax", "entropy"), workers=1, verify=False))
+    assert "entropy calibration skipped: entropy calibration cannot build its histograms" in r.message
+    assert set(r.variants) == {"minmax"}
+    with pytest.raises(MixprecError, match="cannot build its histograms"):
+        search(tiny_cnn, SearchConfig("cosine_mean>=0.9", methods=("entropy",), workers=1, verify=False))
+
+
+def test_histogram_failure_in_calibration_is_a_clear_error(tiny_cnn, monkeypatch, tmp_path):
+    """ORT's histogram calibrators raise numpy's ValueError on activations too wide for finite bins;
+    mixprec turns it into a MixprecError that names the method and the fix."""
+    from onnxruntime.quantization import calibrate as ort_calibrate
+
+    from core.calibration import calibrate
+    from core.workspace import Workspace
+
+    def boom(self, *a, **k):
+        raise ValueError("Too many bins for data range. Cannot create 2048 finite-sized bins.")
+
+    monkeypatch.setattr(ort_calibrate.HistogramCollector, "collect", boom)
+    with pytest.raises(MixprecError, match="percentile calibration cannot build its histograms.*minmax"):
+        calibrate(tiny_cnn.model, tiny_cnn.calib_data, "percentile", Workspace(tmp_path))

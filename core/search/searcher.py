@@ -109,6 +109,7 @@ class _Context:
     should_stop: object
     timings: dict = field(default_factory=dict)
     objective: str = "latency"  # resolved: "latency" or "mac_share"
+    skipped: list = field(default_factory=list)  # calibration methods that could not run, and why
 
     def check_stop(self):
         if self.should_stop and self.should_stop():
@@ -222,7 +223,13 @@ def _method_variants(ctx: _Context) -> tuple[list[Variant], dict[str, Sensitivit
     for k, m in enumerate(methods):
         t0 = time.perf_counter()
         pol = base.with_calibration(replace(base.calibration, method=m))
-        calib = calibrate(p.model, p.calib_data, pol.calibration, p.ws)
+        try:
+            calib = calibrate(p.model, p.calib_data, pol.calibration, p.ws)
+        except MixprecError as e:
+            if k == 0:
+                raise
+            ctx.skipped.append(f"{m} calibration skipped: {e.what}")  # the other methods still search
+            continue
         sw = switchable_model(p, pol, calib, m)
         sens[m] = _isolated(ctx, m, base, sw, lambda f, t, k=k, m=m: ctx.step(
             0.02 + 0.4 * (k + f) / len(methods), f"isolated ({m}): {t}"))
@@ -234,7 +241,7 @@ def _method_variants(ctx: _Context) -> tuple[list[Variant], dict[str, Sensitivit
 def _mixed_variant(ctx: _Context, sens: dict[str, Sensitivity]) -> Variant | None:
     """A per-tensor mix: each layer's activation ranges from the method with the smallest isolated
     drop; None where the first method is best everywhere."""
-    p, methods = ctx.project, ctx.config.methods
+    p, methods = ctx.project, [m for m in ctx.config.methods if m in sens]
     best = {}
     for m in methods:
         for row in sens[m].table.itertuples():
@@ -358,6 +365,8 @@ def search(project: Project, config: SearchConfig, progress=None, should_stop=No
         message += f" (quality {GENERATED_NOTE}: give real evaluation data for numbers that hold)"
     if ctx.objective == "mac_share":
         message += f". {MAC_SHARE_NOTE}"
+    if ctx.skipped:
+        message += ". " + "; ".join(ctx.skipped)
     ctx.step(1.0, "done")
     return SearchResult(ctx.budget, policy, met_on_dev, ctx.budget.met(run.quality) if run else None,
                         run.quality if run else None, message, table, sens, run, time.perf_counter() - t_start,
