@@ -74,7 +74,7 @@ def _shape_overrides(items: list[str] | None) -> dict[str, int]:
     out = {}
     for item in items or []:
         name, _, value = item.partition("=")
-        if not value.isdigit():
+        if not (value.isascii() and value.isdigit()):
             raise MixprecError(f"bad --dim {item!r}", "write --dim NAME=VALUE, e.g. --dim seq=128")
         out[name] = int(value)
     return out

@@ -411,7 +411,7 @@ class _Compiler:
                                f"set {what} to fp32 in the policy and build again (an all-FP32 policy leaves the "
                                "model's computation unchanged, so it always compiles)") from e
         if self.target == "trt":  # what TensorRT gets must follow its explicit-quantization rules
-            assert_trt_rules(proto)
+            assert_trt_rules(proto, source_nodes={n.name for n in self.model.proto.graph.node})
         switch_inputs = {layer: v.name for layer, v in (self.switches or {}).items()}
         return CompiledModel(proto, self.target, dict(Counter(n.op_type for n in proto.graph.node)), switch_inputs)
 

@@ -252,9 +252,9 @@ def export_policy(project: Project, policy: Policy, fmt: str, out: str | Path, t
     if fmt not in EXPORT_FORMATS:
         raise MixprecError(f"unknown export format {fmt!r}", f"use one of {', '.join(EXPORT_FORMATS)}")
     out = Path(out)
-    calib = policy_calibration(project, policy)
-    if fmt == "json":
+    if fmt == "json":  # needs no data: a policy of a model whose inputs need an .npz still exports
         return atomic_write_text(out, policy.to_json())
+    calib = policy_calibration(project, policy)
     if fmt == "onnx":
         return atomic_write_bytes(out, compiled_onnx(project, policy, target, calib))
     if fmt == "calib-cache":

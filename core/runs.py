@@ -131,11 +131,6 @@ class RunResult:
         """The latency source with the target, e.g. ``ONNX Runtime CPU, measured · target TensorRT (GPU)``."""
         return f"{self.latency_source} · target {TARGET_LABELS.get(self.target, self.target)}"
 
-    @property
-    def quality_note(self) -> str:
-        """What to say next to this run's quality numbers ("" on real data)."""
-        return GENERATED_NOTE if self.data_generated else ""
-
     def to_json(self) -> dict:
         q = asdict(self.quality)
         if q["snr_db"] == float("inf"):

@@ -65,7 +65,7 @@ def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
     """``"images=1x3x320x320"`` → ``("images", (1, 3, 320, 320))`` (``"x="`` is a scalar)."""
     name, sep, spec = str(text).rpartition("=")
     dims = spec.strip().lower().split("x") if spec.strip() else []
-    if not sep or not name or not all(d.strip().isdigit() and int(d) > 0 for d in dims):
+    if not sep or not name or not all(d.strip().isascii() and d.strip().isdigit() and int(d) > 0 for d in dims):
         raise MixprecError(f"bad --shape {text!r}",
                            "write --shape INPUT=DIMS with every dim of the input, e.g. --shape images=1x3x320x320")
     return name, tuple(int(d) for d in dims)

@@ -70,6 +70,16 @@ def _read(path: Path, what: str) -> dict | None:
                            f"delete {path} and compute it again") from e
 
 
+def _record(from_json, doc: dict, path: Path, what: str):
+    """``from_json(doc)``; a document of the right kind and format that is damaged (a field missing
+    or of the wrong type) is a MixprecError, never a traceback."""
+    try:
+        return from_json(doc)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise MixprecError(f"the stored {what} {path.name} is damaged ({type(e).__name__}: {e})",
+                           f"delete {path} and compute it again") from e
+
+
 def _legacy_csv(path: Path, what: str) -> None:
     """Rankings were stored as CSV before they had a record: say so instead of ignoring it."""
     old = path.with_suffix(".csv")
@@ -93,7 +103,7 @@ def load_ranking(ws: Workspace, project: Project, method: str = "minmax") -> Ran
     if doc is None:
         _legacy_csv(path, "ranking")
         return None
-    return Ranking.from_json(doc)
+    return _record(Ranking.from_json, doc, path, "ranking")
 
 
 def cached_ranking(project: Project, method: str = "minmax") -> Ranking | None:
@@ -120,7 +130,7 @@ def load_sensitivity(ws: Workspace, project: Project, method: str = "minmax",
     if doc is None:
         _legacy_csv(path, f"{mode} sensitivity")
         return None
-    return Sensitivity.from_json(doc)
+    return _record(Sensitivity.from_json, doc, path, f"{mode} sensitivity")
 
 
 # --- searches ------------------------------------------------------------------------------------
@@ -130,8 +140,10 @@ def save_search(ws: Workspace, project: Project, result: SearchResult, smooth: b
 
 def load_search(ws: Workspace, project: Project, budget: str, smooth: bool) -> SearchResult | None:
     """The stored search for this (normalised) budget and smoothing, or None if it was never run."""
-    doc = _read(search_path(ws, project, budget, smooth), "search")
-    return None if doc is None else SearchResult.from_json(doc, project.model, project.layers)
+    path = search_path(ws, project, budget, smooth)
+    doc = _read(path, "search")
+    return None if doc is None else _record(lambda d: SearchResult.from_json(d, project.model, project.layers), doc,
+                                            path, "search")
 
 
 # --- runs (written by core.runs.build_and_measure) -----------------------------------------------

@@ -331,8 +331,10 @@ def _check_types(g: _Graph, node: onnx.NodeProto, opset: int) -> list[Violation]
 
 # --- entry points --------------------------------------------------------------------------------
 
-def check_explicit_quantization(proto: onnx.ModelProto) -> list[Violation]:
-    """Every violation of TensorRT's explicit-quantization rules (module docstring) in ``proto``."""
+def check_explicit_quantization(proto: onnx.ModelProto, source_nodes=frozenset()) -> list[Violation]:
+    """Every violation of TensorRT's explicit-quantization rules (module docstring) in ``proto``.
+    ``source_nodes``: names of the user's own nodes; their Casts (e.g. a no-op float Cast that
+    PyTorch exports) are the model's, not precision boundaries, and are not checked."""
     g = _Graph(proto)
     out: list[Violation] = []
     opset = _opset(proto)
@@ -343,15 +345,15 @@ def check_explicit_quantization(proto: onnx.ModelProto) -> list[Violation]:
         if node.op_type in QDQ_OPS and node.domain in ("", "ai.onnx"):
             out += _check_params(g, node) + _check_axis(g, node)
             out += _check_q(g, node) if node.op_type == "QuantizeLinear" else _check_dq(g, node)
-        elif node.op_type == "Cast":
+        elif node.op_type == "Cast" and node.name not in source_nodes:
             out += _check_cast(g, node)
         out += _check_types(g, node, opset)
     return out
 
 
-def assert_trt_rules(proto: onnx.ModelProto, what: str = "the compiled model") -> None:
+def assert_trt_rules(proto: onnx.ModelProto, what: str = "the compiled model", source_nodes=frozenset()) -> None:
     """Raise MixprecError listing every violation of TensorRT's explicit-quantization rules."""
-    violations = check_explicit_quantization(proto)
+    violations = check_explicit_quantization(proto, source_nodes)
     if violations:
         raise MixprecError(
             f"{what} breaks {len(violations)} of TensorRT's explicit-quantization rules "

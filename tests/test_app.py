@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,12 @@ def page(name: str | None = None, model: str = "sample:tiny-cnn", state: dict | 
     return at
 
 
+def shown(el) -> str:
+    """The text an element shows: its Markdown source without the escapes (ui.md) that keep user
+    text literal."""
+    return re.sub(r"\\(.)", r"\1", el.value)
+
+
 def ok(at: AppTest) -> AppTest:
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
@@ -66,7 +73,7 @@ def test_model_page_bad_path_shows_error_and_recovers(ws, tmp_path):
     at.radio(key="model_how").set_value("Path on the server").run()
     at.text_input(key="model_path").input(str(bad))
     at.button(key="load_path").click().run()
-    assert at.error and "Fix:" in at.error[0].value
+    assert at.error and "Fix:" in shown(at.error[0])
     at.radio(key="model_how").set_value("Bundled sample").run()
     at.selectbox(key="sample_pick").select("sample:tiny-transformer").run()
     ok(at)
@@ -168,10 +175,10 @@ def test_search_under_budget_pareto_and_use_this_policy(ws):
 def test_search_bad_budget_shows_the_fix(ws):
     at = page("precision", model="sample:tiny-transformer")
     at.text_input(key="search_budget").input("cosine>=0.99").run()
-    assert len(at.error) == 1 and "cannot read the budget" in at.error[0].value and "Fix:" in at.error[0].value
+    assert len(at.error) == 1 and "cannot read the budget" in shown(at.error[0]) and "Fix:" in shown(at.error[0])
     assert not [b for b in at.button if b.key == "start_search"] and at.button(key="rebuild")
     at.text_input(key="search_budget").input("snr_db<=30").run()
-    assert "the wrong way" in at.error[0].value and "snr_db>=30" in at.error[0].value
+    assert "the wrong way" in shown(at.error[0]) and "snr_db>=30" in shown(at.error[0])
     at.text_input(key="search_budget").input("snr_db >= 30").run()
     ok(at)
     assert at.button(key="start_search") and not JobManager.for_workspace(ws).jobs()
@@ -261,7 +268,7 @@ def test_results_page_rejects_a_bad_report(ws, trt_reports_dir, tmp_path):
     bad.write_text('{"Layers": ["conv1", "relu1"]}')
     at = ok(page("build_and_results"))
     at.text_input(key="trt_graph_path").input(str(bad)).run()
-    assert at.error and "profilingVerbosity=detailed" in at.error[0].value
+    assert at.error and "profilingVerbosity=detailed" in shown(at.error[0])
     assert not at.exception
 
 

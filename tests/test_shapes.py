@@ -262,3 +262,13 @@ def test_dev_and_held_out_halves_are_whole_fixed_batches():
     assert all(b["x"].shape[0] == 32 for b in dev.batches() + held.batches())
     with pytest.raises(MixprecError, match="fixed at 32"):
         split_eval(Dataset({"x": np.zeros((48, 3), np.float32)}, "t", fixed_batch=32))
+
+
+def test_non_ascii_digits_are_a_clear_error():
+    """'²'.isdigit() is True but int('²') raises: both shape flags refuse it cleanly."""
+    from core.cli import _shape_overrides
+
+    with pytest.raises(MixprecError, match="bad --shape"):
+        parse_shape("x=1x²")
+    with pytest.raises(MixprecError, match="bad --dim"):
+        _shape_overrides(["seq=²"])

@@ -62,6 +62,9 @@ def test_older_or_damaged_stored_documents_are_clear_errors(store_ws, tiny_cnn):
     atomic_write_text(ranking_path(store_ws, key), "{not json")
     with pytest.raises(MixprecError, match="not valid JSON"):
         load_ranking(store_ws, tiny_cnn)
+    atomic_write_text(ranking_path(store_ws, key), f'{{"kind": "ranking", "format_version": {Ranking.FORMAT_VERSION}}}')
+    with pytest.raises(MixprecError, match="is damaged .*KeyError"):  # right kind and format, fields missing
+        load_ranking(store_ws, tiny_cnn)
 
 
 def test_store_upload_keeps_content_by_hash(store_ws, tiny_cnn):

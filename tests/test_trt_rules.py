@@ -433,4 +433,27 @@ def test_assert_trt_rules_lists_the_violations():
                                            r"\(.*zero-point.*\).*\[zero-point\] x/Q") as e:
         assert_trt_rules(_qdq(x_zp=(5, np.int8)))
     assert e.value.fix
-    assert Violation("opset", "<model>", "x").rule == "opset"
+
+
+def test_the_models_own_casts_are_not_precision_boundaries(tmp_path):
+    """A user's no-op float Cast (PyTorch exports them) is the model's, not a boundary the
+    compiler made: an all-FP32 and a default trt compile of such a model pass."""
+    from onnx import helper as h
+
+    from core.policy import uniform_policy
+    from core.project import open_project
+    from core.workspace import Workspace
+
+    w = numpy_helper.from_array(np.ones((4, 3), np.float32), "w")
+    nodes = [h.make_node("Cast", ["x"], ["xc"], name="own_cast", to=TensorProto.FLOAT),
+             h.make_node("MatMul", ["xc", "w"], ["y"], name="mm")]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                     [h.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])], [w])
+    path = tmp_path / "cast.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), path)
+    p = open_project(path, ws=Workspace(tmp_path / "ws"))
+    compile_policy(p.model, uniform_policy(p.model, p.layers, "fp32"), None, target="trt")
+    pol = p.default_policy()
+    compiled = compile_policy(p.model, pol, calibrate_policy(p.model, p.calib_data, pol, p.layers, p.ws), target="trt")
+    assert check_explicit_quantization(compiled.proto, {"own_cast"}) == []
+    assert [v.rule for v in check_explicit_quantization(compiled.proto)] == ["fp16-cast"]  # the check itself works

@@ -56,7 +56,7 @@ def _by_name(p: Project) -> None:
             try:
                 apply(p, select_layers(p.layers, regex=regex), prec, ui.code(f"/{regex}/"))
             except MixprecError as e:
-                st.error(str(e))
+                st.error(ui.md(e))
 
 
 def _top_k(p: Project, ranking: pd.DataFrame | None) -> None:
@@ -72,4 +72,4 @@ def _top_k(p: Project, ranking: pd.DataFrame | None) -> None:
             try:
                 apply(p, top_sensitive(ranking, int(k)), "fp16", f"top {k} most sensitive")
             except MixprecError as e:
-                st.error(str(e))
+                st.error(ui.md(e))

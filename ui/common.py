@@ -153,7 +153,7 @@ def project() -> Project:
     try:
         return open_source(**src)
     except MixprecError as e:
-        st.error(str(e))
+        st.error(md(e))
         st.info("Pick another model or data on the **Model** page.")
         st.stop()
 
@@ -166,7 +166,7 @@ def upload(file, kind: str, model=None) -> str | None:
     try:
         return str(store.store_upload(workspace(), file.getvalue(), file.name, kind, model))
     except MixprecError as e:
-        st.error(str(e))
+        st.error(md(e))
         return None
 
 
@@ -175,7 +175,7 @@ def _stored(load, *args):
     try:
         return load(*args)
     except MixprecError as e:
-        st.error(str(e))
+        st.error(md(e))
         return None
 
 
@@ -228,7 +228,7 @@ def submit(kind: str, params: dict, label: str) -> Job | None:
     try:
         job = manager().submit(kind, params, label=label)
     except MixprecError as e:
-        st.error(str(e))
+        st.error(md(e))
         return None
     st.session_state.setdefault("my_jobs", []).append(job.id)
     st.query_params["job"] = job.id
@@ -244,7 +244,7 @@ def job_button(kind: str, params: dict, label: str, button: str, key: str, store
     elif not stored:
         st.info(missing)
         if mine and mine[0].status != "done":
-            st.error(f"The last run {mine[0].status}: {mine[0].error}")
+            st.error(f"The last run {mine[0].status}: {md(mine[0].error)}")
         if st.button(button, type="primary", key=key):
             submit(kind, params, label)
             st.rerun()
@@ -262,7 +262,7 @@ def job_row(job: Job) -> None:
     if job.active:
         right.button("Cancel", key=f"cancel-{job.id}", on_click=mgr.cancel, args=(job.id,))
     if job.error and job.status in ("failed", "interrupted"):
-        st.error(f"{md(job.label)}: {job.error}")
+        st.error(f"{md(job.label)}: {md(job.error)}")
 
 
 @st.fragment(run_every=1.0)

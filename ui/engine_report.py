@@ -27,7 +27,7 @@ def section(layer_names: list[str]) -> None:
         try:
             rep = load_engine_report(graph, profile, name=g_up.name if g_up else None)
         except MixprecError as e:
-            st.error(str(e))
+            st.error(ui.md(e))
             return
         rf = rep.reformat
         st.markdown(f"**{ui.md(rep.name)}**: {len(rep.layers)} engine layers; {rf.count} reformat layers"

@@ -20,7 +20,7 @@ def section(p: Project, run_id: str) -> None:
     try:
         run = load_run(p.ws, run_id)
     except MixprecError as e:
-        st.error(str(e))
+        st.error(ui.md(e))
         return
     for w in run.warnings:
         st.warning(f"Run {ui.md(run.label)}: {ui.md(w)}")

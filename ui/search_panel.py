@@ -26,7 +26,7 @@ def section(p: Project) -> None:
             params = search_params(src["model"], src["data"], src["eval_data"], budget, smooth, shapes=ui.shapes(),
                                    target=ui.target())
         except MixprecError as e:
-            st.error(str(e))
+            st.error(ui.md(e))
             return
         objective = search_objective("auto", ui.target(), ui.auto_backend_name())
         if objective == "mac_share":
@@ -67,4 +67,4 @@ def _result(p: Project, result, objective: str) -> None:
             ui.set_policy(p, result.policy if pick == result.chosen else result.front_policy(int(pick)))
             ui.flash(f"Front point #{pick} is now the current policy: Rebuild to measure it.", rerun=True)
         except MixprecError as e:
-            st.error(str(e))
+            st.error(ui.md(e))

@@ -82,7 +82,7 @@ def _apply(shapes: dict | None) -> None:
         with st.spinner("Opening the model at these shapes…"):
             ui.open_source(src["model"], src.get("data"), src.get("eval_data"), shapes)
     except MixprecError as e:
-        st.error(str(e))
+        st.error(ui.md(e))
         return
     ui.set_shapes(shapes)
     st.session_state["shapes_version"] = st.session_state.get("shapes_version", 0) + 1

@@ -60,7 +60,7 @@ try:
     st.plotly_chart(plot_run_layers(load_run_per_layer(run_dir(p.ws, sel)),
                                     backend=runs.set_index("run_id").at[sel, "backend"]), key="layers_chart")
 except Exception as e:  # noqa: BLE001 - a damaged run must not break the page
-    st.error(str(e))
+    st.error(ui.md(e))
 if sel != last["run_id"]:
     run_notes.section(p, sel)
 
@@ -78,4 +78,4 @@ if len(runs) >= 2:
         st.caption(f"{len(diff)} layer(s) differ between A ('built') and B ('now')")
         st.dataframe(diff, hide_index=True)
     except Exception as e:  # noqa: BLE001
-        st.error(str(e))
+        st.error(ui.md(e))

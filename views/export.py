@@ -37,7 +37,7 @@ if st.button("Compile the explicit-precision ONNX", key="compile"):
         with st.spinner("Calibrating and compiling…"):
             st.session_state["compiled"] = (pol.sha256, compiled_onnx(p, pol))
     except MixprecError as e:
-        st.error(str(e))
+        st.error(ui.md(e))
 compiled = st.session_state.get("compiled")
 if compiled and compiled[0] == pol.sha256:
     st.download_button(f"Download {onnx_name} ({len(compiled[1]) / 1e6:.1f} MB)", compiled[1], onnx_name,
@@ -54,4 +54,4 @@ if st.button("Validate and apply", key="import"):
         ui.set_policy(p, policy_from_text(raw, p.model, p.layers, source=up.name if up else "the pasted policy"))
         ui.flash("Policy applied: see the Precision page.", rerun=True)
     except MixprecError as e:
-        st.error(str(e))
+        st.error(ui.md(e))

@@ -51,7 +51,7 @@ if ui.shapes():  # shapes that no longer fit (e.g. new data): say so, and offer 
     try:
         ui.open_source(**ui.source())
     except MixprecError as e:
-        st.error(f"At the input shapes you set: {e}")
+        st.error(f"At the input shapes you set: {ui.md(e)}")
         if st.button("Back to the default shapes", key="reset_bad_shapes"):
             ui.set_shapes(None)
             st.rerun()
