@@ -61,7 +61,7 @@ class Project:
         return inventory_frame(self.layers)
 
     @property
-    def eligible_macs(self) -> int:
+    def total_macs(self) -> int:
         """The MACs of every MAC-bearing layer (the denominator of the INT8 share of MACs): the
         INT8-eligible ones and those that cannot be INT8 (LSTM, GRU, Einsum, Attention, control flow)."""
         return sum(l.macs for l in self.layers)

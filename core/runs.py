@@ -269,8 +269,8 @@ def is_generated(data) -> bool:
 
 
 def int8_mac_fraction(project: Project, policy: Policy) -> float:
-    """The INT8 share of all MACs (eligible or not; see ``Project.eligible_macs``)."""
-    total = project.eligible_macs
+    """The INT8 share of all MACs (eligible or not; see ``Project.total_macs``)."""
+    total = project.total_macs
     int8 = sum(l.macs for l in project.layers if l.eligible and policy.layers.get(l.name) == "int8")
     return int8 / total if total else 0.0
 

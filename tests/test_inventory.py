@@ -136,7 +136,7 @@ def test_recurrent_macs_and_int8_share(tmp_path, op, directions, layout):
     assert "not INT8-eligible" in p.inventory().set_index("name").at[r.name, "reason"]
     head = by["head"]
     assert head.macs == batch * 3 * directions * hidden and head.eligible
-    assert p.eligible_macs == r.macs + head.macs
+    assert p.total_macs == r.macs + head.macs
     assert int8_mac_fraction(p, p.default_policy()) == pytest.approx(head.macs / (r.macs + head.macs))
 
 
