@@ -191,7 +191,8 @@ def measured_tolerance(original: bytes, compiled: bytes, feeds: list[dict]) -> t
 
 def _legacy_export(project: Project, policy: Policy, calib, out: Path, trt_version: str, tf32: bool) -> str:
     """The ≤ 10.11 files beside ``out`` (named ONNX, calibration cache, post-process script) and the commands."""
-    if parse_version(trt_version) >= STRONG_TYPING_FROM:
+    if parse_version(trt_version, "give the TensorRT version that will build it, e.g. --trt-version 10.11.0") \
+            >= STRONG_TYPING_FROM:
         raise MixprecError(f"--format trtexec is the TensorRT <= 10.11 export, not for TensorRT {trt_version}",
                            "use --format trtexec-typed or polygraphy for TensorRT 10.12 and newer, or give "
                            "--trt-version 10.0 ... 10.11")

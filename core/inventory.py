@@ -17,6 +17,7 @@ import pandas as pd
 
 from .errors import MixprecError
 from .model import FLOAT_TYPES, LoadedModel
+from .onnx_graph import all_graphs, attr
 from .shapes import model_batch, resolve_input_shapes, with_static_shapes
 
 INT8_ELIGIBLE = ("MatMul", "Gemm", "Conv", "ConvTranspose")
@@ -58,20 +59,11 @@ class Layer:
 
 # --- shapes -----------------------------------------------------------------------------
 
-def _graphs(graph: onnx.GraphProto):
-    """The graph and every subgraph in it (If branches, Loop/Scan bodies), depth first."""
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            for g in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
-                yield from _graphs(g)
-
-
 def _shape_map(proto: onnx.ModelProto, batch: int) -> dict[str, tuple[int, ...]]:
     """Concrete shapes after inference, in the graph and its subgraphs; a leading dim that
     inference could not resolve (e.g. behind a Reshape) is the batch."""
     shapes = {}
-    for g in _graphs(proto.graph):
+    for g in all_graphs(proto.graph):
         for vi in list(g.input) + list(g.value_info) + list(g.output):
             if not vi.type.tensor_type.HasField("shape"):
                 continue
@@ -135,7 +127,7 @@ def _inferred(model: LoadedModel, input_shapes: dict[str, tuple[int, ...]]):
     batch = model_batch(model, input_shapes)
     proto = _static_proto(model, input_shapes)
     shapes = _shape_map(proto, batch)
-    mac_nodes = [n for g in _graphs(proto.graph) for n in g.node if n.op_type in MAC_OPS]
+    mac_nodes = [n for g in all_graphs(proto.graph) for n in g.node if n.op_type in MAC_OPS]
     if any(t not in shapes for n in mac_nodes for t in _needs(n)):
         shapes = {**_ort_shapes(proto, batch), **shapes}
     return proto, shapes
@@ -148,11 +140,6 @@ def tensor_shapes(model: LoadedModel, input_shapes: dict[str, tuple[int, ...]]) 
 
 # --- MACs -------------------------------------------------------------------------------
 
-def _attr(node: onnx.NodeProto, name: str, default=None):
-    a = next((a for a in node.attribute if a.name == name), None)
-    return default if a is None else onnx.helper.get_attribute_value(a)
-
-
 def _prod(dims) -> int:
     return int(np.prod([int(d) for d in dims], dtype=np.int64))
 
@@ -161,7 +148,7 @@ def _rnn_macs(node, ins) -> int:
     """Per time step: gates × (input_size + hidden_size) × hidden_size, per direction and sample.
     W: [directions, gates·hidden, input], R: [directions, gates·hidden, hidden]."""
     x, w, r = ins[0], ins[1], ins[2]
-    seq, batch = (x[1], x[0]) if _attr(node, "layout", 0) else (x[0], x[1])
+    seq, batch = (x[1], x[0]) if attr(node, "layout", 0) else (x[0], x[1])
     return int(seq) * int(batch) * int(w[0]) * int(w[1]) * (int(w[2]) + int(r[2]))
 
 
@@ -176,7 +163,7 @@ def _labels(term: str, rank: int) -> list[str]:
 
 def _einsum_macs(node, ins) -> int:
     """The naive contraction cost: the product of all distinct index sizes (0 for one operand)."""
-    eq = _attr(node, "equation", b"")
+    eq = attr(node, "equation", b"")
     terms = (eq.decode() if isinstance(eq, bytes) else str(eq)).replace(" ", "").split("->")[0].split(",")
     if len(terms) < 2 or len(terms) != len(ins) or any(s is None for s in ins):
         return 0
@@ -192,7 +179,7 @@ def _attention_macs(node, ins, outs) -> int:
     if node.domain == "com.microsoft" and node.op_type == "Attention":  # input [B,S,D], weights [D, Hq+Hk+Hv]
         x, w = ins[0], ins[1]
         b, s, d = int(x[0]), int(x[1]), int(x[2])
-        sizes = _attr(node, "qkv_hidden_sizes") or [int(w[1]) // 3] * 3
+        sizes = attr(node, "qkv_hidden_sizes") or [int(w[1]) // 3] * 3
         present = outs[1] if len(outs) > 1 and outs[1] else None
         total = int(present[3]) if present else s
         return b * s * d * int(w[1]) + b * s * total * (int(sizes[0]) + int(sizes[2]))
@@ -203,8 +190,8 @@ def _attention_macs(node, ins, outs) -> int:
         s_kv = int(present[2]) if present else int(k[2])
         return b * heads * s_q * s_kv * (hq + int(v[3]))
     b, s_q, d_q = int(q[0]), int(q[1]), int(q[2])  # Q [B, S, hidden]; K/V [B, S_kv, hidden] or [B, heads, S_kv, head]
-    q_heads = int(_attr(node, "q_num_heads", 0) or _attr(node, "num_heads", 1) or 1)
-    kv_heads = int(_attr(node, "kv_num_heads", 0) or q_heads)
+    q_heads = int(attr(node, "q_num_heads", 0) or attr(node, "num_heads", 1) or 1)
+    kv_heads = int(attr(node, "kv_num_heads", 0) or q_heads)
     s_kv = int(k[2]) if len(k) == 4 else int(k[1])
     v_per_head = int(v[-1]) if len(v) == 4 else int(v[-1]) // kv_heads
     return b * s_q * s_kv * (d_q + v_per_head * q_heads)
@@ -219,7 +206,7 @@ def _macs(node: onnx.NodeProto, shapes: dict[str, tuple[int, ...]]) -> int:
         if op == "MatMul" and ins[0] and out:
             return _prod(out) * int(ins[0][-1])
         if op == "Gemm" and ins[0] and out:
-            return _prod(out) * int(ins[0][0] if _attr(node, "transA", 0) else ins[0][1])
+            return _prod(out) * int(ins[0][0] if attr(node, "transA", 0) else ins[0][1])
         if op == "Conv" and ins[1] and out:  # W: [M, C/g, k...]
             return _prod(out) * _prod(ins[1][1:])
         if op == "ConvTranspose" and ins[0] and ins[1]:  # W: [C, M/g, k...]: each input pixel feeds M/g·k outputs
@@ -262,7 +249,7 @@ def _decomposed_layernorm_nodes(proto: onnx.ModelProto) -> set[str]:
 def _tensor_types(proto: onnx.ModelProto) -> dict[str, int]:
     """Element type of every tensor known to shape inference, in the graph and its subgraphs."""
     types = {}
-    for g in _graphs(proto.graph):
+    for g in all_graphs(proto.graph):
         for vi in list(g.input) + list(g.value_info) + list(g.output):
             if vi.type.HasField("tensor_type"):
                 types.setdefault(vi.name, vi.type.tensor_type.elem_type)

@@ -224,7 +224,7 @@ def model_from_bytes(data: bytes, path: Path, name: str | None = None, sample: s
         )
     init_names = {i.name for i in inferred.graph.initializer}
     inputs = [_spec(i) for i in inferred.graph.input if i.name not in init_names]
-    opset = next((o.version for o in inferred.opset_import if o.domain in ("", "ai.onnx")), 0)
+    opset = default_opset(inferred)
     return LoadedModel(
         path=path,
         name=name or (sample if sample else path.stem),

@@ -34,8 +34,10 @@ from onnx import TensorProto, helper, numpy_helper, version_converter
 from onnx.external_data_helper import _get_all_tensors, uses_external_data
 
 from .errors import MixprecError
+from .onnx_graph import all_nodes, default_opset, subgraphs
+from .trt_rules import MIN_OPSET
 
-TARGET_OPSET = 13
+TARGET_OPSET = MIN_OPSET  # what TensorRT's per-channel DequantizeLinear needs (core.trt_rules)
 MIN_IR_WITHOUT_INIT_INPUTS = 4
 FOLD_CAP_BYTES = 64 << 20
 ORT_DEFAULT_LOG_SEVERITY = 2  # onnxruntime's own default (warning); restored after folding
@@ -78,25 +80,6 @@ class NormStep:
 
 # --- helpers over graphs -------------------------------------------------------------------------
 
-def _subgraphs(node: onnx.NodeProto):
-    for a in node.attribute:
-        if a.type == onnx.AttributeProto.GRAPH:
-            yield a.g
-        elif a.type == onnx.AttributeProto.GRAPHS:
-            yield from a.graphs
-
-
-def _all_nodes(graph: onnx.GraphProto):
-    for node in graph.node:
-        yield node
-        for sub in _subgraphs(node):
-            yield from _all_nodes(sub)
-
-
-def default_opset(proto: onnx.ModelProto) -> int:
-    return next((o.version for o in proto.opset_import if o.domain in ONNX_DOMAINS), 0)
-
-
 def _counts_text(counts: Counter) -> str:
     return ", ".join(f"{op} ×{n}" for op, n in counts.most_common())
 
@@ -113,7 +96,7 @@ def _is_quantized_op(node: onnx.NodeProto) -> bool:
 
 def quantized_ops(proto: onnx.ModelProto) -> list[str]:
     """The quantized ops in the model (subgraphs included), one entry per node, in graph order."""
-    return [n.op_type for n in _all_nodes(proto.graph) if _is_quantized_op(n)]
+    return [n.op_type for n in all_nodes(proto.graph) if _is_quantized_op(n)]
 
 
 def refuse_quantized(proto: onnx.ModelProto, name: str) -> None:
@@ -300,7 +283,7 @@ def _has_constant_work(graph: onnx.GraphProto) -> bool:
     computed = set()
     for n in graph.node:
         ins = [t for t in n.input if t]
-        if n.op_type not in NEVER_FOLD and not list(_subgraphs(n)) and all(t in const for t in ins):
+        if n.op_type not in NEVER_FOLD and not list(subgraphs(n)) and all(t in const for t in ins):
             const.update(o for o in n.output if o)
             computed.update(o for o in n.output if o)
         elif any(n.input[k] in computed for k in WEIGHT_INPUTS.get(n.op_type, ()) if k < len(n.input)):
@@ -373,8 +356,8 @@ def _referenced(graph: onnx.GraphProto, nodes) -> set[str]:
     names = {o.name for o in graph.output}
     for n in nodes:
         names.update(n.input)
-        for sub in _subgraphs(n):
-            for inner in _all_nodes(sub):
+        for sub in subgraphs(n):
+            for inner in all_nodes(sub):
                 names.update(inner.input)
     return names
 
@@ -382,7 +365,7 @@ def _referenced(graph: onnx.GraphProto, nodes) -> set[str]:
 def _weight_cone(nodes: list, values: dict, outputs: set[str]) -> tuple[set[int], set[str]]:
     """The foldable nodes that compute weights, and those weights: tensors gs could compute that a
     node which stays feeds into a weight input, with every foldable node upstream of them."""
-    cand = {i for i, n in enumerate(nodes) if n.output and not list(_subgraphs(n)) and not outputs & set(n.output)
+    cand = {i for i, n in enumerate(nodes) if n.output and not list(subgraphs(n)) and not outputs & set(n.output)
             and all(o in values for o in n.output if o)}
     producer = {o: i for i in cand for o in nodes[i].output if o}
     roots = {n.input[k] for i, n in enumerate(nodes) if i not in cand for k in WEIGHT_INPUTS.get(n.op_type, ())

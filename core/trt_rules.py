@@ -58,6 +58,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from .errors import MixprecError
+from .onnx_graph import all_nodes, attr, default_opset, subgraphs
 
 MIN_OPSET = 13
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
@@ -96,7 +97,8 @@ class _Graph:
             for i, name in enumerate(n.input):
                 if name:
                     self.consumers[name].append((n, i))
-            for inner in _subgraph_nodes(n):  # outer-scope reads from If/Loop/Scan bodies
+            # outer-scope reads from If/Loop/Scan bodies
+            for inner in (m for sub in subgraphs(n) for m in all_nodes(sub)):
                 for i, name in enumerate(inner.input):
                     if name:
                         self.consumers[name].append((inner, i))
@@ -111,14 +113,6 @@ class _Graph:
         return None if t is None else list(t.dims)
 
 
-def _subgraph_nodes(node: onnx.NodeProto):
-    for a in node.attribute:
-        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-            for inner in g.node:
-                yield inner
-                yield from _subgraph_nodes(inner)
-
-
 def _elem_types(proto: onnx.ModelProto) -> dict[str, int]:
     """Element type of every tensor onnx's shape inference can type (best effort)."""
     try:
@@ -130,19 +124,8 @@ def _elem_types(proto: onnx.ModelProto) -> dict[str, int]:
             if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type}
 
 
-def _attr(node: onnx.NodeProto, name: str, default=None):
-    for a in node.attribute:
-        if a.name == name:
-            return onnx.helper.get_attribute_value(a)
-    return default
-
-
 def _name(node: onnx.NodeProto) -> str:
     return node.name or f"<{node.op_type} → {node.output[0] if node.output else '?'}>"
-
-
-def _opset(proto: onnx.ModelProto) -> int:
-    return next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
 # --- per-rule checks -----------------------------------------------------------------------------
@@ -194,7 +177,7 @@ def _expected_axis(consumer: onnx.NodeProto, idx: int, rank: int) -> int | None:
     if op == "MatMul" and rank >= 2:
         return rank - 1
     if op == "Gemm" and rank == 2:
-        return 0 if _attr(consumer, "transB", 0) else 1
+        return 0 if attr(consumer, "transB", 0) else 1
     return None
 
 
@@ -220,7 +203,7 @@ def _check_axis(g: _Graph, node: onnx.NodeProto) -> list[Violation]:
         return [Violation("per-channel-axis", name, f"per-channel ({scale.size} scales) on {data!r}, which is not a "
                                                     "constant weight; TensorRT quantizes activations per tensor only")]
     rank = len(shape)
-    axis = _attr(node, "axis", 1)
+    axis = attr(node, "axis", 1)
     axis = axis + rank if axis < 0 else axis
     out = []
     if not 0 <= axis < rank:
@@ -272,7 +255,7 @@ def _same_params(g: _Graph, q: onnx.NodeProto, dq: onnx.NodeProto) -> bool:
         if (a is None) != (b is None) or (a is not None and (a.shape != b.shape or not np.array_equal(a, b))):
             return False
     scale = g.array(q.input[1])
-    return _attr(q, "axis", 1) == _attr(dq, "axis", 1) or scale is None or scale.size <= 1
+    return attr(q, "axis", 1) == attr(dq, "axis", 1) or scale is None or scale.size <= 1
 
 
 def _check_dq(g: _Graph, node: onnx.NodeProto) -> list[Violation]:
@@ -292,7 +275,7 @@ def _check_dq(g: _Graph, node: onnx.NodeProto) -> list[Violation]:
 
 def _check_cast(g: _Graph, node: onnx.NodeProto) -> list[Violation]:
     """``fp16-cast`` for one Cast."""
-    to, src = _attr(node, "to"), g.types.get(node.input[0])
+    to, src = attr(node, "to"), g.types.get(node.input[0])
     if src is None or to not in (TensorProto.FLOAT16, TensorProto.FLOAT):
         return []
     src_name = TensorProto.DataType.Name(src)
@@ -337,7 +320,7 @@ def check_explicit_quantization(proto: onnx.ModelProto, source_nodes=frozenset()
     PyTorch exports) are the model's, not precision boundaries, and are not checked."""
     g = _Graph(proto)
     out: list[Violation] = []
-    opset = _opset(proto)
+    opset = default_opset(proto)
     if opset < MIN_OPSET:
         out.append(Violation("opset", "<model>", f"opset {opset}; TensorRT's per-channel DequantizeLinear (axis) "
                                                  f"needs opset ≥ {MIN_OPSET}"))

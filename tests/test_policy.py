@@ -157,3 +157,12 @@ def test_legacy_int8_layers_output_fp32_like_the_typed_build(tiny_cnn):
     int8 = [n for n, p in pol.layers.items() if p == "int8"]
     assert int8 and all(outputs[n] == "fp32" for n in int8)
     assert {outputs[n] for n, p in pol.layers.items() if p == "fp16"} <= {"fp16"}
+
+
+def test_an_unreadable_trt_version_in_an_export_names_the_flag(tiny_cnn, tmp_path):
+    """A --trt-version the user mistyped is the user's to fix (not "reinstall TensorRT")."""
+    from core.errors import MixprecError
+    from core.export import export_policy
+
+    with pytest.raises(MixprecError, match="cannot read the TensorRT version 'ten'.*--trt-version 10.11.0"):
+        export_policy(tiny_cnn, tiny_cnn.default_policy(), "trtexec", tmp_path / "b.sh", trt_version="ten")

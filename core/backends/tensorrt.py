@@ -43,6 +43,7 @@ from ..errors import MixprecError
 from ..evaluation import EVAL_BATCH
 from ..reports import _ONNX_LAYER, metadata_nodes, parse_layers  # one metadata parser (issue 11, bug 9)
 from ..shapes import batch_axes
+from ..trt_rules import MIN_OPSET
 from ..workspace import Workspace, atomic_write_bytes, atomic_write_json, sha256_bytes
 from .base import Backend, Engine, Latency, ProfileRow, Runner, latency_from_pairs, per_layer_frame
 
@@ -100,10 +101,12 @@ TENSORRT_API = (
 
 # ---------------------------------------------------------------------------- pure helpers
 
-def parse_version(version: str) -> tuple[int, int]:
+def parse_version(version: str, fix: str | None = None) -> tuple[int, int]:
+    """(major, minor) of a TensorRT version; ``fix`` says what to do when it cannot be read (by
+    default: the installed TensorRT's version is unreadable, so reinstall it)."""
     m = re.match(r"\s*(\d+)\.(\d+)", str(version))
     if not m:
-        raise MixprecError(f"cannot read the TensorRT version {version!r}", "reinstall TensorRT: " + INSTALL_FIX)
+        raise MixprecError(f"cannot read the TensorRT version {version!r}", fix or "reinstall TensorRT: " + INSTALL_FIX)
     return int(m[1]), int(m[2])
 
 
@@ -123,7 +126,7 @@ def build_mode(trt_version: str, requested: str = "auto") -> str:
     return "strongly-typed" if v >= STRONG_TYPING_FROM else "legacy"
 
 
-TRT_MIN_OPSET = 13  # per-channel DequantizeLinear (``axis``) needs opset 13; QuantizeLinear 10
+TRT_MIN_OPSET = MIN_OPSET  # per-channel DequantizeLinear (``axis``) needs opset 13 (core.trt_rules)
 
 
 def require_trt_opset(model) -> None:

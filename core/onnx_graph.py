@@ -1,0 +1,42 @@
+"""Small helpers over ONNX graphs that several modules need: subgraphs of If/Loop/Scan, every
+node of a graph and its subgraphs, a node's attribute, the default-domain opset. Imports nothing
+of mixprec."""
+from __future__ import annotations
+
+import onnx
+
+
+def subgraphs(node: onnx.NodeProto):
+    """The graphs in a node's attributes (If branches, Loop/Scan bodies)."""
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            yield a.g
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            yield from a.graphs
+
+
+def all_graphs(graph: onnx.GraphProto):
+    """The graph and every subgraph in it, depth first."""
+    yield graph
+    for node in graph.node:
+        for sub in subgraphs(node):
+            yield from all_graphs(sub)
+
+
+def all_nodes(graph: onnx.GraphProto):
+    """Every node of the graph and of its subgraphs, depth first."""
+    for node in graph.node:
+        yield node
+        for sub in subgraphs(node):
+            yield from all_nodes(sub)
+
+
+def attr(node: onnx.NodeProto, name: str, default=None):
+    """The value of a node's attribute, or ``default``."""
+    a = next((a for a in node.attribute if a.name == name), None)
+    return default if a is None else onnx.helper.get_attribute_value(a)
+
+
+def default_opset(proto: onnx.ModelProto) -> int:
+    """The model's opset of the default (ai.onnx) domain; 0 when it has none."""
+    return next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
