@@ -17,6 +17,10 @@ Two build paths, picked by the installed TensorRT version (:func:`build_mode`):
     layers next to them (:func:`policy_nodes`). Layers of nodes the policy does not list are left
     to TensorRT.
 
+Latency is GPU compute time, as trtexec measures it: each engine's execution context is bound once to
+GPU buffers (:func:`bind_engine`) and each ``execute_async_v3`` is bracketed by CUDA events on one
+stream (:func:`gpu_times`, :class:`CudaEvents`), never Polygraphy's per-call ``infer`` (issue 11, bug 3).
+
 Engines are bound to the GPU model and the TensorRT version: they are cached in
 ``engines/tensorrt/`` under a key of everything they depend on (:func:`engine_cache_key`).
 Importing this module needs neither TensorRT nor a GPU; ``tensorrt`` and Polygraphy's TensorRT
@@ -71,32 +75,52 @@ POLYGRAPHY_CALLS = {
     "polygraphy.backend.trt.EngineFromBytes": (),
     "polygraphy.backend.trt.TrtRunner": ("name",),
     "polygraphy.backend.trt.TrtRunner.activate": (),
-    "polygraphy.backend.trt.TrtRunner.infer": ("check_inputs", "copy_outputs_to_host"),
+    "polygraphy.backend.trt.TrtRunner.infer": (),
     "polygraphy.backend.trt.TrtRunner.deactivate": (),
     "polygraphy.backend.trt.Profile": (),
     "polygraphy.backend.trt.Profile.add": ("min", "opt", "max"),
     "polygraphy.cuda.DeviceArray": ("shape", "dtype"),
+    "polygraphy.cuda.DeviceArray.raw": (),
     "polygraphy.cuda.DeviceArray.copy_from": (),
-    "polygraphy.datatype.DataType.from_dtype": (),
+    "polygraphy.cuda.Stream": (),
+    "polygraphy.cuda.Stream.synchronize": (),
+    "polygraphy.cuda.wrapper": (),
+    "polygraphy.cuda.Cuda.check": (),
+    "polygraphy.datatype.DataType.from_dtype": ("source_module",),
 }
-# Every TensorRT attribute this module uses (docs/tensorrt-api-check.md says where each was verified).
+# Every TensorRT attribute, method and enum member that this module and the post-process script it exports
+# (POSTPROCESS_SCRIPT) use. tests/backends/test_tensorrt_api_scan.py finds the uses in the code itself (an
+# AST scan that infers which values are TensorRT objects), checks that they are exactly these, and that
+# the version table of docs/tensorrt-api-check.md has a row for each allowing it where it is used: what
+# is deprecated (10.12) or removed (11) only in LEGACY_ONLY code.
 TENSORRT_API = (
     "trt.__version__", "trt.float32", "trt.float16", "trt.int8", "trt.LayerType.CONVOLUTION",
     "trt.LayerType.DECONVOLUTION", "trt.LayerType.MATRIX_MULTIPLY", "trt.LayerType.CONSTANT",
     "trt.LayerType.SHAPE", "trt.LayerType.SHUFFLE", "trt.IConstantLayer", "trt.IProfiler", "trt.IProfiler.__init__",
     "trt.ProfilingVerbosity.DETAILED", "trt.MemoryPoolType.WORKSPACE", "trt.LayerInformationFormat.JSON",
-    "INetworkDefinition.num_layers", "INetworkDefinition.get_layer", "ILayer.name", "ILayer.metadata",
-    "ILayer.type", "ILayer.num_inputs", "ILayer.get_input", "ILayer.num_outputs", "ILayer.get_output",
-    "ILayer.precision", "ILayer.set_output_type", "IConstantLayer.weights", "ITensor.name", "ITensor.dtype",
-    "ITensor.dynamic_range", "IProfiler.report_layer_time", "IExecutionContext.profiler",
-    "ICudaEngine.create_engine_inspector", "IEngineInspector.execution_context",
-    "IEngineInspector.get_engine_information", "NetworkDefinitionCreationFlag.STRONGLY_TYPED",
-    "BuilderFlag.FP16", "BuilderFlag.INT8", "BuilderFlag.OBEY_PRECISION_CONSTRAINTS",
-    "IBuilderConfig.set_memory_pool_limit", "IBuilderConfig.profiling_verbosity",
-    "Builder.build_serialized_network", "Runtime.deserialize_cuda_engine",
-    "IExecutionContext.execute_async_v3", "OnnxParser.parse_from_file", "IParserError.__str__",
-    "IHostMemory",
+    "trt.TensorIOMode.INPUT", "trt.BuilderFlag.INT8",
+    "INetworkDefinition.num_layers", "INetworkDefinition.get_layer", "INetworkDefinition.num_inputs",
+    "INetworkDefinition.get_input", "ILayer.name", "ILayer.metadata", "ILayer.type", "ILayer.num_inputs",
+    "ILayer.get_input", "ILayer.num_outputs", "ILayer.get_output", "ILayer.precision", "ILayer.set_output_type",
+    "IConstantLayer.weights", "ITensor.name", "ITensor.dtype", "ITensor.dynamic_range",
+    "IProfiler.report_layer_time", "IBuilderConfig.set_flag",
+    "ICudaEngine.create_engine_inspector", "ICudaEngine.num_io_tensors", "ICudaEngine.get_tensor_name",
+    "ICudaEngine.get_tensor_mode", "ICudaEngine.get_tensor_dtype", "ICudaEngine.is_shape_inference_io",
+    "IExecutionContext.profiler", "IExecutionContext.set_input_shape", "IExecutionContext.set_tensor_address",
+    "IExecutionContext.get_tensor_shape", "IExecutionContext.get_max_output_size",
+    "IExecutionContext.execute_async_v3", "IEngineInspector.execution_context",
+    "IEngineInspector.get_engine_information",
 )
+# What Polygraphy's loaders and runner call in TensorRT for this module (documented beside, not scanned).
+TENSORRT_VIA_POLYGRAPHY = (
+    "ILayer.precision", "NetworkDefinitionCreationFlag.STRONGLY_TYPED", "OnnxParser.parse_from_file",
+    "IParserError.__str__", "BuilderFlag.FP16", "BuilderFlag.INT8", "BuilderFlag.OBEY_PRECISION_CONSTRAINTS",
+    "IBuilderConfig.set_memory_pool_limit", "IBuilderConfig.profiling_verbosity",
+    "Builder.build_serialized_network", "IHostMemory", "Runtime.deserialize_cuda_engine",
+)
+# The code that runs only on the legacy path (TensorRT 10.0-10.11, build_mode): the only place where a
+# TensorRT API deprecated in 10.12 or removed in 11 may be used.
+LEGACY_ONLY = ("legacy_constraints", "_source_amax", "_apply_types_and_ranges", "POSTPROCESS_SCRIPT")
 
 
 # ---------------------------------------------------------------------------- pure helpers
@@ -611,6 +635,158 @@ def _place(src: Path, dst: Path) -> Path:
     return dst
 
 
+# ---------------------------------------------------------------------------- GPU timing (issue 11, bug 3)
+
+CUDA_EVENT_BLOCKING_SYNC = 0x01  # cudaEventBlockingSync (driver_types.h), trtexec's default; timing stays on
+IN_FLIGHT = 2  # rounds enqueued ahead of the one being read: trtexec's default depth (1 + --overlap)
+
+
+class CudaEvents:
+    """CUDA events through the CUDA runtime that Polygraphy loaded (``polygraphy.cuda.wrapper().handle``,
+    libcudart): what trtexec's ``TrtCudaEvent`` does (``cudaEventCreateWithFlags``, ``cudaEventRecord``,
+    ``cudaEventSynchronize``, ``cudaEventElapsedTime``, ``cudaEventDestroy``). A context manager that
+    destroys the events it created."""
+
+    def __init__(self):
+        from polygraphy.cuda import wrapper
+
+        self._cuda, self._events = wrapper(), []
+
+    def _call(self, fn: str, *args) -> None:
+        self._cuda.check(getattr(self._cuda.handle, fn)(*args))
+
+    def create(self) -> int:
+        event = ctypes.c_void_p()
+        self._call("cudaEventCreateWithFlags", ctypes.byref(event), ctypes.c_uint(CUDA_EVENT_BLOCKING_SYNC))
+        self._events.append(event.value)
+        return event.value
+
+    def record(self, event: int, stream_ptr: int) -> None:
+        self._call("cudaEventRecord", ctypes.c_void_p(event), ctypes.c_void_p(stream_ptr))
+
+    def wait(self, event: int) -> None:
+        """Block until the GPU has passed ``event``."""
+        self._call("cudaEventSynchronize", ctypes.c_void_p(event))
+
+    def elapsed_ms(self, start: int, end: int) -> float:
+        ms = ctypes.c_float()
+        self._call("cudaEventElapsedTime", ctypes.byref(ms), ctypes.c_void_p(start), ctypes.c_void_p(end))
+        return float(ms.value)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        while self._events:
+            self._call("cudaEventDestroy", ctypes.c_void_p(self._events.pop()))
+
+
+def gpu_times(launches, stream, events, warmup: int, iterations: int, depth: int = IN_FLIGHT) -> list[list[float]]:
+    """GPU compute time in ms of each of ``launches`` (callables that enqueue one inference on a stream
+    pointer), as trtexec measures it: one CUDA event before and one after each enqueue on ``stream``,
+    the time between them read once the GPU has passed them. A round runs the launches in order back
+    to back (candidate, reference, candidate, ...: both see the same clocks and temperature); the first
+    ``warmup`` rounds are not timed. Up to ``depth`` rounds are in flight, so the GPU does not wait for
+    Python to enqueue the next round; a round's events are reused only after they were read."""
+    if iterations < 1 or warmup < 0 or depth < 1:
+        raise MixprecError(f"cannot time {iterations} iterations after {warmup} warm-up rounds",
+                           "time at least one iteration, with zero or more warm-up rounds")
+    slots = [[events.create() for _ in range(len(launches) + 1)] for _ in range(depth)]
+    times: list[list[float]] = [[] for _ in launches]
+    pending: list[tuple[list[int], bool]] = []
+
+    def read(slot: list[int], timed: bool) -> None:
+        events.wait(slot[-1])
+        if timed:
+            for k, t in enumerate(times):
+                t.append(events.elapsed_ms(slot[k], slot[k + 1]))
+
+    for i in range(warmup + iterations):
+        if len(pending) == depth:
+            read(*pending.pop(0))
+        slot = slots[i % depth]
+        events.record(slot[0], stream.ptr)
+        for k, launch in enumerate(launches):
+            launch(stream.ptr)
+            events.record(slot[k + 1], stream.ptr)
+        pending.append((slot, i >= warmup))
+    for slot, timed in pending:
+        read(slot, timed)
+    stream.synchronize()
+    return times
+
+
+@contextmanager
+def _cuda_errors(what: str):
+    """A failed CUDA call (Polygraphy's ``Cuda.check`` raises) as a MixprecError."""
+    from polygraphy.exception import PolygraphyException
+
+    try:
+        yield
+    except PolygraphyException as e:
+        raise MixprecError(f"a CUDA call failed while {what}: {e}",
+                           "check the GPU and driver (nvidia-smi), then build again") from e
+
+
+class BoundEngine:
+    """An execution context with every input and output bound once to GPU memory (``set_input_shape``,
+    ``set_tensor_address``), as trtexec binds its buffers: :meth:`enqueue` is one ``execute_async_v3``,
+    with no Python-side setup, no output-allocator callbacks and no synchronisation."""
+
+    def __init__(self, context, host: list):
+        self.context, self._host = context, host  # host: shape-tensor inputs read from host memory
+
+    def enqueue(self, stream_ptr: int) -> None:
+        if not self.context.execute_async_v3(stream_ptr):
+            raise MixprecError("TensorRT's execute_async_v3 failed on the engine's bound buffers",
+                               "read TensorRT's errors in the log (Polygraphy prints them); build the engine "
+                               "again on this machine")
+
+
+def bind_engine(trt, engine, context, feed: dict, device: dict, stack: ExitStack) -> BoundEngine:
+    """``context`` of ``engine`` bound to the inputs ``feed`` (host arrays) / ``device`` (their GPU copies)
+    and to output buffers allocated here (freed when ``stack`` closes). Outputs whose shape depends on
+    the data get the upper bound TensorRT gives (``get_max_output_size``)."""
+    from polygraphy.cuda import DeviceArray
+    from polygraphy.datatype import DataType
+
+    names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+    inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+    missing = sorted(set(inputs) - set(feed))
+    if missing:
+        raise MixprecError("the timing feed lacks inputs of the engine", "feed every input of the model",
+                           details=missing)
+    host, failed = [], []
+    for name in inputs:
+        a = np.ascontiguousarray(feed[name])
+        if DataType.from_dtype(a.dtype) != DataType.from_dtype(engine.get_tensor_dtype(name), source_module="tensorrt"):
+            failed.append(f"{name}: fed {a.dtype}, the engine takes {engine.get_tensor_dtype(name)}")
+            continue
+        shape_io = engine.is_shape_inference_io(name)  # shape tensors are read from host memory
+        host += [a] if shape_io else []
+        ptr = a.ctypes.data if shape_io else device[name].ptr
+        if not (context.set_input_shape(name, a.shape) and context.set_tensor_address(name, ptr)):
+            failed.append(f"{name}: shape {a.shape} not accepted")
+    for name in (n for n in names if n not in inputs):
+        shape = tuple(context.get_tensor_shape(name))
+        if all(d >= 0 for d in shape):
+            buf = DeviceArray(shape=shape, dtype=DataType.from_dtype(engine.get_tensor_dtype(name),
+                                                                     source_module="tensorrt"))
+        else:  # a data-dependent shape: TensorRT's upper bound in bytes (-1: none known)
+            nbytes = int(context.get_max_output_size(name))
+            if nbytes < 0:
+                failed.append(f"{name}: its shape depends on the data and TensorRT gives no upper bound")
+                continue
+            buf = DeviceArray.raw((nbytes,))
+        stack.enter_context(buf)
+        if not context.set_tensor_address(name, buf.ptr):
+            failed.append(f"{name}: output address not accepted")
+    if failed:
+        raise MixprecError("cannot bind the engine's inputs and outputs for timing", "feed inputs of the model's "
+                           "types and shapes within the engine's optimisation profile", details=failed)
+    return BoundEngine(context, host)
+
+
 # ---------------------------------------------------------------------------- runner and backend
 
 class TrtEngineRunner(Runner):
@@ -642,9 +818,11 @@ class TrtEngineRunner(Runner):
     def infer(self, feed):
         return {k: np.array(v, copy=True) for k, v in self._active().infer(feed).items()}
 
-    def run_on_device(self, device_feed) -> None:
-        """One synchronous inference on inputs already on the GPU, outputs left there (timing)."""
-        self._active().infer(device_feed, check_inputs=False, copy_outputs_to_host=False)
+    def bind(self, feed: dict, device: dict, stack: ExitStack) -> BoundEngine:
+        """This runner's execution context bound once to ``device`` (the GPU copies of ``feed``) and to
+        output buffers that ``stack`` frees (:func:`bind_engine`), for timing and profiling."""
+        runner = self._active()
+        return bind_engine(_trt(), runner.engine, runner.context, feed, device, stack)
 
     def deactivate(self):
         if self.trt_runner is not None:
@@ -785,38 +963,44 @@ class TensorRTBackend(Backend):
         return TrtEngineRunner(engine.artifact_path)
 
     def _on_gpu(self, stack: ExitStack, feed: dict, *engines):
-        """Active runners for ``engines`` and ``feed`` copied to the GPU, released when ``stack`` closes."""
+        """For each of ``engines``: an active runner's context bound to ``feed`` copied to the GPU, and one
+        stream to run them on; all released when ``stack`` closes (the stream synchronized first)."""
+        from polygraphy.cuda import Stream
+
         runners = [stack.enter_context(self.runner(e)) for e in engines]
-        return runners, {k: stack.enter_context(_device_array(v)) for k, v in feed.items()}
+        device = {k: stack.enter_context(_device_array(v)) for k, v in feed.items()}
+        bound = [r.bind(feed, device, stack) for r in runners]
+        stream = stack.enter_context(Stream())
+        stack.callback(stream.synchronize)  # nothing is freed while the GPU may still use it
+        return runners, bound, stream
 
     def time_interleaved(self, candidate, reference, feed, warmup=10, iterations=100) -> Latency:
-        with ExitStack() as stack:
-            (rc, rr), dev = self._on_gpu(stack, feed, candidate, reference)
-            for _ in range(warmup):
-                rc.run_on_device(dev)
-                rr.run_on_device(dev)
-            tc, tr = [], []
-            for _ in range(iterations):  # A B A B ...: both see the same GPU clocks and temperature
-                t0 = time.perf_counter()
-                rc.run_on_device(dev)
-                t1 = time.perf_counter()
-                rr.run_on_device(dev)
-                tr.append(time.perf_counter() - t1)
-                tc.append(t1 - t0)
-        return latency_from_pairs(tc, tr)
+        """GPU compute time of ``execute_async_v3`` on buffers bound once, from CUDA events (trtexec's
+        "GPU Compute Time"; :func:`gpu_times`): candidate and reference alternate on one stream, after
+        ``warmup`` untimed rounds; median and p95 of each, and the median of the pairwise ratios."""
+        with _cuda_errors("timing the engines"), ExitStack() as stack:
+            _, bound, stream = self._on_gpu(stack, feed, candidate, reference)
+            events = stack.enter_context(CudaEvents())
+            tc, tr = gpu_times([b.enqueue for b in bound], stream, events, warmup, iterations)
+        return latency_from_pairs([t / 1e3 for t in tc], [t / 1e3 for t in tr])
 
     def profile(self, engine, feed, iterations, layers, policy) -> pd.DataFrame:
+        """Per-layer time from TensorRT's ``IProfiler`` over ``iterations`` runs of the bound context
+        (with a profiler attached, ``execute_async_v3`` times each layer and reports before it returns:
+        ``enqueue_emits_profile`` is true by default)."""
         trt = _trt()
-        with ExitStack() as stack:
-            (r,), dev = self._on_gpu(stack, feed, engine)
+        with _cuda_errors("profiling the engine"), ExitStack() as stack:
+            (r,), (b,), stream = self._on_gpu(stack, feed, engine)
             for _ in range(3):
-                r.run_on_device(dev)
+                b.enqueue(stream.ptr)
+            stream.synchronize()
             profiler = _layer_profiler()
-            r.trt_runner.context.profiler = profiler
+            b.context.profiler = profiler
             for _ in range(iterations):
-                r.run_on_device(dev)
+                b.enqueue(stream.ptr)
+                stream.synchronize()
             inspector = r.trt_runner.engine.create_engine_inspector()
-            inspector.execution_context = r.trt_runner.context
+            inspector.execution_context = b.context
             graph = json.loads(inspector.get_engine_information(trt.LayerInformationFormat.JSON))
         records = profiler.times.records()
         out = Path(engine.artifact_path).parent

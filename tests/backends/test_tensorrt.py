@@ -158,3 +158,134 @@ def test_search_fits_its_latency_model_on_tensorrt(ws):
     assert lat.estimate(eligible)[0] == pytest.approx(lat.wall.int8_total_ms, rel=1e-9)
     r = search(project, SearchConfig("cosine_mean>=0.99", methods=("minmax",), workers=1, backend="tensorrt"))
     assert r.run is not None and r.run.backend == "tensorrt" and r.met_on_holdout is not None
+
+
+# ---------------------------------------------------------------------------- issue 11, section 4 (GPU tests)
+
+def _cnn(ws):
+    materialize_sample("tiny-cnn", ws)
+    return open_project("sample:tiny-cnn", ws=ws)
+
+
+def _mixed_policy(project):
+    """INT8 where eligible, the second convolution (and the Relu after it, which TensorRT fuses into it)
+    FP32, everything else FP16: every precision, and FP32 between INT8/FP16 neighbours, where a builder
+    would most like to change it."""
+    names = [l.name for l in project.layers]
+    conv = [l.name for l in project.layers if l.op_type == "Conv"][1]
+    after = project.layers[names.index(conv) + 1]
+    block = {conv: "fp32", **({after.name: "fp32"} if after.op_type == "Relu" else {})}
+    changes = {n: "fp16" for n, p in project.default_policy().layers.items() if p == "fp32"}
+    return project.default_policy().with_layers({**changes, **block}), conv
+
+
+def _node_precisions(report) -> dict[str, set[str]]:
+    """{ONNX node: precisions of the compute (non-reformat) engine layers that run it} of an inspector report."""
+    out: dict[str, set[str]] = {}
+    for nodes, precision, reformat in zip(report.layers["onnx_nodes"], report.layers["precision"],
+                                          report.layers["is_reformat"]):
+        for n in ([] if reformat else nodes):
+            out.setdefault(n, set()).add(precision)
+    return out
+
+
+def _profiled_report(backend, project, policy, out_dir):
+    engine = _build(backend, project, policy, out_dir)
+    backend.profile(engine, project.eval_data.batches(1)[0], 3, project.layers, policy)
+    return load_engine_report(out_dir / "trt-layers.json", out_dir / "trt-profile.json")
+
+
+def test_fp32_layers_stay_fp32_in_the_inspector_output(backend, ws, tmp_path):
+    project = _cnn(ws)
+    policy, fp32_layer = _mixed_policy(project)
+    precisions = _node_precisions(_profiled_report(backend, project, policy, tmp_path))
+    assert precisions.get(fp32_layer) == {"FP32"}, precisions  # not FP16, INT8 or TF32-fused away
+    int8_convs = [l.name for l in project.layers if l.op_type == "Conv" and policy.layers.get(l.name) == "int8"]
+    assert int8_convs and all("INT8" in precisions.get(n, set()) for n in int8_convs), precisions
+
+
+def test_legacy_and_typed_paths_agree_on_precisions(ws, tmp_path):
+    from core.backends.tensorrt import LEGACY_REMOVED_IN, TensorRTBackend, parse_version
+
+    if parse_version(TRT_VERSION) >= LEGACY_REMOVED_IN:
+        pytest.skip(f"TensorRT {TRT_VERSION} has no legacy build to compare with")
+    project = _cnn(ws)
+    policy, _ = _mixed_policy(project)
+    got = {mode: _node_precisions(_profiled_report(TensorRTBackend(ws=ws, mode=mode), project, policy, tmp_path / mode))
+           for mode in ("strongly-typed", "legacy")}
+    common = set(got["strongly-typed"]) & set(got["legacy"]) & set(policy.layers)
+    assert len(common) >= 4, got
+    assert {n: got["strongly-typed"][n] for n in common} == {n: got["legacy"][n] for n in common}
+
+
+def _run_script(script, env_path):
+    import os
+    import subprocess
+
+    env = {**os.environ, "PATH": f"{env_path}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=1800)
+
+
+def test_exported_trtexec_and_polygraphy_commands_run_and_pass(ws, tmp_path):
+    import shutil
+    import sys
+    from pathlib import Path
+
+    from core.backends.tensorrt import STRONG_TYPING_FROM, parse_version
+    from core.export import export_policy
+
+    if shutil.which("trtexec") is None:
+        pytest.skip("trtexec is not on PATH (it ships in the TensorRT tarball / NGC containers, not the wheel)")
+    bin_dir = Path(sys.executable).parent  # the polygraphy CLI of this environment
+    project = _cnn(ws)
+    policy, fp32_layer = _mixed_policy(project)
+    legacy = parse_version(TRT_VERSION) < STRONG_TYPING_FROM
+    for fmt in (["trtexec"] if legacy else []) + ["trtexec-typed", "polygraphy"]:
+        out = export_policy(project, policy, fmt, tmp_path / fmt / "build.sh", trt_version=TRT_VERSION)
+        res = _run_script(out, bin_dir)
+        assert res.returncode == 0, (fmt, res.stdout[-4000:], res.stderr[-4000:])
+        if fmt == "polygraphy":
+            assert "PASSED" in res.stdout + res.stderr and "FAILED" not in res.stdout + res.stderr
+            continue
+        assert "&&&& PASSED" in res.stdout
+        report = load_engine_report(out.parent / "layers.json", out.parent / "profile.json")
+        assert report.has_profile and _node_precisions(report).get(fp32_layer) == {"FP32"}
+
+
+def test_speedup_is_measured_with_cuda_events(ws, monkeypatch):
+    """time_interleaved's numbers are the cudaEventElapsedTime of each execute_async_v3, and that GPU time
+    is not more than the wall-clock time of a Polygraphy infer of the same engine (which adds Python
+    setup and a synchronisation)."""
+    import time
+
+    import core.backends.tensorrt as tb
+
+    project = _cnn(ws)
+    backend = tb.TensorRTBackend(ws=ws)
+    policy = project.default_policy()
+    engine = _build(backend, project, policy, ws.root / "events-run")
+    ref = backend.reference(project.model, ws.root / "events-ref", project.input_shapes)
+    elapsed = []
+    real = tb.CudaEvents.elapsed_ms
+
+    def spy(self, start, end):
+        elapsed.append(real(self, start, end))
+        return elapsed[-1]
+
+    monkeypatch.setattr(tb.CudaEvents, "elapsed_ms", spy)
+    feed = project.eval_data.batches(16)[0]
+    lat = backend.time_interleaved(engine, ref, feed, warmup=10, iterations=50)
+    cand, refs = np.array(elapsed[0::2]), np.array(elapsed[1::2])
+    assert len(elapsed) == 100 and (cand > 0).all() and (refs > 0).all()
+    assert lat.median_ms == pytest.approx(float(np.median(cand)), rel=1e-6)
+    assert lat.ref_median_ms == pytest.approx(float(np.median(refs)), rel=1e-6)
+    assert lat.speedup == pytest.approx(float(np.median(refs / cand)), rel=1e-6)
+    with backend.runner(engine) as r:
+        for _ in range(5):
+            r.infer(feed)
+        wall = []
+        for _ in range(20):
+            t0 = time.perf_counter()
+            r.infer(feed)
+            wall.append((time.perf_counter() - t0) * 1e3)
+    assert float(np.median(wall)) >= 0.9 * lat.median_ms

@@ -2,9 +2,11 @@
 runner and device buffers, with Polygraphy's real ``SetLayerPrecisions``, ``PostprocessNetwork``,
 ``CreateConfig`` and ``Profile``, on the tiny-cnn sample. What TensorRT itself does is tested by
 test_tensorrt.py on a GPU; this covers the backend's own code paths (both build modes, the engine
-cache, runner, interleaved timing, profiling and the per-layer table)."""
+cache, runner, interleaved timing, profiling and the per-layer table). Device buffers, streams and
+events are Polygraphy's real ``polygraphy.cuda`` objects over a simulated CUDA runtime (fake_cuda)."""
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import types
@@ -20,6 +22,7 @@ from core.policy import Policy
 from core.project import open_project
 from core.samples import materialize_sample
 from core.workspace import Workspace
+from fake_cuda import FakeEngine, install
 
 KINDS = {"Conv": "CONVOLUTION", "Gemm": "MATRIX_MULTIPLY", "Relu": "ACTIVATION"}
 
@@ -34,6 +37,7 @@ def _fake_trt(version: str = "10.11.0.33"):
     trt.ProfilingVerbosity = types.SimpleNamespace(DETAILED="detailed")
     trt.MemoryPoolType = types.SimpleNamespace(WORKSPACE="workspace")
     trt.LayerInformationFormat = types.SimpleNamespace(JSON="json")
+    trt.TensorIOMode = types.SimpleNamespace(INPUT="INPUT", OUTPUT="OUTPUT")
     trt.IConstantLayer = _Layer
     trt.BuilderFlag = types.SimpleNamespace(INT8="int8-flag")
 
@@ -131,48 +135,33 @@ class _Fakes:
 
 
 class _Runner:
-    """Stands in for TrtRunner: the 'engine' is the plan bytes; each infer reports layer times."""
+    """Stands in for TrtRunner: the 'engine' is the plan bytes; ``infer`` returns outputs; the bound
+    context's ``execute_async_v3`` (fake_cuda) reports layer times to a profiler attached to it."""
+
+    lib = None
 
     def __init__(self, engine, name=None):
         self.loader, self.name = engine, name
 
     def activate(self):
         self.plan = self.loader()
-        self.context = types.SimpleNamespace(profiler=None)
         names = ["/conv1/Conv + /relu1/Relu", "Reformatting CopyNode for Input Tensor 0 to /fc/Gemm", "/fc/Gemm"]
         layers = [{"Name": n, "LayerType": "Reformat" if n.startswith("Reformatting") else "CaskConvolution",
                    "Inputs": [{"Name": "a", "Format/Datatype": "Row major Int8 format"}],
                    "Outputs": [{"Name": "b", "Format/Datatype": "Row major linear FP32"}]} for n in names]
         info = json.dumps({"Layers": layers, "Bindings": ["image", "logits"]})
         inspector = types.SimpleNamespace(execution_context=None, get_engine_information=lambda fmt: info)
-        self.engine = types.SimpleNamespace(create_engine_inspector=lambda: inspector, names=names)
+        self.engine = FakeEngine({"image": ((1, 3, 32, 32), np.float32)}, {"logits": ((1, 10), np.float32)},
+                                 itertools.repeat(0.05), layer_names=names)
+        self.engine.create_engine_inspector = lambda: inspector
+        self.context = self.engine.create_execution_context(self.lib)
 
     def infer(self, feed, check_inputs=True, copy_outputs_to_host=True):
-        if self.context.profiler is not None:
-            for i, n in enumerate(self.engine.names):
-                self.context.profiler.report_layer_time(n, 0.1 * (i + 1))
-        first = next(iter(feed.values()))
-        batch = first.shape[0] if isinstance(first, np.ndarray) else 1  # device buffers: timing only
+        batch = next(iter(feed.values())).shape[0]
         return {"logits": np.full((batch, 10), float(len(self.plan)), np.float32)}
 
     def deactivate(self):
         del self.context, self.engine
-
-
-class _DeviceArray:
-    freed = 0
-
-    def __init__(self, shape=None, dtype=None):
-        self.shape = shape
-
-    def copy_from(self, a):
-        return self
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        _DeviceArray.freed += 1
 
 
 @pytest.fixture(scope="module")
@@ -185,15 +174,15 @@ def project(tmp_path_factory):
 @pytest.fixture
 def fakes(monkeypatch, request):
     import polygraphy.backend.trt as pt
-    import polygraphy.cuda as pc
 
     f = _Fakes()
+    f.cuda = install(monkeypatch)
+    monkeypatch.setattr(_Runner, "lib", f.cuda)
     monkeypatch.setitem(sys.modules, "tensorrt", _fake_trt(getattr(request, "param", "10.11.0.33")))
     monkeypatch.setattr(pt, "NetworkFromOnnxPath", f.network_from_onnx_path)
     monkeypatch.setattr(pt, "EngineBytesFromNetwork", f.engine_bytes)
     monkeypatch.setattr(pt, "EngineFromBytes", lambda data: lambda: data)
     monkeypatch.setattr(pt, "TrtRunner", _Runner)
-    monkeypatch.setattr(pc, "DeviceArray", _DeviceArray)
     monkeypatch.setattr(tb, "cuda_device", lambda ordinal=0: ("Fake GPU", "8.9"))
     yield f
     for mod in [m for n, m in sys.modules.items() if n.startswith("polygraphy") and m is not None]:
@@ -263,7 +252,8 @@ def test_run_time_and_profile(fakes, project, tmp_path):
     with be.runner(ref) as r:
         assert r.infer(feed)["logits"].shape == (1, 10)
     lat = be.time_interleaved(engine, ref, feed, warmup=2, iterations=7)
-    assert lat.iterations == 7 and lat.median_ms > 0 and _DeviceArray.freed >= 1
+    assert lat.iterations == 7 and lat.median_ms == pytest.approx(0.05) and lat.speedup == pytest.approx(1.0)
+    assert not fakes.cuda.memory and not fakes.cuda.events  # device buffers and events released
     df = be.profile(engine, feed, 4, project.layers, policy)
     assert list(df.columns) == PER_LAYER_COLUMNS
     assert df["layer"].tolist() == ["/fc/Gemm", "", "/conv1/Conv"]

@@ -1,0 +1,344 @@
+"""The engine-layer cost model: FLOPs and bytes of one TensorRT engine layer, and its time on a
+GPU of the table (:mod:`core.estimate.gpus`), roofline style::
+
+    compute_ms = flops / (peak(precision, math) · compute_eff[class] · channel_factor)
+    memory_ms  = bytes / (bandwidth · memory_eff[class])
+    layer_ms   = (compute_ms^p + memory_ms^p)^(1/p) + overhead_us[class] / 1000
+
+  ``p`` (``knee``) is fitted: p → ∞ is the pure roofline's max(compute, memory); a finite p
+  rounds the corner where a layer is neither clearly compute- nor memory-bound (both partly
+  overlap in real kernels).
+
+* ``peak`` is the GPU's dense peak for the layer's math: tensor cores at TF32 / FP16 / INT8, or the
+  CUDA cores (``simt``: FP32 SIMT kernels such as ``…scudnn…``, INT8 ``…int8x4…`` DP4A kernels,
+  taken as 4 INT8 multiply-adds per FP32 FMA slot) with ``simt_eff`` in place of
+  ``compute_eff``. An FP32 layer uses TF32 tensor cores on Ampere and later, as trtexec's FP32
+  engines do (``tf32=True``, the default); ``tf32=False`` is ``--noTF32``. A layer whose precision
+  is plain ``fp32`` and whose tactic is unknown (a predicted layer) costs what the faster of the
+  TF32 and the SIMT kernel costs, as TensorRT times both and keeps the faster.
+* ``channel_factor`` = min(1, C / ``lowc_channels``) for tensor-core convolutions with few input
+  channels per group C (a network's first 3-channel convolution): tensor-core tiles are
+  ``lowc_channels`` deep along C, so with C = 3 most of each tile is padding. A reformat of a
+  tensor with C < ``lowc_channels`` (the network input's NCHW → channel-vectorized copy) gets the
+  same factor on its memory efficiency: each pixel's few channels make short, scattered writes.
+* ``int8_linear_out``: INT8 tensor-core kernels compute in channel-interleaved tiles
+  (``vect_c_32``); one that writes a *linear* float output (``…i8f32…nchw`` into an FP32 layer)
+  runs its epilogue as a transposing, strided store — its compute efficiency gets this factor.
+* ``bytes`` counts every input and output tensor once (padded to its format's channel vector) plus
+  the weights and bias: an engine layer reads its inputs from and writes its outputs to memory.
+* NoOp layers run no kernel: 0 ms.
+
+A predicted layer (:mod:`core.estimate.predict`) is priced from what it sets: ``layer_class``
+(:func:`core.estimate.layers.layer_class` of its type), ``precision`` (``fp32`` lets TF32 apply),
+input/output dims, ``dtype`` and channel ``vector`` (INT8 convolutions read and write 32-wide
+vectorized tensors, FP16 ones 8-aligned channel-major; a linear float output of an INT8 convolution
+is priced with ``int8_linear_out``), ``kernel``, ``out_maps``, ``groups``, ``weights`` and
+``weights_dtype``, ``attrs["conv_out"]`` for a convolution fused with a pooling, and no tactic.
+
+The parameters (:class:`CostParams`) are fitted on real engine reports (:mod:`core.estimate.fit`);
+:data:`FITTED` holds the fit on the five A100 ResNet-18 reports that the estimate ships with."""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+
+from ..records import check_format
+from .engine import DTYPE_BYTES, LAYER_CLASSES, EngineLayer, Tensor
+from .gpus import FIXTURE_GPU, GPU, gpu as gpu_entry
+
+PARAMS_KIND = "mixprec.cost_params"
+PARAMS_VERSION = 1
+FIXTURE_BASIS = "fit on A100 fixtures"
+CALIBRATION_BASIS = "your calibration"
+_SIMT_TACTIC = re.compile(r"scudnn|sgemm|int8x4|icudnn|_f32f32_f32f32_")
+_ACC32_TACTIC = re.compile(r"f16f16f32|f16f16_f16f32|f16f16_f32")
+TF32_CHANNEL_ALIGN = 4
+_CONV_TYPES = re.compile(r"conv|gemm|matrixmultiply|fullyconnected", re.I)
+
+
+@dataclass(frozen=True)
+class CostParams:
+    """Efficiencies and overheads of the cost model, per layer class (see the module docstring)."""
+
+    compute_eff: dict[str, float]
+    memory_eff: dict[str, float]
+    overhead_us: dict[str, float]
+    simt_eff: float = 0.6
+    lowc_channels: float = 8.0
+    knee: float = 4.0                   # p of the soft roofline (p → ∞: max(compute, memory))
+    int8_linear_out: float = 1.0        # INT8 tensor-core math writing a linear float output
+    gpu: str = FIXTURE_GPU              # the GPU the parameters were fitted on
+    basis: str = FIXTURE_BASIS          # "fit on A100 fixtures" or "your calibration"
+    n_layers: int = 0                   # layers the fit used
+    median_err: float = math.nan        # per-layer median |relative error| of the fit on its own data
+    fitted_on: tuple[str, ...] = ()     # the reports fitted on
+    fitted: tuple[str, ...] = ()        # the parameter names the data determined (others are priors)
+
+    def to_json(self) -> dict:
+        return {"kind": PARAMS_KIND, "format_version": PARAMS_VERSION,
+                "compute_eff": dict(self.compute_eff), "memory_eff": dict(self.memory_eff),
+                "overhead_us": dict(self.overhead_us), "simt_eff": self.simt_eff,
+                "lowc_channels": self.lowc_channels, "knee": self.knee,
+                "int8_linear_out": self.int8_linear_out, "gpu": self.gpu, "basis": self.basis,
+                "n_layers": self.n_layers,
+                "median_err": None if math.isnan(self.median_err) else self.median_err,
+                "fitted_on": list(self.fitted_on), "fitted": list(self.fitted)}
+
+    @classmethod
+    def from_json(cls, doc: dict) -> CostParams:
+        doc = check_format(doc, PARAMS_KIND, PARAMS_VERSION, "cost-model parameters")
+        per_class = {k: {c: float(v) for c, v in dict(doc[k]).items()}
+                     for k in ("compute_eff", "memory_eff", "overhead_us")}
+        err = doc.get("median_err")
+        return cls(**per_class, simt_eff=float(doc["simt_eff"]), lowc_channels=float(doc["lowc_channels"]),
+                   knee=float(doc["knee"]), int8_linear_out=float(doc["int8_linear_out"]),
+                   gpu=str(doc["gpu"]), basis=str(doc["basis"]), n_layers=int(doc.get("n_layers", 0)),
+                   median_err=math.nan if err is None else float(err),
+                   fitted_on=tuple(doc.get("fitted_on", ())), fitted=tuple(doc.get("fitted", ())))
+
+    def label(self) -> str:
+        """What the estimate rests on, for the UI/CLI/export labels."""
+        if self.basis == CALIBRATION_BASIS:
+            err = "" if math.isnan(self.median_err) else f", median error {self.median_err * 100:.0f} %"
+            return f"calibrated on {self.n_layers} layers of your engine{err}"
+        return f"{self.basis} ({len(self.fitted_on)} engines, {self.n_layers} layers)"
+
+    def with_values(self, **changes) -> CostParams:
+        return replace(self, **changes)
+
+
+def _per_class(value: float) -> dict[str, float]:
+    return {c: value for c in LAYER_CLASSES}
+
+
+# Priors: where a fit has no layer of a class, these stand (see fit.TIED for what is tied to what).
+PRIOR = CostParams(compute_eff=_per_class(0.4), memory_eff=_per_class(0.6), overhead_us=_per_class(3.0),
+                   basis="prior (not fitted)")
+
+
+# ---------------------------------------------------------------------------- FLOPs and bytes
+
+def _channels(t: Tensor) -> int:
+    return t.dims[1] if len(t.dims) >= 2 else (t.dims[0] if t.dims else 1)
+
+
+def padded_bytes(t: Tensor) -> float:
+    """Bytes of a tensor in memory: the channel axis (axis 1) padded to the format's vector."""
+    c = _channels(t)
+    if t.vector <= 1 or c <= 0:
+        return float(t.bytes)
+    return t.bytes * (math.ceil(c / t.vector) * t.vector) / c
+
+
+def is_conv(layer: EngineLayer) -> bool:
+    return layer.layer_class == "conv_gemm" and bool(_CONV_TYPES.search(layer.layer_type) or layer.out_maps)
+
+
+def input_channels(layer: EngineLayer) -> int:
+    """Input channels per group of a convolution/GEMM (the reduction depth per kernel tap)."""
+    if not layer.inputs:
+        return 0
+    return max(1, _channels(layer.inputs[0]) // max(1, layer.groups))
+
+
+def _conv_flops(layer: EngineLayer) -> float:
+    out = layer.outputs[0].dims if layer.outputs else ()
+    n = out[0] if out else 1
+    k = layer.out_maps or (_channels(layer.outputs[0]) if layer.outputs else 0)
+    spatial = tuple(layer.attrs.get("conv_out") or out[2:])
+    taps = math.prod(layer.kernel) if layer.kernel else 1
+    return 2.0 * n * k * math.prod(spatial) * input_channels(layer) * taps
+
+
+def flops(layer: EngineLayer) -> float:
+    """Arithmetic operations of one engine layer (a multiply-add counts 2).
+
+    convolution/GEMM: 2·N·K·P·Q·(C/groups)·R·S (P·Q the convolution's own output size);
+    pooling: one per window element per output; elementwise: one per output element per input;
+    softmax/normalization: 5 per element; reformat, NoOp and unknown layers: 0."""
+    cls = layer.layer_class
+    out = layer.outputs[0] if layer.outputs else None
+    if layer.layer_type == "NoOp" or layer.is_reformat or out is None:
+        return 0.0
+    if cls == "conv_gemm":
+        return _conv_flops(layer) if is_conv(layer) else 0.0
+    if cls == "pooling":
+        window = math.prod(layer.kernel) if layer.kernel else (
+            layer.inputs[0].elements // max(1, out.elements) if layer.inputs else 1)
+        return float(out.elements * window)
+    if cls == "elementwise":
+        return float(out.elements * max(1, len(layer.inputs)))
+    if cls == "softmax_norm":
+        return 5.0 * out.elements
+    return 0.0
+
+
+def bytes_moved(layer: EngineLayer) -> float:
+    """Bytes one engine layer reads and writes: every input and output tensor (padded to its
+    channel vector) plus the weights and bias (bias in FP32); NoOp: 0."""
+    if layer.layer_type == "NoOp":
+        return 0.0
+    total = sum(padded_bytes(t) for t in (*layer.inputs, *layer.outputs))
+    if layer.weights:
+        total += layer.weights * DTYPE_BYTES.get(layer.weights_dtype or layer.precision, 4)
+    return float(total + 4 * layer.bias)
+
+
+# ---------------------------------------------------------------------------- time
+
+def linear_float_output(layer: EngineLayer) -> bool:
+    """A layer writing a float tensor in a linear (not channel-vectorized) format."""
+    return bool(layer.outputs) and layer.outputs[0].dtype in ("fp32", "fp16", "bf16") and layer.outputs[0].vector <= 1
+
+
+def _is_simt(layer: EngineLayer, precision: str) -> bool:
+    tactic = str(layer.attrs.get("tactic", "")).lower()
+    return precision == "fp32" or bool(_SIMT_TACTIC.search(tactic))
+
+
+def _compute_ms(layer: EngineLayer, gpu: GPU, params: CostParams, precision: str) -> float:
+    ops = flops(layer)
+    if ops <= 0:
+        return 0.0
+    tactic = str(layer.attrs.get("tactic", "")).lower()
+    if _is_simt(layer, precision):
+        peak = gpu.fp32_tflops * (4.0 if precision == "int8" else 1.0)
+        eff = params.simt_eff
+    else:
+        peak = gpu.peak_tflops(precision, accumulate16=not _ACC32_TACTIC.search(tactic))
+        eff = params.compute_eff.get(layer.layer_class, PRIOR.compute_eff["other"])
+        if is_conv(layer) and params.lowc_channels > 0:
+            eff *= min(1.0, input_channels(layer) / params.lowc_channels)
+        if precision == "int8" and linear_float_output(layer):
+            eff *= params.int8_linear_out
+    return ops / (peak * 1e12 * max(eff, 1e-6)) * 1e3
+
+
+def _memory_ms(layer: EngineLayer, gpu: GPU, params: CostParams) -> float:
+    eff = params.memory_eff.get(layer.layer_class, PRIOR.memory_eff["other"])
+    if layer.is_reformat and params.lowc_channels > 0:
+        narrow = [_channels(t) for t in (*layer.inputs, *layer.outputs) if len(t.dims) >= 4]
+        if narrow:
+            eff *= min(1.0, min(narrow) / params.lowc_channels)
+    return bytes_moved(layer) / (gpu.bandwidth_gbs * 1e9 * max(eff, 1e-6)) * 1e3
+
+
+def _soft_max(compute: float, memory: float, p: float) -> float:
+    """(compute^p + memory^p)^(1/p): max(compute, memory) as p → ∞."""
+    top = max(compute, memory)
+    if top <= 0:
+        return 0.0
+    if p >= 60:
+        return top
+    return top * ((compute / top) ** p + (memory / top) ** p) ** (1.0 / p)
+
+
+def math_precisions(layer: EngineLayer, gpu: GPU, tf32: bool = True) -> tuple[str, ...]:
+    """The precisions TensorRT may run the layer's math in on ``gpu`` (it keeps the fastest):
+    ``tf32`` for an FP32 layer on a GPU with TF32 when TF32 is allowed, and FP32 (SIMT).
+
+    TF32 convolution kernels read channel-major FP32 with C % 4 == 0 (every TF32 tactic of the
+    A100 fixture does); an FP32 convolution with other C (a 3-channel network input) runs a SIMT
+    kernel, as the fixture's first convolution (``…scudnn…``) does."""
+    p = layer.precision
+    tf32_ok = tf32 and gpu.has_tf32
+    if p == "tf32":
+        return ("tf32",) if tf32_ok else ("fp32",)
+    if p == "fp32" and tf32_ok and not layer.attrs.get("tactic"):
+        if layer.layer_class == "transformer" or (
+                layer.layer_class == "conv_gemm" and input_channels(layer) % TF32_CHANNEL_ALIGN == 0):
+            return ("tf32", "fp32")
+    return (p,)
+
+
+def layer_breakdown(layer: EngineLayer, gpu: GPU | str, params: CostParams | None = None,
+                    tf32: bool = True) -> dict:
+    """``{ms, compute_ms, memory_ms, overhead_ms, bound, math}`` of one layer (see :func:`layer_ms`)."""
+    g, params = gpu_entry(gpu), params or FITTED
+    if layer.layer_type == "NoOp":
+        return {"ms": 0.0, "compute_ms": 0.0, "memory_ms": 0.0, "overhead_ms": 0.0, "bound": "none", "math": ""}
+    memory = _memory_ms(layer, g, params)
+    overhead = params.overhead_us.get(layer.layer_class, PRIOR.overhead_us["other"]) / 1e3
+    options = []
+    for p in math_precisions(layer, g, tf32):
+        compute = _compute_ms(layer, g, params, p)
+        options.append((_soft_max(compute, memory, params.knee), compute, p))
+    best, compute, precision = min(options)
+    return {"ms": best + overhead, "compute_ms": compute, "memory_ms": memory, "overhead_ms": overhead,
+            "bound": "compute" if compute >= memory else "memory", "math": precision}
+
+
+def layer_ms(layer: EngineLayer, gpu: GPU | str, params: CostParams | None = None, tf32: bool = True) -> float:
+    """Estimated time of one engine layer on ``gpu`` (a :class:`GPU` or its name), in ms.
+    ``params`` default to :data:`FITTED` (the fit on the A100 fixtures); ``tf32=False`` is
+    trtexec's ``--noTF32``."""
+    return layer_breakdown(layer, gpu, params, tf32)["ms"]
+
+
+def engine_ms(layers, gpu: GPU | str, params: CostParams | None = None, tf32: bool = True) -> float:
+    """Estimated sum of per-layer times of an engine (what a trtexec profile's per-layer sum measures)."""
+    return float(sum(layer_ms(layer, gpu, params, tf32) for layer in layers))
+
+
+# The fit on the five A100 ResNet-18 fixture engines (bench/bench_trt_estimate.py prints it;
+# tests/test_estimate_cost.py checks that fitting the fixtures again gives these numbers).
+FITTED = CostParams.from_json({
+    "kind": "mixprec.cost_params",
+    "format_version": 1,
+    "compute_eff": {
+        "conv_gemm": 0.6813,
+        "pooling": 0.4,
+        "elementwise": 0.4,
+        "reformat": 0.4,
+        "softmax_norm": 0.4,
+        "transformer": 0.6813,
+        "other": 0.4
+    },
+    "memory_eff": {
+        "conv_gemm": 1.511,
+        "pooling": 0.7456,
+        "elementwise": 0.4648,
+        "reformat": 0.4648,
+        "softmax_norm": 0.4648,
+        "transformer": 1.511,
+        "other": 0.4648
+    },
+    "overhead_us": {
+        "conv_gemm": 10.05,
+        "pooling": 8.301,
+        "elementwise": 7.342,
+        "reformat": 7.342,
+        "softmax_norm": 7.342,
+        "transformer": 10.05,
+        "other": 7.342
+    },
+    "simt_eff": 0.6799,
+    "lowc_channels": 9.256,
+    "knee": 1.185,
+    "int8_linear_out": 0.3012,
+    "gpu": "a100",
+    "basis": "fit on A100 fixtures",
+    "n_layers": 132,
+    "median_err": 0.06865,
+    "fitted_on": [
+        "a100-resnet-fp32",
+        "a100-resnet-fp16",
+        "a100-resnet-qat",
+        "a100-resnet-qat-residual",
+        "a100-resnet-qat-residual-qgap"
+    ],
+    "fitted": [
+        "knee",
+        "memory_eff[conv_gemm]",
+        "overhead_us[conv_gemm]",
+        "compute_eff[conv_gemm]",
+        "memory_eff[pooling]",
+        "overhead_us[pooling]",
+        "memory_eff[reformat]",
+        "overhead_us[reformat]",
+        "simt_eff",
+        "lowc_channels",
+        "int8_linear_out"
+    ]
+})

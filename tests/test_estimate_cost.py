@@ -1,0 +1,259 @@
+"""The engine-layer cost model (issue 12 §1, §2, §4): hand-checked FLOPs and bytes, the GPU table,
+the fit on the five real A100 trtexec reports (it reproduces its own data and meets the targets),
+estimates that move the right way when a layer's dims or precision change, and the user
+calibration stored per GPU."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from core.errors import MixprecError
+from core.estimate import cost, fit, gpus, layers
+from core.estimate.engine import EngineLayer, Tensor
+from core.reports import load_engine_report
+from core.store import gpu_calibration_path, load_gpu_calibration, save_gpu_calibration
+from core.workspace import Workspace
+
+A100 = gpus.gpu("a100")
+
+
+def conv(n=32, c=64, h=56, k=64, p=56, r=3, dtype="fp16", vector=8, precision="fp16", out_dtype=None,
+         out_vector=None, tactic="") -> EngineLayer:
+    out_dtype = out_dtype or dtype
+    return EngineLayer(
+        name="conv", layer_type="CaskConvolution", layer_class="conv_gemm", precision=precision,
+        inputs=(Tensor("x", (n, c, h, h), dtype, vector),),
+        outputs=(Tensor("y", (n, k, p, p), out_dtype, vector if out_vector is None else out_vector),),
+        kernel=(r, r), out_maps=k, weights=k * c * r * r, weights_dtype=dtype if dtype != "fp32" else "fp32",
+        bias=k, attrs={"tactic": tactic})
+
+
+# --------------------------------------------------------------------- FLOPs and bytes, by hand
+
+def test_conv_flops_and_bytes_by_hand():
+    layer = conv()
+    # 32·64·56·56 outputs × 64·3·3 multiply-adds × 2
+    assert cost.flops(layer) == 2 * 32 * 64 * 56 * 56 * 64 * 9 == 7_398_752_256
+    # input + output fp16 (2 B), weights 36 864 fp16, bias 64 fp32
+    assert cost.bytes_moved(layer) == 12_845_056 + 12_845_056 + 73_728 + 256
+
+
+def test_gemm_as_1x1_conv_flops_and_bytes_by_hand():
+    fc = EngineLayer(name="fc", layer_type="CaskConvolution", layer_class="conv_gemm", precision="int8",
+                     inputs=(Tensor("x", (32, 512, 1, 1), "int8", 32),),
+                     outputs=(Tensor("y", (32, 1000, 1, 1), "fp32", 1),),
+                     kernel=(1, 1), out_maps=1000, weights=512_000, weights_dtype="int8", bias=1000)
+    assert cost.flops(fc) == 2 * 32 * 1000 * 512
+    assert cost.bytes_moved(fc) == 32 * 512 + 32 * 1000 * 4 + 512_000 + 4 * 1000
+
+
+def test_pooling_flops_and_bytes_by_hand():
+    pool = EngineLayer(name="pool", layer_type="TiledPooling", layer_class="pooling", precision="fp32",
+                       inputs=(Tensor("x", (32, 64, 112, 112), "fp32"),),
+                       outputs=(Tensor("y", (32, 64, 56, 56), "fp32"),), kernel=(3, 3))
+    assert cost.flops(pool) == 32 * 64 * 56 * 56 * 9
+    assert cost.bytes_moved(pool) == 32 * 64 * 112 * 112 * 4 + 32 * 64 * 56 * 56 * 4
+
+
+def test_reformat_bytes_by_hand_pad_channels_to_the_vector():
+    # the network input quantized into a four-wide vectorized INT8 format: 3 channels stored as 4
+    q = EngineLayer(name="QuantizeLinear_2", layer_type="Reformat", layer_class="reformat", precision="int8",
+                    inputs=(Tensor("x", (32, 3, 224, 224), "fp32", 1),),
+                    outputs=(Tensor("q", (32, 3, 224, 224), "int8", 4),), is_reformat=True)
+    assert cost.flops(q) == 0
+    assert cost.bytes_moved(q) == 32 * 3 * 224 * 224 * 4 + 32 * 4 * 224 * 224 * 1
+
+
+def test_noop_costs_nothing():
+    noop = EngineLayer(name="Reformatting CopyNode for Input Tensor 0 to x", layer_type="NoOp",
+                       layer_class="other", precision="fp16",
+                       inputs=(Tensor("a", (32, 64, 56, 56), "fp16", 8),),
+                       outputs=(Tensor("b", (32, 64, 56, 56), "fp16", 16),))
+    assert cost.flops(noop) == cost.bytes_moved(noop) == cost.layer_ms(noop, A100) == 0
+
+
+# --------------------------------------------------------------------- parsing the real reports
+
+@pytest.fixture(scope="module")
+def samples(trt_reports_dir):
+    if not (trt_reports_dir / "a100-resnet-fp32.graph.json").is_file():
+        pytest.skip(f"the A100 fixture reports are not in {trt_reports_dir}")
+    return fit.fixture_samples(trt_reports_dir)
+
+
+def by_name(sample, part: str) -> EngineLayer:
+    return next(l for l in sample.layers if part in l.name)
+
+
+def test_fixture_layers_read_precision_dims_and_conv_parameters(samples):
+    s = {x.name: x for x in samples}
+    fp32, fp16, residual = s["a100-resnet-fp32"], s["a100-resnet-fp16"], s["a100-resnet-qat-residual"]
+    assert by_name(fp32, "Conv_3 + Relu_4").precision == "tf32"     # sm80_xmma_…_f32f32_tf32f32_f32…
+    assert by_name(fp32, "Conv_0 + Relu_1").precision == "fp32"     # ampere_scudnn_… (SIMT)
+    assert by_name(fp16, "Conv_3 + Relu_4").precision == "fp16"
+    first = by_name(residual, "Conv_9 + MaxPool_12")                 # ConvActPool: conv fused with the max pool
+    assert first.precision == "int8" and first.kernel == (7, 7) and first.attrs["conv_out"] == (112, 112)
+    assert cost.flops(first) == 2 * 32 * 64 * 112 * 112 * 3 * 49
+    assert first.outputs[0].dims == (32, 64, 56, 56) and first.outputs[0].vector == 32
+    q = by_name(residual, "QuantizeLinear_2")
+    assert q.is_reformat and q.layer_class == "reformat" and q.outputs[0].dtype == "int8"
+    assert by_name(fp16, "MaxPool_2").inputs[0].vector == 8          # "Channel major FP16 … channel % 8 == 0"
+
+
+def test_layer_count_and_order_match_the_report_parser(samples, trt_reports_dir):
+    for s in samples:
+        report = load_engine_report(trt_reports_dir / f"{s.name}.graph.json",
+                                    trt_reports_dir / f"{s.name}.profile.json")
+        assert [l.name for l in s.layers] == list(report.layers["name"])
+        assert [l.is_reformat for l in s.layers] == list(report.layers["is_reformat"])
+        assert s.total_ms == pytest.approx(report.total_ms)
+
+
+def test_an_engine_report_alone_is_not_enough(samples, trt_reports_dir):
+    report = load_engine_report(trt_reports_dir / "a100-resnet-fp16.graph.json")
+    with pytest.raises(MixprecError, match="layer-info JSON"):
+        layers.from_layer_info(report)
+
+
+# --------------------------------------------------------------------- the fit
+
+def test_the_shipped_fit_meets_the_targets_on_each_fixture(samples):
+    for row in fit.evaluate(cost.FITTED, samples):
+        assert abs(row["total_err"]) <= 0.15, row
+        assert row["median_abs_err"] <= 0.30, row
+
+
+def test_refitting_the_fixtures_gives_the_shipped_parameters(samples):
+    refit = fit.fit(samples)
+    for mine, shipped in zip(fit.evaluate(refit, samples), fit.evaluate(cost.FITTED, samples)):
+        assert mine["estimated_ms"] == pytest.approx(shipped["estimated_ms"], rel=0.01)
+    assert refit.n_layers == sum(len(s.timed()) for s in samples)
+    assert set(refit.fitted_on) == set(fit.FIXTURE_NAMES)
+
+
+def test_the_fit_reproduces_its_own_data(samples):
+    """Times made by known parameters are fitted back: every layer's estimate matches them."""
+    truth = dataclasses.replace(cost.FITTED, simt_eff=0.5, knee=2.0, int8_linear_out=0.5,
+                                compute_eff={**cost.FITTED.compute_eff, "conv_gemm": 0.5},
+                                memory_eff={**cost.FITTED.memory_eff, "pooling": 0.9, "reformat": 0.3},
+                                overhead_us={**cost.FITTED.overhead_us, "conv_gemm": 5.0})
+    made = [fit.Sample(s.name, s.layers, tuple(cost.layer_ms(l, A100, truth) for l in s.layers)) for s in samples]
+    params = fit.fit(made)
+    rel = [e for s in made for e in fit.errors(params, s, A100)[2]]
+    assert np.median(np.abs(rel)) < 0.02 and np.max(np.abs(rel)) < 0.15
+
+
+def test_leave_one_out_transfers(samples):
+    for row in fit.leave_one_out(samples):
+        assert abs(row["total_err"]) <= 0.15, row
+        assert row["median_abs_err"] <= 0.30, row
+
+
+# --------------------------------------------------------------------- the estimate moves the right way
+
+def test_bigger_dims_cost_more(samples):
+    fp16 = next(s for s in samples if s.name == "a100-resnet-fp16")
+    for part in ("Conv_15", "MaxPool_2", "Reformatting CopyNode for Input Tensor 0 to Conv_0", "Gemm_48"):
+        layer = by_name(fp16, part)
+        base = cost.layer_ms(layer, A100)
+        doubled = dataclasses.replace(
+            layer, inputs=tuple(dataclasses.replace(t, dims=(2 * t.dims[0], *t.dims[1:])) for t in layer.inputs),
+            outputs=tuple(dataclasses.replace(t, dims=(2 * t.dims[0], *t.dims[1:])) for t in layer.outputs))
+        assert cost.layer_ms(doubled, A100) > base, part
+    conv15 = by_name(fp16, "Conv_15")
+    wider = dataclasses.replace(conv15, out_maps=2 * conv15.out_maps, weights=2 * conv15.weights, outputs=tuple(
+        dataclasses.replace(t, dims=(t.dims[0], 2 * t.dims[1], *t.dims[2:])) for t in conv15.outputs))
+    assert cost.layer_ms(wider, A100) > cost.layer_ms(conv15, A100)
+
+
+def _with_precision(layer: EngineLayer, precision: str, dtype: str) -> EngineLayer:
+    return dataclasses.replace(
+        layer, precision=precision, weights_dtype=dtype, attrs={**layer.attrs, "tactic": ""},
+        inputs=tuple(dataclasses.replace(t, dtype=dtype) for t in layer.inputs),
+        outputs=tuple(dataclasses.replace(t, dtype=dtype) for t in layer.outputs))
+
+
+def test_lower_precision_costs_less(samples):
+    qat = next(s for s in samples if s.name == "a100-resnet-qat-residual")
+    for part in ("layer1.1.conv1.weight", "layer3.0.conv2.weight", "layer4.1.conv1.weight"):
+        int8 = by_name(qat, part)
+        fp16 = _with_precision(int8, "fp16", "fp16")
+        fp32 = _with_precision(int8, "fp32", "fp32")
+        t8, t16, t32 = (cost.layer_ms(l, A100) for l in (int8, fp16, fp32))
+        assert t8 < t16 < t32, part
+        # --noTF32: an FP32 convolution loses the TF32 tensor cores
+        assert cost.layer_ms(fp32, A100, tf32=False) > t32
+        # on a GPU without TF32 (T4), tf32 makes no difference
+        assert cost.layer_ms(fp32, "t4", tf32=False) == cost.layer_ms(fp32, "t4")
+
+
+def test_tf32_reported_layer_follows_no_tf32(samples):
+    fp32 = next(s for s in samples if s.name == "a100-resnet-fp32")
+    layer = by_name(fp32, "Conv_26")
+    assert layer.precision == "tf32"
+    assert cost.layer_breakdown(layer, A100)["math"] == "tf32"
+    assert cost.layer_breakdown(layer, A100, tf32=False)["math"] == "fp32"
+    assert cost.layer_ms(layer, A100, tf32=False) > 2 * cost.layer_ms(layer, A100)
+
+
+def test_a_faster_gpu_is_faster_and_fp16_accumulation_matters_on_geforce():
+    layer = conv()
+    assert cost.layer_ms(layer, "h100") < cost.layer_ms(layer, "a100") < cost.layer_ms(layer, "t4")
+    acc32 = dataclasses.replace(layer, attrs={"tactic": "sm86_xmma_fprop_implicit_gemm_f16f16_f16f32_f32"})
+    assert cost.layer_ms(acc32, "rtx4090") > cost.layer_ms(layer, "rtx4090")
+    assert cost.layer_ms(acc32, "a100") == cost.layer_ms(layer, "a100")
+
+
+# --------------------------------------------------------------------- GPU table
+
+def test_gpu_table_holds_the_nine_gpus_with_dense_figures():
+    keys = {"t4", "a10", "a100", "l4", "l40s", "h100", "rtx3090", "rtx4090", "orin"}
+    assert keys <= set(gpus.GPUS)
+    for g in gpus.GPUS.values():
+        assert g.int8_tops >= g.fp16_acc16_tflops >= g.fp16_tflops > 0 and g.bandwidth_gbs > 0 and g.sm_count > 0
+        assert g.tf32_tflops is None or g.fp16_tflops >= g.tf32_tflops
+        assert gpus.GPU.from_json(json.loads(json.dumps(g.to_json()))) == g
+    assert gpus.gpu("t4").tf32_tflops is None and gpus.gpu("a100").tf32_tflops == 156.0
+    assert gpus.gpu("h100").fp16_tflops == 989.5 and "fp16_tflops" in gpus.gpu("h100").halved
+    assert gpus.gpu("NVIDIA A100-SXM4-80GB").key == "a100" and gpus.gpu("Tesla T4").key == "t4"
+    assert gpus.gpu("NVIDIA GeForce RTX 4090").key == "rtx4090"
+    with pytest.raises(MixprecError, match="No GPU named"):
+        gpus.gpu("NVIDIA A10G")
+
+
+# --------------------------------------------------------------------- calibration (§4) and its store
+
+def test_calibrate_on_a_user_engine_and_store_it_per_gpu(samples, trt_reports_dir, tmp_path):
+    pair = (trt_reports_dir / "a100-resnet-qat.graph.json", trt_reports_dir / "a100-resnet-qat.profile.json")
+    params = fit.calibrate(pair, "NVIDIA A100-SXM4-80GB")
+    assert params.basis == cost.CALIBRATION_BASIS and params.gpu == "a100"
+    assert params.n_layers == len(next(s for s in samples if s.name == "a100-resnet-qat").timed())
+    assert params.median_err <= 0.30
+    assert params.label() == f"calibrated on {params.n_layers} layers of your engine, " \
+                             f"median error {params.median_err * 100:.0f} %"
+    ws = Workspace(tmp_path)
+    assert load_gpu_calibration(ws, "a100") is None
+    save_gpu_calibration(ws, "a100", params)
+    assert load_gpu_calibration(ws, "NVIDIA A100-SXM4-80GB") == params
+    assert load_gpu_calibration(ws, "t4") is None
+    gpu_calibration_path(ws, "a100").write_text("{not json")
+    assert load_gpu_calibration(ws, "a100") is None
+    gpu_calibration_path(ws, "a100").write_text(json.dumps({"kind": "something else"}))
+    assert load_gpu_calibration(ws, "a100") is None
+
+
+def test_calibration_needs_enough_timed_layers(samples):
+    tiny = fit.Sample("tiny", samples[0].layers[:3], samples[0].times[:3])
+    with pytest.raises(MixprecError, match="too few to calibrate"):
+        fit.calibrate([tiny], "a100")
+
+
+def test_cost_params_round_trip():
+    doc = json.loads(json.dumps(cost.FITTED.to_json()))
+    assert cost.CostParams.from_json(doc) == cost.FITTED
+    with pytest.raises(MixprecError):
+        cost.CostParams.from_json({**doc, "format_version": 99})
+    assert "fit on A100 fixtures" in cost.FITTED.label()
