@@ -5,7 +5,10 @@ This module imports no backend: callers pass the backend object, so ``backends``
 ``EVAL_BATCH`` without an import cycle."""
 from __future__ import annotations
 
+import fcntl
+import json
 import zipfile
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,7 +18,7 @@ from .data import Dataset
 from .errors import MixprecError
 from .project import Project
 from .shapes import batch_axes, fixed_batch
-from .workspace import atomic_save_npz, sha256_bytes
+from .workspace import atomic_save_npz, atomic_write_json, discard_corrupt, file_stamp, sha256_bytes, stamps_match
 
 EVAL_BATCH = 16
 OUTPUTS_FORMAT_VERSION = 2  # 2: keyed by the backend's identity (TensorRT version, GPU; issue 11, bug 5)
@@ -57,10 +60,51 @@ def timing_feed(project: Project) -> dict[str, np.ndarray]:
     return feeds[0]
 
 
+REFERENCE_STAMPS = "reference-engine.json"  # the stamps of the reference engine's files, written when complete
+
+
+@contextmanager
+def _locked(folder: Path):
+    """An exclusive lock on ``folder`` (one process builds or checks its reference engine at a time)."""
+    with open(folder / ".lock", "a+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _engine_files(engine) -> list[Path]:
+    return [Path(p) for p in (getattr(engine, "compiled_path", None), getattr(engine, "artifact_path", None)) if p]
+
+
 def reference_engine(backend, project: Project):
-    """The FP32 engine, built once per model and backend."""
+    """The FP32 engine, built once per model and backend. Its files are stamped when complete
+    (``reference-engine.json``: size and mtime of each); files without a matching stamp — half
+    written by a build that died, truncated, rewritten — are removed and the engine is built again."""
     ref_dir = project.ws.sub("reference", backend.name, project.model.sha256[:16])
-    return backend.reference(project.model, ref_dir, project.input_shapes)
+    stamps_path = ref_dir / REFERENCE_STAMPS
+    with _locked(ref_dir):
+        try:
+            stamps = json.loads(stamps_path.read_text()).get("files")
+        except (OSError, ValueError, AttributeError):
+            stamps = None
+        engine_like = [p for p in ref_dir.iterdir() if p.name.startswith("reference-fp32") and p.is_file()]
+        if engine_like and not stamps_match(stamps, ref_dir):
+            for p in engine_like:
+                discard_corrupt(p, f"{backend.name} reference engine file", "incomplete or changed since it was built")
+            stamps_path.unlink(missing_ok=True)
+        try:
+            engine = backend.reference(project.model, ref_dir, project.input_shapes)
+        except BaseException:  # e.g. a full disk: leave no half-written engine behind
+            if not stamps_path.is_file():
+                for p in ref_dir.glob("reference-fp32*"):
+                    p.unlink(missing_ok=True)
+            raise
+        files = {p.name: file_stamp(p) for p in _engine_files(engine) if p.parent == ref_dir and p.is_file()}
+        if files and files != stamps:
+            atomic_write_json(stamps_path, {"files": files})
+    return engine
 
 
 def engine_outputs(backend, engine, batches, name: str) -> list[np.ndarray]:
@@ -85,9 +129,12 @@ def reference_outputs(backend, reference, project: Project, batches, name: str) 
     if path.is_file():
         try:
             with np.load(path, allow_pickle=False) as z:
-                return [z[f"b{i}"] for i in range(len(z.files))]
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
-            path.unlink(missing_ok=True)  # a corrupt cache is recomputed, never fatal
+                outs = [z[f"b{i}"] for i in range(len(z.files))]
+            if len(outs) == len(batches):
+                return outs
+            discard_corrupt(path, "FP32 reference outputs", f"{len(outs)} batches, {len(batches)} expected")
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+            discard_corrupt(path, "FP32 reference outputs", f"{type(e).__name__}: {e}")  # recomputed, never fatal
     outs = engine_outputs(backend, reference, batches, name)
     atomic_save_npz(path, {f"b{i}": o for i, o in enumerate(outs)})
     return outs

@@ -4,6 +4,9 @@ A model is given as a path or a bundled sample (``sample:minilm``,
 ``sample:tiny-cnn``, ``sample:tiny-transformer``). Loading validates the file
 with onnx's checker and shape inference, refuses external data outside the
 model's folder and gives every node a stable unique name (input shapes: ``core.shapes``).
+A path is read only if it is a regular file of at most ``$MIXPREC_MAX_MODEL_BYTES`` (2 GiB,
+protobuf's limit), and, when ``$MIXPREC_MODEL_ROOT`` is set (a team server), only under it or the
+workspace (``core.workspace.read_user_file``): never a FIFO, a device or ``/proc``.
 """
 from __future__ import annotations
 
@@ -20,10 +23,11 @@ from onnx.external_data_helper import _get_all_tensors, load_external_data_for_m
 from .errors import MixprecError
 from .normalize import NormStep, default_opset, normalize_model
 from .samples import materialize_sample
-from .workspace import Workspace, sha256_bytes
+from .workspace import Workspace, check_confined, env_bytes, read_user_file, sha256_bytes
 
 FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
 SAMPLE_PREFIX = "sample:"
+MAX_MODEL_BYTES = 2 << 30  # protobuf's limit for one file (bigger models keep their weights as external data)
 
 
 @dataclass(frozen=True)
@@ -245,11 +249,13 @@ def load_model(spec: str | os.PathLike, ws: Workspace | None = None, progress=No
     """Load a model from a path or ``sample:NAME`` and validate it."""
     spec_s = str(spec)
     sample = None
+    ws = ws or Workspace.default()
     if spec_s.startswith(SAMPLE_PREFIX):
         sample = spec_s[len(SAMPLE_PREFIX):]
         path = resolve_sample(spec_s, ws, progress).model
     else:
         path = Path(spec_s).expanduser()
+        check_confined(path, "model", ws.root)
         if not path.exists():
             raise MixprecError(
                 f"the model path {path} does not exist",
@@ -261,5 +267,5 @@ def load_model(spec: str | os.PathLike, ws: Workspace | None = None, progress=No
                 f"{path} is a folder, not a model file",
                 "give the .onnx file itself" + (f", e.g. {path / onnx_files[0]}" if onnx_files else ""),
             )
-    data = path.read_bytes()
+    data = read_user_file(path, "model", env_bytes("MIXPREC_MAX_MODEL_BYTES", MAX_MODEL_BYTES), ws.root)
     return model_from_bytes(data, path, name=f"sample:{sample}" if sample else None, sample=sample)

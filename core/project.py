@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .data import Dataset, MissingData, check_dataset, generate_dataset, load_npz
+from .data import Dataset, MissingData, check_dataset, generate_dataset, generated_bytes, load_npz
 from .errors import MixprecError
 from .inventory import Layer, build_inventory, inventory_frame
 from .model import LoadedModel, load_model
 from .policy import CalibrationSettings, Policy, default_policy
 from .samples import materialize_sample
-from .shapes import DimChoice, model_batch, shape_choices, shape_text, shapes_of
+from .shapes import DimChoice, check_memory, model_batch, shape_choices, shape_text, shapes_of
 from .workspace import Workspace
 
 # where the user deploys: what latency numbers are compared with, and what the search optimises
@@ -67,11 +67,23 @@ class Project:
         return sum(l.macs for l in self.layers)
 
 
-def _as_dataset(source, model: LoadedModel) -> Dataset:
+def _as_dataset(source, model: LoadedModel, ws: Workspace | None = None) -> Dataset:
     if isinstance(source, Dataset):
         check_dataset(source, model)
         return source
-    return load_npz(source, model)
+    return load_npz(source, model, ws_root=ws.root if ws else None)
+
+
+CALIB_GENERATED, EVAL_GENERATED = 32, 16  # samples generated when no data is given (at least; see open_project)
+
+
+def _check_memory(model: LoadedModel, shapes: dict, calib: Dataset | None, evald: Dataset | None) -> None:
+    """The shapes and batch against the memory budget (``core.shapes.check_memory``), counting the
+    data that would be generated, before any of it is."""
+    b = model_batch(model, shapes)
+    counts = ([max(CALIB_GENERATED, b)] if calib is None else []) + ([max(EVAL_GENERATED, 2 * b)] if evald is None else [])
+    data = sum(generated_bytes(model, n, shapes) for n in counts)
+    check_memory(model, shapes, data, f"generated data ({' + '.join(map(str, counts))} samples)" if counts else "")
 
 
 def _holdout(calib: Dataset) -> tuple[Dataset, Dataset]:
@@ -123,8 +135,8 @@ def open_project(model_spec, data=None, eval_data=None, ws: Workspace | None = N
         paths = materialize_sample(model.sample, ws)
         data = data if data is not None else paths.calib
         eval_data = eval_data if eval_data is not None else paths.eval
-    calib = _as_dataset(data, model) if data is not None else None
-    evald = _as_dataset(eval_data, model) if eval_data is not None else None
+    calib = _as_dataset(data, model, ws) if data is not None else None
+    evald = _as_dataset(eval_data, model, ws) if eval_data is not None else None
     if calib is not None and evald is None:
         calib, evald = _holdout(calib)
     given = calib or evald
@@ -133,10 +145,11 @@ def open_project(model_spec, data=None, eval_data=None, ws: Workspace | None = N
     for ds in (calib, evald):
         if ds is not None:
             _check_fits(ds, choices, input_shapes)
+    _check_memory(model, input_shapes, calib, evald)
     b = model_batch(model, input_shapes)
     if calib is None:
-        calib = _generated(model, max(32, b), 0, input_shapes)
+        calib = _generated(model, max(CALIB_GENERATED, b), 0, input_shapes)
     if evald is None:
-        evald = _generated(model, max(16, 2 * b), 1, input_shapes)  # two batches: dev + held-out
+        evald = _generated(model, max(EVAL_GENERATED, 2 * b), 1, input_shapes)  # two batches: dev + held-out
     layers = build_inventory(model, calib.arrays, input_shapes)
     return Project(model, layers, calib, evald, input_shapes, ws, choices, target)

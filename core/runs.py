@@ -13,6 +13,7 @@ import math
 import os
 import re
 import shutil
+import socket
 import time
 import uuid
 from dataclasses import asdict, dataclass, field, replace
@@ -26,14 +27,16 @@ from .backends import Latency, select_backend
 from .backends.base import PER_LAYER_COLUMNS
 from .calibration import calibrate_policy
 from .errors import MixprecError
-from .evaluation import engine_outputs, eval_batch, output_name, reference_engine, reference_outputs, timing_feed
+from .evaluation import (REFERENCE_STAMPS, engine_outputs, eval_batch, output_name, reference_engine, reference_outputs,
+                         timing_feed)
 from .metrics import Quality, quality
 from .policy import Policy
 from .project import DEFAULT_TARGET, TARGET_LABELS, Project
 from .records import check_format
 from .reports import ReformatSummary, reformat_summary
 from .sensitivity import Ranking, Sensitivity
-from .workspace import Workspace, atomic_write_json, atomic_write_text
+from .workspace import (Workspace, atomic_write_json, atomic_write_text, cache_note, free_bytes, human_bytes,
+                        is_space_error, space_error)
 
 RUN_COLUMNS = [
     "run_id", "created", "model_name", "model_sha256", "label", "backend", "target", "latency_source", "policy_sha256",
@@ -47,6 +50,9 @@ GENERATED_NOTE = "on generated data"  # said next to every quality number comput
 # the files of a run directory runs/<id>/ (the compiled model and engine artifacts are the backend's)
 POLICY_FILE, METRICS_FILE, PER_LAYER_FILE = "policy.json", "metrics.json", "per_layer.csv"
 ORT_CPU_SOURCE = "ONNX Runtime CPU, measured"
+TMP_PREFIX, OWNER_FILE = ".tmp-", ".owner.json"  # a build's folder until it is complete, and who builds it
+OWNERLESS_GRACE_SECONDS = 60.0  # a temp folder without an owner file younger than this is just being created
+OTHER_HOST_GRACE_SECONDS = 86400.0  # a temp folder of another host (a shared workspace) is kept this long
 _TRT_REASON = re.compile(r"TensorRT (?P<version>[0-9][^\s]*) on (?P<gpu>.+?)(?: \(compute capability|$)")
 
 
@@ -289,11 +295,13 @@ def build_and_measure(project: Project, policy: Policy, backend: str = "auto", l
     be, reason = select_backend(backend, **(trt_options or {}))
     ws = project.ws
     t_start = time.perf_counter()
+    timing_feed(project)  # enough evaluation samples for the timing batch: fail before any work
+    clean_temp_runs(ws)
+    needed = check_build_space(project, be.name)
     step(0.05, f"calibrating ({policy.calibration.method})")
     calib = None if onnx_bytes else calibrate_policy(project.model, project.calib_data, policy, project.layers, ws)
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
-    tmp_dir = ws.runs / f".tmp-{run_id}"
-    tmp_dir.mkdir(parents=True)
+    tmp_dir = _make_temp_run(ws, run_id, needed)
     try:
         step(0.15, f"building on {be.name}")
         if onnx_bytes is None:
@@ -328,12 +336,105 @@ def build_and_measure(project: Project, policy: Policy, backend: str = "auto", l
             latency_source=latency_source(be.name, reason), target=project.target,
         )
         _write_run(tmp_dir, result, policy)
+        (tmp_dir / OWNER_FILE).unlink(missing_ok=True)
         os.replace(tmp_dir, result.run_dir)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp_dir, ignore_errors=True)
+        said = isinstance(e, MixprecError) and e.what.startswith("no space left")
+        if isinstance(e, Exception) and not said and _out_of_space(e, ws, project.model.size_bytes):
+            raise space_error(ws.runs / run_id, needed) from e
         raise
     step(1.0, "done")
     return result
+
+
+def _out_of_space(exc: Exception, ws: Workspace, margin: int) -> bool:
+    """Whether a failed build failed for want of space: an ENOSPC anywhere in its chain, or a
+    workspace left with less than ``margin`` (the model's size) free — ONNX Runtime and protobuf
+    report a full disk as a serialisation error."""
+    if is_space_error(exc):
+        return True
+    free = free_bytes(ws.root)
+    return free is not None and free < max(margin, 1 << 20)
+
+
+def build_space_needed(project: Project, backend: str) -> int:
+    """Bytes a build writes into the workspace, about: the compiled model and the backend's artifact
+    (each at most the model's size), the FP32 reference engine (twice the model) when it is not built
+    yet, and a margin for the tables and reference outputs."""
+    size = project.model.size_bytes
+    ref = project.ws.root / "reference" / backend / project.model.sha256[:16]
+    have_ref = (ref / REFERENCE_STAMPS).is_file()
+    return 2 * size + (0 if have_ref else 2 * size) + (1 << 20)
+
+
+def check_build_space(project: Project, backend: str) -> int:
+    """The space a build needs (:func:`build_space_needed`); a MixprecError naming the workspace
+    when its disk has less free."""
+    needed = build_space_needed(project, backend)
+    free = free_bytes(project.ws.root)
+    if free is not None and free < needed:
+        raise MixprecError(f"the workspace {project.ws.root} has {human_bytes(free)} free; this build needs about "
+                           f"{human_bytes(needed)} (the compiled model, its engine and the FP32 reference of a "
+                           f"{human_bytes(project.model.size_bytes)} model)",
+                           "free space on that disk, or set MIXPREC_WORKSPACE to a folder on a disk with more room")
+    return needed
+
+
+# --- temp run folders -----------------------------------------------------------------------------
+def _process_start(pid) -> str | None:
+    """The start time of process ``pid`` (from /proc, so a reused pid does not pass for it); None if gone."""
+    try:
+        stat_line = Path(f"/proc/{int(pid)}/stat").read_text()
+    except (OSError, ValueError, TypeError):
+        return None
+    return stat_line.rsplit(")", 1)[-1].split()[19]
+
+
+def _make_temp_run(ws: Workspace, run_id: str, needed: int) -> Path:
+    """``runs/.tmp-<id>/`` with an owner file naming this process (so a clean-up spares it while it lives)."""
+    tmp_dir = ws.runs / f"{TMP_PREFIX}{run_id}"
+    try:
+        tmp_dir.mkdir(parents=True)
+        (tmp_dir / OWNER_FILE).write_text(json.dumps({"pid": os.getpid(), "start": _process_start(os.getpid()),
+                                                      "host": socket.gethostname()}))
+    except OSError as e:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        if is_space_error(e):
+            raise space_error(ws.runs / run_id, needed) from e
+        raise MixprecError(f"cannot create the run folder {tmp_dir}: {e.strerror}",
+                           "make the workspace writable, or set MIXPREC_WORKSPACE to a writable folder") from e
+    return tmp_dir
+
+
+def _age(folder: Path) -> float:
+    try:
+        return time.time() - folder.stat().st_mtime
+    except OSError:
+        return float("inf")
+
+
+def _owned_by_live_process(folder: Path) -> bool:
+    try:
+        doc = json.loads((folder / OWNER_FILE).read_text())
+        pid, start = doc["pid"], doc["start"]
+    except (OSError, ValueError, KeyError, TypeError):
+        # no owner file (yet): a folder being created now, or a leftover of an older mixprec
+        return _age(folder) < OWNERLESS_GRACE_SECONDS
+    if doc.get("host", socket.gethostname()) != socket.gethostname():
+        return _age(folder) < OTHER_HOST_GRACE_SECONDS  # its pid means nothing here
+    return start is not None and _process_start(pid) == start
+
+
+def clean_temp_runs(ws: Workspace) -> list[Path]:
+    """Remove the temp run folders (``runs/.tmp-<id>``) that no live process is building: leftovers of a
+    build or a server that was killed. Called before each build and when a job manager starts."""
+    removed = []
+    for folder in ws.runs.glob(f"{TMP_PREFIX}*"):
+        if folder.is_dir() and not _owned_by_live_process(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
 
 
 def _auto_label(policy: Policy) -> str:
@@ -356,14 +457,21 @@ def load_run(ws: Workspace, run_id: str) -> RunResult:
     """The stored run ``run_id`` (with its per-layer table); a MixprecError if it is missing or
     not a run of this format."""
     path = run_dir(ws, run_id)
+    if str(run_id).startswith(".") or "/" in str(run_id):
+        raise MixprecError(f"there is no run {run_id!r} in {ws.runs}", "pick a run from the list of runs")
     try:
         doc = json.loads((path / METRICS_FILE).read_text())
     except OSError as e:
         raise MixprecError(f"there is no run {run_id!r} in {ws.runs}", "pick a run from the list of runs") from e
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise MixprecError(f"the metrics of run {run_id} are not valid JSON", "delete the run and build again") from e
     result = RunResult.from_json(doc)
-    per_layer = load_run_per_layer(path) if (path / PER_LAYER_FILE).is_file() else result.per_layer
+    per_layer = result.per_layer
+    if (path / PER_LAYER_FILE).is_file():
+        try:
+            per_layer = load_run_per_layer(path)
+        except (OSError, ValueError) as e:  # pandas' parser errors are ValueErrors
+            cache_note(f"the per-layer table of run {run_id} is unreadable ({type(e).__name__}); it is left out")
     return replace(result, run_dir=path, per_layer=per_layer)
 
 
@@ -372,9 +480,13 @@ def list_runs(ws: Workspace | None = None, model_sha256: str | None = None) -> p
     ws = ws or Workspace.default()
     rows = []
     for p in ws.runs.glob(f"*/{METRICS_FILE}"):
+        if p.parent.name.startswith("."):
+            continue  # a build in progress (runs/.tmp-<id>) or another hidden folder: not a run
         try:
             row = RunResult.from_json(json.loads(p.read_text())).row()
-        except (OSError, ValueError, MixprecError):
+        except (OSError, ValueError, RecursionError, TypeError, KeyError, AttributeError, MixprecError) as e:
+            cache_note(f"the run {p.parent.name} is skipped: its metrics are unreadable "
+                       f"({e.what if isinstance(e, MixprecError) else type(e).__name__})")
             continue  # a damaged or foreign run is skipped, never fatal
         if not model_sha256 or row["model_sha256"] == model_sha256:
             rows.append(row)

@@ -21,15 +21,17 @@ Anything else (scalars, fixed-size side inputs) has no batch axis and is fed who
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 
 from .errors import MixprecError
 from .model import LoadedModel, TensorSpec
+from .workspace import env_bytes, human_bytes
 
 DEFAULT_BATCH = 1
 DEFAULT_SEQ = 64
@@ -328,3 +330,154 @@ def with_static_shapes(model: LoadedModel, shapes: dict[str, tuple[int, ...]]) -
         return onnx.shape_inference.infer_shapes(m, data_prop=True)
     except Exception:  # noqa: BLE001 - fall back to the symbolic shapes
         return model.proto
+
+
+# --- memory: what the shapes cost before anything is allocated --------------------------------------
+MEMORY_BUDGET_SHARE = 0.8  # of the memory available to this process, unless MIXPREC_MEMORY_BUDGET says otherwise
+SMALL_INITIALIZER = 4096  # elements: initializers up to this size keep their values for shape inference
+ORT_SESSIONS = 2  # a build times the candidate and the FP32 reference side by side
+
+
+def _available_memory() -> int:
+    """Bytes this process can still allocate: MemAvailable, capped by a cgroup (container) limit."""
+    avail = None
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                avail = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    if avail is None:
+        try:
+            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            avail = 8 << 30
+    try:
+        limit = open("/sys/fs/cgroup/memory.max").read().strip()
+        used = int(open("/sys/fs/cgroup/memory.current").read().strip())
+        if limit != "max":
+            avail = min(avail, max(0, int(limit) - used))
+    except (OSError, ValueError):
+        pass
+    return int(avail)
+
+
+def memory_budget() -> tuple[int, str]:
+    """(bytes, where the number comes from): ``$MIXPREC_MEMORY_BUDGET`` (e.g. ``8G``), else 80 % of the
+    memory available now."""
+    if os.environ.get("MIXPREC_MEMORY_BUDGET"):
+        return env_bytes("MIXPREC_MEMORY_BUDGET", 0), "MIXPREC_MEMORY_BUDGET"
+    return int(MEMORY_BUDGET_SHARE * _available_memory()), f"{int(100 * MEMORY_BUDGET_SHARE)} % of the available memory"
+
+
+def _itemsize(elem_type: int) -> int:
+    try:
+        return int(np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).itemsize)
+    except Exception:  # noqa: BLE001 - exotic / undefined types
+        return 4
+
+
+def _skeleton(model: LoadedModel, shapes: dict[str, tuple[int, ...]]) -> onnx.ModelProto:
+    """The main graph without its weights (large initializers become typed graph inputs) and with
+    concrete input dims: shape inference on it is fast and copies no weights."""
+    src = model.proto.graph
+    m = onnx.ModelProto()
+    m.ir_version, m.producer_name = model.proto.ir_version, model.proto.producer_name
+    m.opset_import.extend(model.proto.opset_import)
+    g = m.graph
+    g.name = src.name
+    g.node.extend(src.node)
+    g.output.extend(helper.make_tensor_value_info(o.name, o.type.tensor_type.elem_type, None) for o in src.output)
+    init_names = set()
+    for init in src.initializer:
+        init_names.add(init.name)
+        if int(np.prod(init.dims)) <= SMALL_INITIALIZER and not init.external_data:
+            g.initializer.append(init)
+        else:
+            g.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+    for inp in src.input:
+        if inp.name in init_names:
+            continue
+        vi = g.input.add()
+        vi.CopyFrom(inp)
+        if inp.name in shapes:
+            for d, v in zip(vi.type.tensor_type.shape.dim, shapes[inp.name]):
+                d.Clear()
+                d.dim_value = int(v)
+    return m
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """What one ONNX Runtime session of the model needs at some input shapes, about: the input
+    tensors, the peak of the activations alive at once (in graph order, each freed after its last
+    use) and the largest single tensor."""
+
+    input_bytes: int
+    peak_bytes: int
+    largest: str
+    largest_bytes: int
+
+
+def _sizes(proto: onnx.ModelProto, skip: set[str]) -> dict[str, int]:
+    sizes = {}
+    g = proto.graph
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
+        if vi.name in skip or not vi.type.tensor_type.HasField("shape"):
+            continue
+        dims = vi.type.tensor_type.shape.dim
+        if all(d.HasField("dim_value") and d.dim_value >= 0 for d in dims):
+            sizes[vi.name] = int(np.prod([d.dim_value for d in dims], dtype=np.float64)) * _itemsize(
+                vi.type.tensor_type.elem_type)
+    return sizes
+
+
+def estimate_memory(model: LoadedModel, shapes: dict[str, tuple[int, ...]]) -> MemoryEstimate:
+    """A :class:`MemoryEstimate` at ``shapes`` (tensors whose shape inference cannot tell count 0)."""
+    m = _skeleton(model, shapes)
+    try:
+        m = onnx.shape_inference.infer_shapes(m, data_prop=True)
+    except Exception:  # noqa: BLE001 - the inputs' sizes are still known
+        pass
+    weights = model.initializer_names()
+    sizes = _sizes(m, weights)
+    nodes = list(m.graph.node)
+    last = {name: len(nodes) for name in (o.name for o in m.graph.output)}
+    for i, node in enumerate(nodes):
+        for t in node.input:
+            if t and last.get(t, -1) < i:
+                last[t] = i
+    inputs = [s.name for s in model.inputs]
+    live = sum(sizes.get(t, 0) for t in inputs)
+    peak = live
+    for i, node in enumerate(nodes):
+        live += sum(sizes.get(t, 0) for t in node.output if t)
+        peak = max(peak, live)
+        for t in set(node.input) | set(node.output):
+            if t and t not in weights and last.get(t, i) <= i:
+                live -= sizes.get(t, 0)
+    largest = max(sizes, key=sizes.get, default="")
+    return MemoryEstimate(sum(sizes.get(t, 0) for t in inputs), int(peak), largest, int(sizes.get(largest, 0)))
+
+
+def check_memory(model: LoadedModel, shapes: dict[str, tuple[int, ...]], data_bytes: int = 0,
+                 data_note: str = "") -> MemoryEstimate:
+    """Refuse shapes whose estimated memory — ``data_bytes`` of data to generate, plus two sessions
+    (candidate and FP32 reference) each holding the weights and the peak activations — exceeds the
+    budget (:func:`memory_budget`), before anything is allocated."""
+    est = estimate_memory(model, shapes)
+    need = data_bytes + ORT_SESSIONS * (model.size_bytes + est.peak_bytes)
+    budget, source = memory_budget()
+    if need > budget:
+        batch = model_batch(model, shapes)
+        parts = [f"activations about {human_bytes(est.peak_bytes)} per session at batch {batch}"
+                 + (f" (the largest tensor, {est.largest}, alone {human_bytes(est.largest_bytes)})" if est.largest else ""),
+                 f"weights {human_bytes(model.size_bytes)} per session"]
+        if data_bytes:
+            parts.insert(0, f"{data_note or 'generated data'} {human_bytes(data_bytes)}")
+        shown = ", ".join(f"{k}={shape_text(v)}" for k, v in shapes.items())
+        raise MixprecError(f"the input shapes {shown} need about {human_bytes(need)} of memory ({'; '.join(parts)}), "
+                           f"more than the budget of {human_bytes(budget)} ({source})",
+                           "use a smaller --batch, --dim or --shape (python -m core inspect MODEL lists the dims), or "
+                           "set MIXPREC_MEMORY_BUDGET on a machine with more memory")
+    return est

@@ -7,24 +7,32 @@ Layout (under the workspace root)::
                             (key: model, calibration data, evaluation data, method and mode)
     searches/<key>.json     a SearchResult (key: as above, plus the budget and the smoothing)
     runs/<id>/              a build (core.runs writes it): policy.json, metrics.json, per_layer.csv, …
-    models/<sha256>.onnx    uploaded models;  data/<sha256>.npz  uploaded data
+    models/<sha256>/<name>.onnx   uploaded models;  data/<sha256>/<name>.npz  uploaded data (by content,
+                                  under the user's file name)
 
-Loading gives the record, None if it was never computed, or a MixprecError that says what to do
-when the stored document is of an older or foreign format (never a silent patch)."""
+Loading gives the record, or None if it was never computed or cannot be used: a stored document that
+is corrupt (not JSON, fields missing) is removed, one of an older, newer or foreign format is left
+alone, and either way a note says so (``core.workspace.take_notes``) and the result is computed again
+— a damaged cache never fails the next build (never a silent patch either)."""
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 
 from .data import load_npz
 from .errors import MixprecError
+from .estimate.cost import PARAMS_VERSION, CostParams
+from .estimate.gpus import gpu as gpu_entry
 from .model import model_from_bytes
 from .policy import Policy, policy_from_text
 from .project import Project
 from .runs import POLICY_FILE, RunResult, list_runs, load_run, load_run_per_layer, run_dir
 from .search import SearchResult
 from .sensitivity import Ranking, Sensitivity
-from .workspace import Workspace, atomic_write_bytes, atomic_write_json, sha256_bytes
+from .workspace import (Workspace, atomic_write_bytes, atomic_write_json, cache_note, discard_corrupt, sha256_bytes,
+                        write_error)
 
 __all__ = ["ranking_key", "project_ranking_key", "ranking_path", "save_ranking", "load_ranking", "save_sensitivity",
            "load_sensitivity", "cached_ranking", "search_path", "save_search", "load_search", "run_dir", "list_runs", "load_run",
@@ -55,37 +63,47 @@ def search_path(ws: Workspace, project: Project, budget: str, smooth: bool) -> P
 
 
 def _read(path: Path, what: str) -> dict | None:
-    """The JSON document at ``path``; None if there is none; a MixprecError if it is unreadable."""
+    """The JSON document at ``path``; None if there is none, or (with a note) if it cannot be read or
+    is not JSON (then it is removed: it is computed again)."""
     try:
         text = path.read_text()
     except FileNotFoundError:
         return None
-    except OSError as e:
-        raise MixprecError(f"cannot read the stored {what} {path.name}: {e.strerror}",
-                           "check the workspace folder's permissions") from e
+    except (OSError, UnicodeDecodeError) as e:
+        cache_note(f"cannot read the stored {what} {path.name} ({getattr(e, 'strerror', None) or e}); it is "
+                   "computed again (check the workspace folder's permissions)")
+        return None
     try:
-        return json.loads(text)
-    except ValueError as e:
-        raise MixprecError(f"the stored {what} {path.name} is not valid JSON",
-                           f"delete {path} and compute it again") from e
+        doc = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        discard_corrupt(path, what, f"not valid JSON: {type(e).__name__}")
+        return None
+    if not isinstance(doc, dict):
+        discard_corrupt(path, what, f"a JSON {type(doc).__name__}, not a document")
+        return None
+    return doc
 
 
 def _record(from_json, doc: dict, path: Path, what: str):
-    """``from_json(doc)``; a document of the right kind and format that is damaged (a field missing
-    or of the wrong type) is a MixprecError, never a traceback."""
+    """``from_json(doc)``, or None with a note: a document of an older, newer or foreign format is
+    left in place (computing the result again replaces it), one of the right kind and format that is
+    damaged (a field missing or of the wrong type) is removed."""
     try:
         return from_json(doc)
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise MixprecError(f"the stored {what} {path.name} is damaged ({type(e).__name__}: {e})",
-                           f"delete {path} and compute it again") from e
+    except MixprecError as e:
+        cache_note(f"the stored {what} {path.name} is not used: {e.what}; it is computed again")
+        return None
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        discard_corrupt(path, what, f"damaged: {type(e).__name__}: {e}")
+        return None
 
 
 def _legacy_csv(path: Path, what: str) -> None:
     """Rankings were stored as CSV before they had a record: say so instead of ignoring it."""
     old = path.with_suffix(".csv")
     if old.is_file():
-        raise MixprecError(f"the stored {what} is in the CSV format of an older mixprec, which this version "
-                           "does not read", "compute it again (the new result replaces the old file)")
+        cache_note(f"the stored {what} is in the CSV format of an older mixprec, which this version does not read; "
+                   "compute it again (the new result replaces the old file)")
 
 
 # --- rankings and sensitivity tables ---------------------------------------------------------------
@@ -97,7 +115,8 @@ def save_ranking(ws: Workspace, project: Project, ranking: Ranking) -> Path:
 
 
 def load_ranking(ws: Workspace, project: Project, method: str = "minmax") -> Ranking | None:
-    """The stored cumulative ranking of ``project`` and ``method``, or None if it was never computed."""
+    """The stored cumulative ranking of ``project`` and ``method``, or None if it was never computed
+    or cannot be used (a note says why)."""
     path = ranking_path(ws, project_ranking_key(project, method))
     doc = _read(path, "ranking")
     if doc is None:
@@ -150,7 +169,12 @@ def load_search(ws: Workspace, project: Project, budget: str, smooth: bool) -> S
 def run_policy(project: Project, run: str | Path) -> Policy:
     """The policy a stored run was built from (``run``: its directory), validated against ``project``."""
     path = Path(run) / POLICY_FILE
-    return policy_from_text(path.read_text(), project.model, project.layers, source=path.name)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise MixprecError(f"the run {Path(run).name} has no readable policy ({type(e).__name__})",
+                           "pick another run, or delete this one and build again") from e
+    return policy_from_text(text, project.model, project.layers, source=path.name)
 
 
 def last_built_policy(project: Project) -> Policy | None:
@@ -165,18 +189,74 @@ def last_built_policy(project: Project) -> Policy | None:
 
 
 # --- uploads -------------------------------------------------------------------------------------
+UPLOAD_SUFFIX = {"model": ".onnx", "data": ".npz"}
+
+
+def upload_name(filename: str, kind: str) -> str:
+    """A safe file name for an upload that keeps the user's name: its last path part, characters
+    other than letters, digits, ``._-`` and spaces replaced, at most 120 characters, with the kind's
+    suffix (``model.onnx`` / ``data.npz`` when nothing is left)."""
+    suffix = UPLOAD_SUFFIX[kind]
+    base = re.split(r"[\\/]", str(filename or ""))[-1]
+    stem = base[:-len(suffix)] if base.lower().endswith(suffix) else base
+    stem = re.sub(r"[^\w.\- ]", "_", stem, flags=re.ASCII).strip(" .")[:120] or kind
+    return stem + suffix
+
+
+def _place(folder: Path, name: str, data: bytes) -> Path:
+    """``folder/name`` holding ``data``: linked to a file of the same content already there, else written."""
+    path = folder / name
+    if path.is_file():
+        return path
+    same = next((p for p in folder.glob("*" + path.suffix) if p.is_file() and not p.name.startswith(".")), None)
+    if same is not None:
+        try:
+            os.link(same, path)
+            return path
+        except FileExistsError:
+            return path
+        except OSError:
+            pass  # a file system without hard links: write a copy
+    return atomic_write_bytes(path, data)
+
+
 def store_upload(ws: Workspace, data: bytes, filename: str, kind: str, model=None) -> Path:
-    """Validate an uploaded ``model`` (ONNX) or ``data`` (.npz, checked against ``model``) and
-    store it in the workspace by content hash: ``models/<sha256>.onnx`` or ``data/<sha256>.npz``."""
-    sha = sha256_bytes(data)
-    if kind == "model":
-        path = ws.models / f"{sha}.onnx"
-        model_from_bytes(data, path, name=Path(filename).stem)
-    elif kind == "data":
-        load_npz(data, model, name=filename)
-        path = ws.sub("data") / f"{sha}.npz"
-    else:
+    """Validate an uploaded ``model`` (ONNX) or ``data`` (.npz, checked against ``model``) and store it
+    in the workspace by content hash, under the user's file name: ``models/<sha256>/<name>.onnx`` or
+    ``data/<sha256>/<name>.npz``. The model loaded from it is named like the file (``LoadedModel.name``
+    is the file's stem, as for a server path), so titles, jobs, runs, exports and errors show it."""
+    if kind not in UPLOAD_SUFFIX:
         raise ValueError(kind)
-    if not path.exists():
-        atomic_write_bytes(path, data)
-    return path
+    sha = sha256_bytes(data)
+    name = upload_name(filename, kind)
+    folder = (ws.models if kind == "model" else ws.sub("data")) / sha
+    if kind == "model":
+        model_from_bytes(data, folder / name, name=Path(name).stem)
+    else:
+        load_npz(data, model, name=name)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise write_error(folder / name, e, len(data)) from e
+    return _place(folder, name, data)
+
+
+# --- cost-model calibrations per GPU (issue 12 §4) ------------------------------------------------
+def gpu_calibration_path(ws: Workspace, gpu_name: str) -> Path:
+    """Where the cost model calibrated on ``gpu_name`` is stored: keyed by the GPU's table entry
+    and the parameters' format version (an older format is simply not found)."""
+    return ws.sub("gpu_calibrations") / f"{gpu_entry(gpu_name).key}.v{PARAMS_VERSION}.json"
+
+
+def save_gpu_calibration(ws: Workspace, gpu_name: str, params: CostParams) -> Path:
+    return atomic_write_json(gpu_calibration_path(ws, gpu_name), params.to_json())
+
+
+def load_gpu_calibration(ws: Workspace, gpu_name: str) -> CostParams | None:
+    """The stored calibration for ``gpu_name``; None when there is none or it cannot be read
+    (corrupt, damaged or of another format): the estimate then falls back to the fixture fit."""
+    path = gpu_calibration_path(ws, gpu_name)
+    try:
+        return CostParams.from_json(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, MixprecError):
+        return None

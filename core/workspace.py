@@ -2,31 +2,117 @@
 
 Layout::
 
-    models/<sha256>.onnx          imported models, by content hash
+    models/<sha256>/<name>.onnx   uploaded models, by content hash, under the user's file name
     samples/<name>-v<N>/          materialised samples (model.onnx, calib.npz, eval.npz)
     calib/<key>.json              calibration caches (key = hashes + method + format version)
-    data/<sha256>.npz             uploaded data, by content hash
+    data/<sha256>/<name>.npz      uploaded data, likewise
     runs/<id>/                    one build: policy.json, metrics.json, compiled.onnx, engine artifact, profile
+                                  (built in runs/.tmp-<id>/, renamed when complete)
     rankings/<key>.json           cumulative rankings and isolated / leave-one-out sensitivity tables
     searches/<key>.json           searches under a budget
     jobs/<id>.json                background job records
 
 Where each stored result lives and how it is read back: ``core.store``.
 
-Every write is atomic: a temp file in the same folder, then ``os.replace``.
+Every write is atomic: a temp file in the same folder, then ``os.replace``. A write that fails
+(a full disk, a read-only folder) removes its temp file and raises a MixprecError naming the
+folder, the workspace and the space needed (:func:`write_error`).
+
+Cache reads never fail a build: a corrupt cache file is removed and computed again, with a note
+(:func:`discard_corrupt`, :func:`cache_note`; :func:`take_notes` hands the notes to the CLI, the
+job record or the page). Files the user names on the server (models, data, policies) are read
+through :func:`read_user_file`: regular files only, size-limited, and confined under
+``$MIXPREC_MODEL_ROOT`` (plus the workspace) when it is set.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
+import io
 import json
+import logging
 import os
+import shutil
+import stat
 import tempfile
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import MixprecError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+SPACE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+STALE_TEMP_SECONDS = 3600  # an atomic write's temp file older than this is a leftover of a killed process
+_log = logging.getLogger("mixprec")
+
+
+def default_root() -> Path:
+    """The workspace folder (``$MIXPREC_WORKSPACE`` or ``workspace/`` next to the code), not created."""
+    env = os.environ.get("MIXPREC_WORKSPACE")
+    return (Path(env).expanduser() if env else REPO_ROOT / "workspace").resolve()
+
+
+def human_bytes(n: float) -> str:
+    """``1536`` -> ``1.5 KiB``."""
+    n = float(n)
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{int(n)} bytes" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def free_bytes(path: str | os.PathLike) -> int | None:
+    """Free space of the file system holding ``path`` (its nearest existing parent); None if unknown."""
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return shutil.disk_usage(p).free
+    except OSError:
+        return None
+
+
+def _where(path: Path) -> str:
+    root = default_root()
+    inside = path == root or root in path.parents
+    return f"{path.parent} (the workspace {root})" if inside else str(path.parent)
+
+
+def is_space_error(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) is a full disk or quota."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, OSError) and exc.errno in SPACE_ERRNOS:
+            return True
+        if "No space left on device" in str(exc) or "Disk quota exceeded" in str(exc):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+def space_error(path: str | os.PathLike, needed: int | None = None) -> MixprecError:
+    """The error of a write that ran out of space in ``path``'s folder."""
+    path = Path(path)
+    free = free_bytes(path)
+    need = f"about {human_bytes(needed)} needed, " if needed else ""
+    have = f"{human_bytes(free)} free" if free is not None else "free space unknown"
+    return MixprecError(f"no space left to write {path.name} in {_where(path)}: {need}{have}",
+                        "free space on that disk, or set MIXPREC_WORKSPACE to a folder on a disk with more room")
+
+
+def write_error(path: str | os.PathLike, exc: OSError, needed: int | None = None) -> MixprecError:
+    """A MixprecError for a failed write of ``path``: out of space, read-only, permissions, other."""
+    path = Path(path)
+    if is_space_error(exc):
+        return space_error(path, needed)
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return MixprecError(f"cannot write {path.name} in {_where(path)}: {exc.strerror}",
+                            "make the folder writable, or set MIXPREC_WORKSPACE to a writable folder")
+    return MixprecError(f"cannot write {path.name} in {_where(path)}: {exc.strerror or exc}",
+                        "check the disk and the folder, or set MIXPREC_WORKSPACE to another folder")
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -42,20 +128,26 @@ def sha256_file(path: str | os.PathLike) -> str:
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically; on any failure the temp file is removed, and an
+    OSError (full disk, read-only folder…) becomes a MixprecError (:func:`write_error`)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".tmp", dir=path.parent)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+    except BaseException as e:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+        if isinstance(e, OSError):
+            raise write_error(path, e, len(data)) from e
         raise
     return path
 
@@ -69,13 +161,179 @@ def atomic_write_json(path: str | os.PathLike, obj) -> Path:
 
 
 def atomic_save_npz(path: str | os.PathLike, arrays: dict) -> Path:
-    import io
-
-    import numpy as np
+    import numpy as np  # third-party, heavy: only when an .npz is written
 
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     return atomic_write_bytes(path, buf.getvalue())
+
+
+# --- notes about caches (a corrupt cache is recomputed, never fatal) --------------------------------
+_NOTES: list[str] = []
+_NOTES_LOCK = threading.Lock()
+
+
+def cache_note(text: str) -> str:
+    """Record a note for the user (e.g. a corrupt cache that is computed again); see :func:`take_notes`."""
+    with _NOTES_LOCK:
+        if text not in _NOTES:
+            _NOTES.append(text)
+            del _NOTES[:-50]
+    _log.warning(text)
+    return text
+
+
+def take_notes() -> list[str]:
+    """The notes recorded since the last call (and forget them): the CLI prints them on stderr, a job
+    stores them in its record, a page shows them."""
+    with _NOTES_LOCK:
+        out = list(_NOTES)
+        _NOTES.clear()
+    return out
+
+
+def discard_corrupt(path: str | os.PathLike, what: str, reason: object = "") -> str:
+    """Remove the corrupt cache file ``path`` (the caller computes it again) and note it."""
+    path = Path(path)
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
+    why = f" ({str(reason)[:200]})" if str(reason) else ""
+    return cache_note(f"the cached {what} {path.name} was unreadable{why}; it was removed and is computed again")
+
+
+def file_stamp(path: str | os.PathLike) -> dict | None:
+    """``{"size", "mtime_ns"}`` of a file (None if it is missing): a cache records the stamps of the
+    files it wrote, and a read checks them (a file rewritten, truncated or replaced fails the check)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def stamps_match(stamps: dict, folder: str | os.PathLike) -> bool:
+    """Whether every ``{file name: stamp}`` of ``stamps`` still matches the file in ``folder``."""
+    if not isinstance(stamps, dict) or not stamps:
+        return False
+    return all(isinstance(v, dict) and file_stamp(Path(folder) / k) == v for k, v in stamps.items())
+
+
+def sweep_stale_temp(root: str | os.PathLike, max_age: float = STALE_TEMP_SECONDS, depth: int = 3) -> list[Path]:
+    """Remove the temp files of atomic writes (``.<name>.<random>.tmp``) older than ``max_age``
+    under ``root`` (``depth`` levels): leftovers of processes killed while writing."""
+    removed, now = [], time.time()
+    root = Path(root)
+    for dirpath, dirnames, filenames in os.walk(root):
+        if len(Path(dirpath).relative_to(root).parts) >= depth:
+            dirnames[:] = []
+        for name in filenames:
+            p = Path(dirpath) / name
+            if name.startswith(".") and name.endswith(".tmp"):
+                try:
+                    if now - p.stat().st_mtime > max_age:
+                        p.unlink()
+                        removed.append(p)
+                except OSError:
+                    pass
+    return removed
+
+
+# --- files the user names on the server -----------------------------------------------------------
+SPECIAL_ROOTS = ("/proc", "/sys", "/dev")
+
+
+def allowed_roots(ws_root: str | os.PathLike | None = None) -> list[Path] | None:
+    """Where user-named files may live: None (anywhere) unless ``$MIXPREC_MODEL_ROOT`` is set (a team
+    server); then under it, or under the workspace (uploads, samples)."""
+    env = os.environ.get("MIXPREC_MODEL_ROOT")
+    if not env:
+        return None
+    roots = [Path(r).expanduser().resolve() for r in env.split(os.pathsep) if r]
+    return roots + [Path(ws_root).resolve() if ws_root else default_root()]
+
+
+def check_confined(path: str | os.PathLike, what: str, ws_root=None) -> None:
+    """A MixprecError if ``$MIXPREC_MODEL_ROOT`` is set and ``path`` (symlinks resolved) is outside it
+    and the workspace."""
+    roots = allowed_roots(ws_root)
+    if roots is None:
+        return
+    try:
+        real = Path(path).expanduser().resolve()
+    except (OSError, RuntimeError):
+        real = Path(os.path.abspath(Path(path).expanduser()))
+    if not any(real == r or r in real.parents for r in roots):
+        raise MixprecError(f"the {what} {path} is outside the folders this server reads ({', '.join(map(str, roots))})",
+                           "put the file under MIXPREC_MODEL_ROOT, or upload it")
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def check_user_path(path: str | os.PathLike, what: str, max_bytes: int, ws_root=None) -> Path:
+    """``path`` resolved, if it is a regular, non-empty file of at most ``max_bytes`` where user
+    files may live (:func:`allowed_roots`); else a MixprecError that says what it is. Never opens it."""
+    path = Path(path).expanduser()
+    check_confined(path, what, ws_root)  # first: say nothing about files outside the allowed folders
+    try:
+        real = path.resolve(strict=True)
+        st = os.stat(real)
+    except FileNotFoundError as e:
+        raise MixprecError(f"the {what} {path} does not exist", f"check the path of the {what}") from e
+    except (OSError, RuntimeError) as e:
+        raise MixprecError(f"cannot read the {what} {path}: {getattr(e, 'strerror', None) or e}",
+                           "check the path and its permissions") from e
+    special = next((r for r in SPECIAL_ROOTS if str(real) == r or str(real).startswith(r + "/")), None)
+    if special:
+        raise MixprecError(f"the {what} {path} is a system file under {special}, not a file of yours",
+                           f"give the path of a {what} file")
+    if not stat.S_ISREG(st.st_mode):
+        raise MixprecError(f"the {what} {path} is {_kind(st.st_mode)}, not a regular file",
+                           f"give the path of a {what} file")
+    if st.st_size == 0:
+        raise MixprecError(f"the {what} {path} is empty (0 bytes)", f"give a complete {what} file")
+    if st.st_size > max_bytes:
+        raise MixprecError(f"the {what} {path} is {human_bytes(st.st_size)}, more than the {human_bytes(max_bytes)} "
+                           f"this server reads", f"give a smaller file (or raise the limit on a server you run)")
+    return real
+
+
+def read_user_file(path: str | os.PathLike, what: str, max_bytes: int, ws_root=None) -> bytes:
+    """The bytes of a file the user names (see :func:`check_user_path`), read without blocking on a
+    file swapped for a FIFO meanwhile and never beyond ``max_bytes``."""
+    real = check_user_path(path, what, max_bytes, ws_root)
+    try:
+        fd = os.open(real, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise MixprecError(f"the {what} {path} is not a regular file", f"give the path of a {what} file")
+            data = f.read(max_bytes + 1)
+    except OSError as e:
+        raise MixprecError(f"cannot read the {what} {path}: {e.strerror or e}",
+                           "check the file and its permissions") from e
+    if len(data) > max_bytes:
+        raise MixprecError(f"the {what} {path} is larger than the {human_bytes(max_bytes)} this server reads",
+                           "give a smaller file")
+    return data
+
+
+def env_bytes(name: str, default: int) -> int:
+    """A byte count from the environment (``8G``, ``512M``, ``1000000``), else ``default``."""
+    text = os.environ.get(name, "").strip().upper().removesuffix("B").removesuffix("I")
+    if not text:
+        return default
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(text[-1:], 1)
+    try:
+        return int(float(text[:-1] if mult > 1 else text) * mult)
+    except ValueError as e:
+        raise MixprecError(f"{name}={os.environ[name]!r} is not a size", f"write e.g. {name}=8G") from e
 
 
 @dataclass(frozen=True)
@@ -84,8 +342,7 @@ class Workspace:
 
     @classmethod
     def default(cls) -> "Workspace":
-        env = os.environ.get("MIXPREC_WORKSPACE")
-        root = Path(env).expanduser() if env else REPO_ROOT / "workspace"
+        root = default_root()
         try:
             root.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -97,7 +354,10 @@ class Workspace:
 
     def sub(self, *parts: str) -> Path:
         p = self.root.joinpath(*parts)
-        p.mkdir(parents=True, exist_ok=True)
+        try:
+            p.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise write_error(p / ".", e) from e
         return p
 
     @property

@@ -162,3 +162,38 @@ def test_restart_stops_the_orphaned_child_only(ws):
     finally:
         other.kill()
         other.wait()
+
+
+def test_only_the_owner_cancels_unless_admin(mgr, monkeypatch):
+    """Issue 13 §9: a job belongs to the session that submitted it; others see it but cannot cancel it,
+    unless the server runs with MIXPREC_ADMIN=1. A job without an owner is everyone's."""
+    monkeypatch.delenv("MIXPREC_ADMIN", raising=False)
+    mine = mgr.submit("sleep", {"seconds": 60, "steps": 60}, queue="owners", owner="session-a")
+    queued = mgr.submit("sleep", {"seconds": 60, "steps": 60}, queue="owners", owner="session-a")
+    assert mgr.get(mine.id).owner == "session-a" and mine.id in [j.id for j in mgr.jobs()]  # everyone sees it
+    for other in ("session-b", None, ""):
+        with pytest.raises(MixprecError, match="belongs to another session.*MIXPREC_ADMIN=1"):
+            mgr.cancel(queued.id, owner=other)
+    assert mgr.get(queued.id).status == "queued" and mgr.queue_position(queued.id) == 0
+    monkeypatch.setenv("MIXPREC_ADMIN", "1")
+    assert mgr.cancel(queued.id, owner="session-b").status == "cancelled"
+    monkeypatch.delenv("MIXPREC_ADMIN")
+    mgr.cancel(mine.id, owner="session-a")
+    assert mgr.wait(mine.id, 30).status == "cancelled"
+    anyone = mgr.submit("sleep", {"seconds": 60, "steps": 60}, queue="owners2")
+    assert mgr.cancel(anyone.id, owner="session-b").status in ("cancelled", "queued", "running")
+    assert mgr.wait(anyone.id, 30).status == "cancelled"
+
+
+def test_a_job_records_the_notes_of_its_child(ws, mgr):
+    """A corrupt cache the child recomputed is noted in the job record (the page shows it)."""
+    project = open_project("sample:tiny-cnn", ws=ws)
+    first = mgr.wait(mgr.submit("build", build_params("sample:tiny-cnn", project.default_policy().to_json(),
+                                                      backend="onnxruntime")).id, 120)
+    assert first.status == "done", first.error
+    for cache in ws.calib.glob("*.json"):
+        cache.write_text("{corrupt")
+    again = mgr.wait(mgr.submit("build", build_params("sample:tiny-cnn", project.default_policy().to_json(),
+                                                      backend="onnxruntime")).id, 120)
+    assert again.status == "done", again.error
+    assert any("cached calibration" in n and "computed again" in n for n in again.notes), again.notes

@@ -1,16 +1,16 @@
 """core.store: rankings, sensitivity tables and searches are stored as typed JSON records under
-keys of model, data and method; an older or damaged stored document is a clear error."""
+keys of model, data and method; an older or damaged stored document is not used (None, so it is
+computed again) and a note says why; uploads keep their file name."""
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
-from core.errors import MixprecError
 from core.metrics import Quality
 from core.sensitivity import RANK_COLUMNS, SENSITIVITY_COLUMNS, Ranking, Sensitivity
 from core.store import (load_ranking, load_sensitivity, project_ranking_key, ranking_path, save_ranking,
                         save_sensitivity, store_upload)
-from core.workspace import Workspace, atomic_write_text
+from core.workspace import Workspace, atomic_write_text, take_notes
 
 
 @pytest.fixture
@@ -47,28 +47,41 @@ def test_sensitivity_is_keyed_by_mode_and_method(store_ws, tiny_cnn):
     assert load_ranking(store_ws, tiny_cnn, "minmax") is None
 
 
-def test_older_or_damaged_stored_documents_are_clear_errors(store_ws, tiny_cnn):
+def test_older_or_damaged_stored_documents_are_recomputed_with_a_note(store_ws, tiny_cnn):
     key = project_ranking_key(tiny_cnn, "minmax")
-    legacy = ranking_path(store_ws, key).with_suffix(".csv")  # how mixprec stored rankings before the records
+    path = ranking_path(store_ws, key)
+    legacy = path.with_suffix(".csv")  # how mixprec stored rankings before the records
     atomic_write_text(legacy, _ranking().table.to_csv(index=False))
-    with pytest.raises(MixprecError, match="CSV format of an older mixprec") as e:
-        load_ranking(store_ws, tiny_cnn)
-    assert "compute it again" in str(e.value)
+    take_notes()
+    assert load_ranking(store_ws, tiny_cnn) is None
+    assert any("CSV format of an older mixprec" in n and "compute it again" in n for n in take_notes())
     save_ranking(store_ws, tiny_cnn, _ranking())  # computing it again replaces the old file
     assert not legacy.exists() and load_ranking(store_ws, tiny_cnn) is not None
-    atomic_write_text(ranking_path(store_ws, key), '{"kind": "ranking", "format_version": 0}')
-    with pytest.raises(MixprecError, match="older than this mixprec reads"):
-        load_ranking(store_ws, tiny_cnn)
-    atomic_write_text(ranking_path(store_ws, key), "{not json")
-    with pytest.raises(MixprecError, match="not valid JSON"):
-        load_ranking(store_ws, tiny_cnn)
-    atomic_write_text(ranking_path(store_ws, key), f'{{"kind": "ranking", "format_version": {Ranking.FORMAT_VERSION}}}')
-    with pytest.raises(MixprecError, match="is damaged .*KeyError"):  # right kind and format, fields missing
-        load_ranking(store_ws, tiny_cnn)
+    # an older format is left alone (computing it again replaces it); corrupt documents are removed
+    cases = [('{"kind": "ranking", "format_version": 0}', "older than this mixprec reads", True),
+             ("{not json", "not valid JSON", False), ("[1, 2]", "a JSON list", False),
+             ("[" * 100000 + "]" * 100000, "not valid JSON", False),
+             (f'{{"kind": "ranking", "format_version": {Ranking.FORMAT_VERSION}}}', "damaged: KeyError", False)]
+    for text, note, kept in cases:
+        atomic_write_text(path, text)
+        assert load_ranking(store_ws, tiny_cnn) is None, text[:40]
+        notes = take_notes()
+        assert any(note in n for n in notes), (text[:40], notes)
+        assert path.exists() == kept, text[:40]
+    save_ranking(store_ws, tiny_cnn, _ranking())
+    assert load_ranking(store_ws, tiny_cnn) is not None and take_notes() == []
 
 
-def test_store_upload_keeps_content_by_hash(store_ws, tiny_cnn):
+def test_store_upload_keeps_content_by_hash_and_the_file_name(store_ws, tiny_cnn):
+    from core.model import load_model
+
     data = tiny_cnn.model.path.read_bytes()
     path = store_upload(store_ws, data, "tiny.onnx", "model")
-    assert path.parent == store_ws.models and path.read_bytes() == data
-    assert store_upload(store_ws, data, "again.onnx", "model") == path
+    assert path.parent == store_ws.models / tiny_cnn.model.sha256 and path.name == "tiny.onnx"
+    assert path.read_bytes() == data and store_upload(store_ws, data, "tiny.onnx", "model") == path
+    again = store_upload(store_ws, data, "C:\\Users\\me\\my <i>net*.onnx", "model")  # another name, same content
+    assert again.parent == path.parent and again.name == "my _i_net_.onnx" and again.read_bytes() == data
+    loaded = load_model(path, store_ws)
+    assert loaded.name == "tiny" and loaded.sha256 == tiny_cnn.model.sha256  # the file's name, not the sha256
+    assert load_model(again, store_ws).name == "my _i_net_"
+    assert store_upload(store_ws, data, "../../etc/passwd", "model").parent == path.parent

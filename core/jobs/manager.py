@@ -8,7 +8,13 @@ so a native crash, an OOM kill or a cancel never takes the server down. (Not mul
 ``ws.jobs/<id>.json`` (written atomically, by the manager only); the child writes its progress
 to ``<id>.progress.json`` and its outcome to ``<id>.outcome.json``, and the supervisor folds
 both into the record. A record left ``queued``/``running`` by a server that is gone becomes
-``interrupted`` when the next manager opens the workspace.
+``interrupted`` when the next manager opens the workspace — unless its child finished and wrote its
+outcome meanwhile: then the real outcome (done with its result, or failed with its error) is recorded.
+A starting manager also removes the temp run folders and write temp files no live process owns.
+
+Owners: a job records the token of the session that submitted it (``submit(..., owner=token)``).
+Everyone sees every job; only its owner can cancel it (``cancel(job_id, owner=token)``), unless the
+server runs with ``MIXPREC_ADMIN=1``.
 """
 from __future__ import annotations
 
@@ -27,7 +33,8 @@ from pathlib import Path
 
 from ..backends import select_backend
 from ..errors import MixprecError
-from ..workspace import REPO_ROOT, Workspace, atomic_write_json
+from ..runs import clean_temp_runs
+from ..workspace import REPO_ROOT, Workspace, atomic_write_json, sweep_stale_temp, take_notes
 from .kinds import ANALYSIS_KINDS, KINDS
 from .params import BuildParams
 from .record import Job
@@ -35,6 +42,16 @@ from .record import Job
 POLL_SECONDS = 0.1
 KILL_GRACE_SECONDS = 3.0
 CHILD_NICENESS = 10  # jobs yield the CPU to the server: pages stay responsive while builds run
+
+
+def is_admin() -> bool:
+    """Whether this server runs with ``MIXPREC_ADMIN=1`` (anyone may cancel any job)."""
+    return os.environ.get("MIXPREC_ADMIN", "").strip().lower() in ("1", "true", "yes")
+
+
+def can_cancel(job: Job, owner: str | None) -> bool:
+    """Whether the session ``owner`` may cancel ``job``: its own job (or one without an owner), or any as admin."""
+    return job.owned_by(owner) or is_admin()
 
 
 def _terminate(signum, frame):
@@ -62,13 +79,13 @@ def child_main(record_path: str) -> None:
     except SystemExit:
         raise
     except MixprecError as e:
-        atomic_write_json(outcome_path, {"error": str(e)})
+        atomic_write_json(outcome_path, {"error": str(e), "notes": take_notes()})
         sys.exit(3)
     except BaseException as e:  # noqa: BLE001 - report anything, the server stays up
         traceback.print_exc()
-        atomic_write_json(outcome_path, {"error": f"internal error: {type(e).__name__}: {e}"})
+        atomic_write_json(outcome_path, {"error": f"internal error: {type(e).__name__}: {e}", "notes": take_notes()})
         sys.exit(1)
-    atomic_write_json(outcome_path, {"result_path": result})
+    atomic_write_json(outcome_path, {"result_path": result, "notes": take_notes()})
     sys.exit(0)
 
 
@@ -77,6 +94,11 @@ def _read_json(path: Path) -> dict | None:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def _notes(outcome: dict) -> list[str]:
+    notes = outcome.get("notes")
+    return [str(n) for n in notes] if isinstance(notes, list) else []
 
 
 def _pid_alive(pid: int | None) -> bool:
@@ -180,7 +202,9 @@ class JobManager:
         return None
 
     def recover(self) -> list[str]:
-        """Mark jobs left queued/running by a server that is gone as interrupted."""
+        """Settle jobs left queued/running by a server that is gone: a child that finished meanwhile
+        has its outcome recorded (done or failed); the others are interrupted (a child still running
+        is stopped). Then remove temp run folders and temp files no live process owns."""
         changed = []
         with self._lock:
             for job in self.jobs():
@@ -193,21 +217,41 @@ class JobManager:
                         os.kill(job.child_pid, signal.SIGKILL)
                     except OSError:
                         pass
-                job.status, job.finished = "interrupted", time.time()
-                job.error = f"the server (pid {job.server_pid}) stopped while this job was {job.stage or job.status}"
-                self._save(job)
+                self._settle_orphan(job)
                 changed.append(job.id)
+        clean_temp_runs(self.ws)
+        sweep_stale_temp(self.ws.root)
         return changed
 
+    def _settle_orphan(self, job: Job) -> None:
+        """Record the end of a job whose server died: the outcome its child wrote, else interrupted."""
+        outcome_path = self._path(job.id, "outcome")
+        outcome = _read_json(outcome_path) or {}
+        job.finished = job.finished or time.time()
+        job.notes = _notes(outcome)
+        result = outcome.get("result_path")
+        if result and Path(str(result)).exists():
+            job.status, job.progress, job.stage, job.result_path = "done", 1.0, "done", str(result)
+            job.notes.append(f"finished after its server (pid {job.server_pid}) stopped")
+        elif outcome.get("error"):
+            job.status, job.stage, job.error = "failed", "failed", str(outcome["error"])
+        else:
+            job.status = "interrupted"
+            job.error = f"the server (pid {job.server_pid}) stopped while this job was {job.stage or job.status}"
+        self._save(job)
+        for side in ("progress", "outcome"):
+            self._path(job.id, side).unlink(missing_ok=True)
+
     # submit / cancel
-    def submit(self, kind: str, params: dict, label: str = "", queue: str | None = None) -> Job:
+    def submit(self, kind: str, params: dict, label: str = "", queue: str | None = None, owner: str = "") -> Job:
+        """Queue a job; ``owner`` is the submitting session's token (only it may cancel the job)."""
         if kind not in KINDS:
             raise MixprecError(f"unknown job kind {kind!r}", f"use one of {', '.join(KINDS)}")
         json.dumps(params)  # params must be JSON-serialisable: fail here, not in the child
         if queue is None:
             queue = _default_queue(kind, params)
         job = Job(id=time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8], kind=kind,
-                  label=label or kind, queue=queue, params=params)
+                  label=label or kind, queue=queue, params=params, owner=str(owner or ""))
         with self._lock:
             job.created = time.time()  # stamped in queue order: FIFO by `created` holds across threads
             self._save(job)
@@ -219,9 +263,14 @@ class JobManager:
                 t.start()
         return job
 
-    def cancel(self, job_id: str) -> Job:
+    def cancel(self, job_id: str, owner: str | None = None) -> Job:
+        """Cancel a job for the session ``owner``: a MixprecError if the job is another session's
+        (unless the server runs with ``MIXPREC_ADMIN=1``)."""
         with self._lock:
             job = self.get(job_id)
+            if not can_cancel(job, owner):
+                raise MixprecError(f"the job {job.label!r} ({job.id}) belongs to another session, which alone can "
+                                   "cancel it", "ask whoever started it, or run the server with MIXPREC_ADMIN=1")
             if not job.active:
                 return job
             for q in self._queues.values():
@@ -290,6 +339,7 @@ class JobManager:
                     self._save(job)
         outcome = _read_json(outcome_path) or {}
         job.exit_code, job.finished = proc.returncode, time.time()
+        job.notes = _notes(outcome)
         with self._lock:
             if job.id in self._cancel:
                 self._cancel.discard(job.id)

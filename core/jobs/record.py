@@ -26,6 +26,12 @@ class Job:
     server_pid: int = field(default_factory=os.getpid)
     child_pid: int | None = None
     exit_code: int | None = None
+    owner: str = ""  # the token of the session that submitted it ("" = anyone's); see JobManager.cancel
+    notes: list[str] = field(default_factory=list)  # e.g. a corrupt cache that was computed again
+
+    def owned_by(self, owner: str | None) -> bool:
+        """Whether ``owner`` (a session token) submitted this job; a job without an owner is everyone's."""
+        return not self.owner or (owner is not None and owner == self.owner)
 
     @property
     def active(self) -> bool:
