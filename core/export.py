@@ -3,14 +3,18 @@ TensorRT calibration cache and the trtexec / Polygraphy command lines. One imple
 ``python -m core export`` and the dashboard's Export page."""
 from __future__ import annotations
 
+import io
 import re
 import shlex
+import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .backends.tensorrt import STRONG_TYPING_FROM, legacy_postprocess_script, parse_version, require_trt_opset
-from .calibration import DEFAULT_CACHE_TRT_VERSION, CalibrationResult, calibrate_policy, trt_calibration_cache
+from .calibration import DEFAULT_CACHE_TRT_VERSION, CalibrationResult, calibrate_policy, trt_calibration_cache, \
+    trt_version_number
 from .compile import compile_policy
 from .errors import MixprecError
 from .evaluation import timing_feed
@@ -189,57 +193,97 @@ def measured_tolerance(original: bytes, compiled: bytes, feeds: list[dict]) -> t
     return TOLERANCE_FACTOR * err + TOLERANCE_FLOOR * mag, err
 
 
-def _legacy_export(project: Project, policy: Policy, calib, out: Path, trt_version: str, tf32: bool) -> str:
-    """The ≤ 10.11 files beside ``out`` (named ONNX, calibration cache, post-process script) and the commands."""
+# --- the files of an export (name -> content; "" is the script itself) ------------------------------
+SCRIPT_HEAD = '#!/usr/bin/env bash\nset -euo pipefail\ncd "$(dirname "$0")"  # the files it names sit beside it\n'
+
+
+def _constant_int8(project: Project, policy: Policy) -> list[str]:
+    """INT8 Gemm/MatMul layers: their weights become Constant layers no calibration cache names."""
+    by_name = {l.name: l for l in project.layers}
+    return sorted(n for n, p in policy.layers.items()
+                  if p == "int8" and n in by_name and by_name[n].op_type in _CONSTANT_WEIGHT_OPS)
+
+
+def _check_legacy_version(trt_version: str) -> None:
     if parse_version(trt_version, "give the TensorRT version that will build it, e.g. --trt-version 10.11.0") \
             >= STRONG_TYPING_FROM:
         raise MixprecError(f"--format trtexec is the TensorRT <= 10.11 export, not for TensorRT {trt_version}",
                            "use --format trtexec-typed or polygraphy for TensorRT 10.12 and newer, or give "
                            "--trt-version 10.0 ... 10.11")
-    named = atomic_write_bytes(out.with_name(out.stem + ".named.onnx"), project.model.serialized())
+
+
+def legacy_script(project: Project, policy: Policy, stem: str, trt_version: str = DEFAULT_TRT_VERSION,
+                  tf32: bool = False) -> str:
+    """The TensorRT ≤ 10.11 build script for ``policy``, naming the files of :func:`legacy_files`
+    (``<stem>.named.onnx``, ``<stem>.calib.cache`` or ``<stem>.postprocess.py``). Needs no calibration."""
+    _check_legacy_version(trt_version)
+    named = f"{stem}.named.onnx"
     lines = [LEGACY_HEADER, f"# for TensorRT {trt_version}"]
-    by_name = {l.name: l for l in project.layers}
-    constant_int8 = sorted(n for n, p in policy.layers.items()
-                           if p == "int8" and n in by_name and by_name[n].op_type in _CONSTANT_WEIGHT_OPS)
+    constant_int8 = _constant_int8(project, policy)
     if not constant_int8:
         cache = None
-        if calib is not None:  # --calib only with a cache, whose header names the TensorRT that reads it
-            cache = atomic_write_text(out.with_name(out.stem + ".calib.cache"),
-                                      trt_calibration_cache(calib, trt_version))
-            lines[-1] += (f": calibration cache {cache.name}, header {cache.read_text().splitlines()[0]}; "
-                          "another TensorRT version rejects it (export again with --trt-version)")
-        lines.append(trtexec_legacy_command(project.model, policy, named.name, cache.name if cache else None,
-                                            project.input_shapes, tf32=tf32))
-        return "\n".join(lines) + "\n"
-    script = atomic_write_text(out.with_name(out.stem + ".postprocess.py"), legacy_postprocess_script(policy, calib))
+        if "int8" in policy.layers.values():  # --calib only with a cache, whose header names the TensorRT that reads it
+            cache = f"{stem}.calib.cache"
+            lines[-1] += (f": calibration cache {cache}, header TRT-{trt_version_number(trt_version)}-"
+                          "EntropyCalibration2; another TensorRT version rejects it (export again with --trt-version)")
+        lines.append(trtexec_legacy_command(project.model, policy, named, cache, project.input_shapes, tf32=tf32))
+        return SCRIPT_HEAD + "\n".join(lines) + "\n"
+    script = f"{stem}.postprocess.py"
     lines += [f"# INT8 {'/'.join(_CONSTANT_WEIGHT_OPS)} ({len(constant_int8)} layers): TensorRT's parser turns "
               "their weights into Constant layers that no calibration cache names, and trtexec cannot range them.",
-              f"# Build with Polygraphy and {script.name}, which sets the policy's precisions and every INT8 "
+              f"# Build with Polygraphy and {script}, which sets the policy's precisions and every INT8 "
               "input's range (weights from max |w|), then profile with trtexec:",
-              polygraphy_legacy_build_command(project.model, named.name, script.name, project.input_shapes,
-                                              tf32=tf32),
+              polygraphy_legacy_build_command(project.model, named, script, project.input_shapes, tf32=tf32),
               trtexec_profile_command(project.model, "model.plan", project.input_shapes)]
-    return "\n".join(lines) + "\n"
+    return SCRIPT_HEAD + "\n".join(lines) + "\n"
 
 
-def _polygraphy_export(project: Project, policy: Policy, calib, out: Path, compiled: bytes,
-                       atol: float | None, tf32: bool) -> str:
-    """The Polygraphy comparison's files beside ``out`` (original ONNX, inputs) and its commands."""
+def legacy_files(project: Project, policy: Policy, calib, stem: str, trt_version: str = DEFAULT_TRT_VERSION,
+                 tf32: bool = False) -> dict[str, str | bytes]:
+    """The TensorRT ≤ 10.11 export: the script (key ""), the named original ONNX, and the
+    calibration cache (INT8 convolutions) or the Polygraphy post-process script (INT8 Gemm/MatMul)."""
+    files: dict[str, str | bytes] = {"": legacy_script(project, policy, stem, trt_version, tf32),
+                                     f"{stem}.named.onnx": project.model.serialized()}
+    if _constant_int8(project, policy):
+        files[f"{stem}.postprocess.py"] = legacy_postprocess_script(policy, calib)
+    elif calib is not None:
+        files[f"{stem}.calib.cache"] = trt_calibration_cache(calib, trt_version)
+    return files
+
+
+def typed_script(project: Project, stem: str, tf32: bool = False) -> str:
+    """The TensorRT ≥ 10.12 / 11 build script of ``<stem>.mixprec.onnx`` (strongly typed). Needs no calibration."""
+    cmd = trtexec_typed_command(project.model, f"{stem}.mixprec.onnx", project.input_shapes, tf32=tf32)
+    return f"{SCRIPT_HEAD}{TYPED_HEADER}\n{cmd}\n"
+
+
+def polygraphy_files(project: Project, compiled: bytes, stem: str, atol: float | None = None,
+                     tf32: bool = False) -> dict[str, str | bytes]:
+    """The Polygraphy comparison against FP32: the script (key ""), the named original ONNX and the
+    inputs it compares on; the tolerance measured with ONNX Runtime unless ``atol`` is given. The
+    compiled ONNX it checks is ``<stem>.mixprec.onnx``."""
     from polygraphy.json import to_json
 
-    named = atomic_write_bytes(out.with_name(out.stem + ".named.onnx"), project.model.serialized())
     feeds = [timing_feed(project)]
-    inputs = out.with_name(out.stem + ".inputs.json")
-    atomic_write_text(inputs, to_json(feeds))  # what `polygraphy run --save-inputs` writes
+    inputs = f"{stem}.inputs.json"
     measured_atol, err = measured_tolerance(project.model.serialized(), compiled, feeds)
     basis = (f"given (--atol); ONNX Runtime measures max abs error {err:.3g} for this policy" if atol is not None
              else f"{TOLERANCE_FACTOR:g} x the max abs error ONNX Runtime measures for this policy on "
-                  f"{inputs.name} ({err:.3g}) + {TOLERANCE_FLOOR:g} x max |FP32 output|")
-    cmd = polygraphy_command(project.model, out.stem + ".mixprec.onnx", project.input_shapes,
-                             reference_onnx=named.name, inputs=inputs.name,
-                             outputs=out.stem + ".fp32-outputs.json",
+                  f"{inputs} ({err:.3g}) + {TOLERANCE_FLOOR:g} x max |FP32 output|")
+    cmd = polygraphy_command(project.model, f"{stem}.mixprec.onnx", project.input_shapes,
+                             reference_onnx=f"{stem}.named.onnx", inputs=inputs, outputs=f"{stem}.fp32-outputs.json",
                              atol=measured_atol if atol is None else atol, tf32=tf32)
-    return f"{TYPED_HEADER}\n# compared with FP32 ONNX Runtime outputs; tolerance: {basis}\n{cmd}\n"
+    return {"": f"{SCRIPT_HEAD}{TYPED_HEADER}\n# compared with FP32 ONNX Runtime outputs; tolerance: {basis}\n{cmd}\n",
+            f"{stem}.named.onnx": project.model.serialized(),
+            inputs: to_json(feeds)}  # what `polygraphy run --save-inputs` writes
+
+
+def _write_files(out: Path, files: dict[str, str | bytes]) -> Path:
+    """The side files beside ``out``, then ``out`` itself (key "")."""
+    for name, data in [*((n, d) for n, d in files.items() if n), ("", files[""])]:
+        path = out.with_name(name) if name else out
+        (atomic_write_bytes if isinstance(data, bytes) else atomic_write_text)(path, data)
+    return out
 
 
 def export_policy(project: Project, policy: Policy, fmt: str, out: str | Path, target: str = "trt", *,
@@ -249,12 +293,14 @@ def export_policy(project: Project, policy: Policy, fmt: str, out: str | Path, t
     Gemm/MatMul, a Polygraphy post-process script beside ``out``; ``trtexec-typed`` / ``polygraphy``
     the compiled ONNX (``polygraphy`` also the original ONNX and the inputs it compares on, at
     ``atol``, by default measured). ``tf32``: let FP32 layers use TF32 (off, as in mixprec's
-    builds). Returns ``out``."""
+    builds). Scripts are bash scripts that run from their own folder. Returns ``out``."""
     if fmt not in EXPORT_FORMATS:
         raise MixprecError(f"unknown export format {fmt!r}", f"use one of {', '.join(EXPORT_FORMATS)}")
     out = Path(out)
     if fmt == "json":  # needs no data: a policy of a model whose inputs need an .npz still exports
         return atomic_write_text(out, policy.to_json())
+    if fmt == "trtexec":
+        _check_legacy_version(trt_version)
     calib = policy_calibration(project, policy)
     if fmt == "onnx":
         return atomic_write_bytes(out, compiled_onnx(project, policy, target, calib))
@@ -264,11 +310,196 @@ def export_policy(project: Project, policy: Policy, fmt: str, out: str | Path, t
                                "set some layers to int8, or export --format json")
         return atomic_write_text(out, trt_calibration_cache(calib, trt_version))
     if fmt == "trtexec":
-        return atomic_write_text(out, _legacy_export(project, policy, calib, out, trt_version, tf32))
-    compiled = out.with_name(out.stem + ".mixprec.onnx")
+        return _write_files(out, legacy_files(project, policy, calib, out.stem, trt_version, tf32))
     data = compiled_onnx(project, policy, "trt", calib)
-    atomic_write_bytes(compiled, data)
+    files: dict[str, str | bytes] = {f"{out.stem}.mixprec.onnx": data}
     if fmt == "trtexec-typed":
-        cmd = trtexec_typed_command(project.model, compiled.name, project.input_shapes, tf32=tf32)
-        return atomic_write_text(out, f"{TYPED_HEADER}\n{cmd}\n")
-    return atomic_write_text(out, _polygraphy_export(project, policy, calib, out, data, atol, tf32))
+        files[""] = typed_script(project, out.stem, tf32)
+    else:
+        files.update(polygraphy_files(project, data, out.stem, atol, tf32))
+    return _write_files(out, files)
+
+
+# --- the bundle: everything a GPU user needs, in one zip --------------------------------------------
+BUNDLE_STEM = "model"
+BUNDLE_SCRIPTS = {"typed": "build-trt-10.12.sh", "legacy": "build-trt-10.11.sh", "polygraphy": "check-polygraphy.sh"}
+README_NAME, POLICY_NAME = "README.md", "policy.json"
+_ZIP_TIME = (2020, 1, 1, 0, 0, 0)  # fixed entry times: the same export gives the same zip
+
+
+@dataclass(frozen=True)
+class ExportBundle:
+    """The files of one export (name → content, README first) and what was left out and why."""
+    files: dict[str, bytes]
+    left_out: tuple[str, ...] = ()
+
+    def zip(self) -> bytes:
+        """The bundle as a zip; ONNX files stored, text compressed. Scripts are executable."""
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w") as z:
+            for name, data in self.files.items():
+                info = zipfile.ZipInfo(name, _ZIP_TIME)
+                info.compress_type = zipfile.ZIP_STORED if name.endswith(".onnx") else zipfile.ZIP_DEFLATED
+                info.external_attr = (0o755 if name.endswith(".sh") else 0o644) << 16
+                z.writestr(info, data)
+        return buf.getvalue()
+
+
+def bundle_filename(policy: Policy, run_id: str | None = None) -> str:
+    """``<model>.mixprec-export.zip``, with the run's id when it is a run's policy."""
+    return policy_filename(policy, f".{run_id}.mixprec-export.zip" if run_id else ".mixprec-export.zip")
+
+
+def _attempt(left_out: list[str], what: str, make):
+    """``make()``, or None with ``what`` and the reason noted in ``left_out`` (a MixprecError)."""
+    try:
+        return make()
+    except MixprecError as e:
+        left_out.append(f"{what}: {e}")
+        return None
+
+
+def export_bundle(project: Project, policy: Policy, *, trt_version: str = DEFAULT_TRT_VERSION, tf32: bool = False,
+                  atol: float | None = None, source: str = "") -> ExportBundle:
+    """Every export of ``policy`` in one bundle (:data:`BUNDLE_SCRIPTS` and ``model.*`` files, see
+    :func:`bundle_readme`): calibrated and compiled once. A part that cannot be made for this
+    model (e.g. names trtexec cannot express, an opset below 13) is left out and the README says
+    why; the rest is still there. ``source`` says where the policy comes from (a run, the session)."""
+    stem, left_out = BUNDLE_STEM, []
+    calib = policy_calibration(project, policy)
+    compiled = _attempt(left_out, "the compiled ONNX and the TensorRT >= 10.12 scripts",
+                        lambda: compiled_onnx(project, policy, "trt", calib))
+    files: dict[str, str | bytes] = {POLICY_NAME: policy.to_json()}
+    cache = None if calib is None else _attempt(left_out, f"{stem}.calib.cache",
+                                                lambda: trt_calibration_cache(calib, trt_version))
+    if cache is not None:
+        files[f"{stem}.calib.cache"] = cache
+    if compiled is not None:
+        files[f"{stem}.mixprec.onnx"] = compiled
+        typed = _attempt(left_out, BUNDLE_SCRIPTS["typed"], lambda: typed_script(project, stem, tf32))
+        if typed:
+            files[BUNDLE_SCRIPTS["typed"]] = typed
+        poly = _attempt(left_out, BUNDLE_SCRIPTS["polygraphy"],
+                        lambda: polygraphy_files(project, compiled, stem, atol, tf32))
+        if poly:
+            files.update({BUNDLE_SCRIPTS["polygraphy"] if n == "" else n: d for n, d in poly.items()})
+    legacy = _attempt(left_out, BUNDLE_SCRIPTS["legacy"],
+                      lambda: legacy_files(project, policy, calib, stem, trt_version, tf32))
+    if legacy:
+        files.update({BUNDLE_SCRIPTS["legacy"] if n == "" else n: d for n, d in legacy.items()})
+    readme = bundle_readme(project, policy, files, left_out, trt_version=trt_version, source=source)
+    ordered = {README_NAME: readme, **files}
+    return ExportBundle({n: d.encode() if isinstance(d, str) else d for n, d in ordered.items()}, tuple(left_out))
+
+
+_MARKDOWN = re.compile(r"([\\`*_{}\[\]<>()#+!|~$:&^=])")
+
+
+def _md(text) -> str:
+    """User text (a model or layer name, a label) literal in the README's Markdown."""
+    return _MARKDOWN.sub(r"\\\1", str(text))
+
+
+def _file_notes(files: dict, trt_version: str) -> dict[str, str]:
+    """What each file of a bundle is for (README's list)."""
+    post = f"{BUNDLE_STEM}.postprocess.py" in files
+    return {
+        README_NAME: "this file",
+        POLICY_NAME: "the precision policy (mixprec.policy JSON): import it on mixprec's Export page, or pass it to "
+                     "`python -m core build|export --policy policy.json`",
+        f"{BUNDLE_STEM}.mixprec.onnx": "the explicit-precision ONNX (Q/DQ on INT8 layers, float16 FP16 layers) that "
+                                       "TensorRT >= 10.12 builds strongly typed",
+        f"{BUNDLE_STEM}.named.onnx": "the original FP32 ONNX with mixprec's node names: what TensorRT <= 10.11 builds "
+                                     "with per-layer constraints, and the FP32 reference of the Polygraphy check",
+        f"{BUNDLE_STEM}.calib.cache": f"the INT8 ranges as a TensorRT calibration cache (header for TensorRT "
+                                      f"{trt_version}; trtexec --calib on TensorRT <= 10.11)"
+                                      + (": not needed by build-trt-10.11.sh here, which sets every range through "
+                                         f"{BUNDLE_STEM}.postprocess.py" if post else ""),
+        f"{BUNDLE_STEM}.postprocess.py": "Polygraphy network post-process script: the policy's precisions and every "
+                                         "INT8 range, for the TensorRT <= 10.11 build",
+        f"{BUNDLE_STEM}.inputs.json": "the inputs the Polygraphy check compares on",
+        BUNDLE_SCRIPTS["typed"]: "build + profile, TensorRT 10.12 or newer (11 included)",
+        BUNDLE_SCRIPTS["legacy"]: f"build + profile, TensorRT 10.11 or older (written for {trt_version})",
+        BUNDLE_SCRIPTS["polygraphy"]: "accuracy check: TensorRT against FP32 ONNX Runtime outputs",
+    }
+
+
+def bundle_readme(project: Project, policy: Policy, files: dict, left_out: list[str], *,
+                  trt_version: str = DEFAULT_TRT_VERSION, source: str = "") -> str:
+    """The bundle's README.md: what each file is, then how to build, check, profile and import the
+    reports back into mixprec."""
+    c = policy.precision_counts()
+    shapes = ", ".join(f"{n}={shape_text(s)}" for n, s in project.input_shapes.items())
+    notes = _file_notes(files, trt_version)
+    lines = [f"# mixprec export: {_md(policy.model_name)}", "",
+             (f"{_md(source)}. " if source else "") + f"Policy sha256 `{policy.sha256[:16]}` of model sha256 "
+             f"`{policy.model_sha256[:16]}`: fp32 {c['fp32']} · fp16 {c['fp16']} · int8 {c['int8']} layers. "
+             f"Input shapes: {_md(shapes) or 'static'}.", "", "## Files", ""]
+    lines += [f"- `{n}`: {notes.get(n, '')}" for n in [README_NAME, *files]]
+    lines += ["", "## 1. Build the engine (on the GPU machine)", "",
+              "Copy this folder to the machine with TensorRT and run the script for its version:", ""]
+    if BUNDLE_SCRIPTS["typed"] in files:
+        lines.append(f"- TensorRT 10.12 or newer (11 included): `bash {BUNDLE_SCRIPTS['typed']}`. trtexec builds "
+                     f"`{BUNDLE_STEM}.mixprec.onnx` strongly typed: each layer runs at the precision its tensors have.")
+    if BUNDLE_SCRIPTS["legacy"] in files:
+        lines.append(f"- TensorRT 10.11 or older: `bash {BUNDLE_SCRIPTS['legacy']}`. It builds the original ONNX "
+                     f"with per-layer precision constraints, written for TensorRT {trt_version} (its calibration "
+                     "cache header names that version: another one rejects it, so export again for yours).")
+    lines += ["", "Each writes the engine `model.plan`. FP32 layers stay FP32 (`--noTF32`) unless TF32 was allowed "
+              "at export.", ""]
+    if BUNDLE_SCRIPTS["polygraphy"] in files:
+        lines += ["## 2. Check its accuracy (optional)", "",
+                  f"`bash {BUNDLE_SCRIPTS['polygraphy']}`: Polygraphy runs the FP32 original on ONNX Runtime, then "
+                  f"TensorRT on `{BUNDLE_STEM}.mixprec.onnx`, and compares the outputs at the tolerance measured for "
+                  "this policy (the script says how). Needs `pip install polygraphy onnxruntime`.", ""]
+    profile = _attempt([], "", lambda: trtexec_profile_command(project.model, "model.plan", project.input_shapes))
+    lines += ["## 3. Profile", "",
+              "The build scripts profile as they build (`--profilingVerbosity=detailed`): `layers.json` is each "
+              "engine layer's precision, formats and tactic (`--exportLayerInfo`), `profile.json` its time "
+              "(`--exportProfile`)." + (" To profile the built engine again:" if profile else ""), "",
+              *(["```bash", profile, "```", ""] if profile else []),
+              "## 4. Import the reports into mixprec", "",
+              "Bring `layers.json` and `profile.json` back. In the dashboard: **Build and results** → *Import "
+              "TensorRT engine reports*, load both files (per-layer latency by precision, latency by layer type, "
+              "reformat overhead, and which of your layers sit next to a reformat). Or on the command line:", "",
+              "```bash",
+              "python -m core report layers.json profile.json", "```"]
+    if left_out:
+        lines += ["", "## Left out", "", *(f"- {_md(n)}" for n in left_out)]
+    return "\n".join(lines) + "\n"
+
+
+# --- display -----------------------------------------------------------------------------------------
+def _fold_token(token: str, width: int) -> str:
+    """A token as shown: a ``--flag=a,b,c…`` list longer than ``width`` cut to its first entries and a count."""
+    flag, eq, value = token.partition("=")
+    if len(token) <= width or not eq or "," not in value:
+        return shlex.quote(token)
+    entries, kept = value.split(","), []
+    for e in entries:
+        if len(flag) + sum(len(k) + 1 for k in kept) + len(e) > width and kept:
+            break
+        kept.append(e)
+    return f"{flag}={','.join(kept)},… ({len(entries)} entries; all of them in the script)"
+
+
+def fold_command(text: str, width: int = 100) -> str:
+    """A script as shown on a page: its comments, and each command one flag per line (``\\``
+    continuations) with every long comma list folded (:func:`_fold_token`). For reading only:
+    the file to run is the script itself."""
+    out = []
+    for line in text.splitlines():
+        if not line.strip() or line.startswith(("#!", "set -", "cd ")):
+            continue
+        if line.lstrip().startswith("#"):
+            out.append(line)
+            continue
+        parts: list[str] = []
+        for token in shlex.split(line):
+            shown = _fold_token(token, width)
+            if parts and not token.startswith("-") and (parts[-1].startswith("-") or len(parts) == 1):
+                parts[-1] += " " + shown  # a flag's value(s), or the program's first argument
+            else:
+                parts.append(shown)
+        out.append(" \\\n    ".join(parts))
+    return "\n".join(out)

@@ -7,14 +7,16 @@ import streamlit as st
 from core.errors import MixprecError
 from core.plots import plot_latency_by_type, plot_layer_latency, plot_precision_distribution, \
     plot_reformat_overhead
+from core.present import ms_text
 from core.reports import PCT_LABEL, load_engine_report, reformat_table
 from ui import common as ui
+from ui import tables
 
 
 def section(layer_names: list[str]) -> None:
-    with st.expander("Import TensorRT engine reports (from trtexec on any GPU machine)"):
+    with st.expander("Import TensorRT engine reports (from trtexec on any GPU machine)", icon=":material/upload_file:"):
         st.caption("Build with `trtexec --onnx=… --profilingVerbosity=detailed --exportLayerInfo=layers.json "
-                   "--exportProfile=profile.json` (the Export page has the full command), then load both files.")
+                   "--exportProfile=profile.json` (the Export page's scripts and bundle do), then load both files.")
         up1, up2 = st.columns(2)
         g_up = up1.file_uploader("Layer info JSON (--exportLayerInfo)", type=["json"], key="trt_graph_upload")
         p_up = up2.file_uploader("Profile JSON (--exportProfile)", type=["json"], key="trt_profile_upload")
@@ -31,7 +33,7 @@ def section(layer_names: list[str]) -> None:
             return
         rf = rep.reformat
         st.markdown(f"**{ui.md(rep.name)}**: {len(rep.layers)} engine layers; {rf.count} reformat layers"
-                    + (f", {rf.ms:.4f} ms of {rf.total_ms:.4f} ms ({rf.pct:.1f} {PCT_LABEL})" if rep.has_profile
+                    + (f", {ms_text(rf.ms)} of {ms_text(rf.total_ms)} ({rf.pct:.1f} {PCT_LABEL})" if rep.has_profile
                        else " (no profile loaded: no times)"))
         if rep.has_profile:
             st.caption("Latency: TensorRT on the GPU that ran trtexec, measured (the imported profile).")
@@ -45,6 +47,6 @@ def section(layer_names: list[str]) -> None:
         joined = rep.join_onnx(layer_names)
         if len(joined.neighbours):
             st.caption("Your layers next to a reformat (before/after it in the engine):")
-            st.dataframe(joined.neighbours, hide_index=True)
-        st.dataframe(rep.layers.drop(columns=["in_tensors", "out_tensors"], errors="ignore"), hide_index=True,
-                     height=260)
+            tables.show(joined.neighbours, hide_index=True)
+        tables.show(rep.layers.drop(columns=["in_tensors", "out_tensors"], errors="ignore"), hide_index=True,
+                    height=260)

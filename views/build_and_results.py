@@ -3,20 +3,20 @@ import streamlit as st
 
 from core.jobs import build_params
 from core.plots import plot_quality_vs_latency, plot_run_latency, plot_run_layers, plot_run_quality, \
-    plot_run_reformat, run_names
+    plot_run_reformat
 from core.policy import uniform_policy
-from core.policy_edit import policy_diff, run_comparison
+from core.present import local_time, ms_text, run_history, run_title
 from core.project import TARGET_LABELS
-from core.runs import GENERATED_NOTE, latency_caveat, speedup_text
-from core.store import list_runs, load_run_per_layer, run_dir, run_policy
+from core.runs import GENERATED_NOTE, latency_caveat
+from core.store import list_runs, load_run_per_layer, run_dir
 from ui import common as ui
-from ui import engine_report, run_notes
+from ui import engine_report, export_panel, run_compare, run_notes, tables
 
 p = ui.project()
 src = ui.source()
 st.subheader("Jobs")
 ui.job_panel(limit=8)
-if st.button("Build the all-FP16 baseline", key="fp16_baseline"):
+if st.button("Build the all-FP16 baseline", key="fp16_baseline", icon=":material/play_arrow:"):
     ui.submit("build", build_params(src["model"], uniform_policy(p.model, p.layers, "fp16").to_json(), src["data"],
                                     src["eval_data"], label="all-FP16", shapes=ui.shapes(), target=ui.target()),
               "all-FP16 baseline")
@@ -27,25 +27,26 @@ engine_report.section([l.name for l in p.layers])
 runs = list_runs(p.ws, p.model.sha256)
 st.subheader(f"Runs of {ui.md(p.model.name)}")
 if runs.empty:
-    st.info("No runs yet: press **Rebuild** on the Precision page.")
+    st.info("No runs yet: press **Rebuild** on the Precision page.", icon=":material/info:")
     st.stop()
-runs.insert(runs.columns.get_loc("speedup") + 1, "vs FP32", [speedup_text(v)[0] for v in runs["speedup"]])
 last = runs.iloc[0]
 c = st.columns([1, 1.7, 1, 0.8, 1])  # the latency's delta says its speedup in words
-c[0].metric("Latest run", ui.md(last["label"]))
-ui.speedup_metric(c[1], "Median latency", f"{last['latency_median_ms']:.3f} ms", last["speedup"],
-                  help=f"{last['latency_source']} · target {TARGET_LABELS.get(last['target'], last['target'])}")
+c[0].metric("Latest run", ui.md(last["label"]), f"built {local_time(last['created'])}", delta_color="off",
+            delta_arrow="off", help=f"Label: {ui.md(last['label'])} · run {ui.code(last['run_id'])}")
+ui.speedup_metric(c[1], "Median latency", ms_text(last["latency_median_ms"]), last["speedup"],
+                  help=f"{ui.md(last['latency_source'])} · target {TARGET_LABELS.get(last['target'], last['target'])}"
+                       f" · p95 {ms_text(last['latency_p95_ms'])} · FP32 {ms_text(last['fp32_median_ms'])}")
 c[2].metric("Cosine (mean)", f"{last['cosine_mean']:.4f}",
             f"min {last['cosine_min']:.4f}" + (f" · {GENERATED_NOTE}" if last["data_generated"] else ""),
             delta_color="off", delta_arrow="off")
 c[3].metric("SNR", f"{last['snr_db']:.1f} dB" if last["snr_db"] == last["snr_db"] else "∞")
 c[4].metric("Reformats", f"{int(last['reformat_count'])}", f"{last['reformat_pct']:.1f}% of per-layer time",
-            delta_color="off", delta_arrow="off")
+            delta_color="off", delta_arrow="off", help=f"{ms_text(last['reformat_ms'])} in precision conversions")
 st.caption(f"Latency of {ui.md(last['label'])}: {ui.md(last['latency_source'])} · deployment target "
            f"{TARGET_LABELS.get(p.target, p.target)}")
 caveat = latency_caveat(p.target, last["backend"])
 if caveat:
-    st.info(caveat)
+    st.info(caveat, icon=":material/info:")
 run_notes.section(p, last["run_id"])
 g1, g2 = st.columns(2)
 g1.plotly_chart(plot_run_latency(runs), key="latency_chart")
@@ -54,8 +55,19 @@ g3, g4 = st.columns(2)
 g3.plotly_chart(plot_run_reformat(runs), key="reformat_chart")
 g4.plotly_chart(plot_quality_vs_latency(runs), key="tradeoff_chart")
 
-names = dict(zip(runs["run_id"], run_names(runs)))
-sel = st.selectbox("Per-layer latency of run", list(names), format_func=names.get, key="layers_run")
+st.subheader("Run history")
+tables.show(run_history(runs), hide_index=True, height=260)
+if len(runs) >= 2:
+    run_compare.section(p, runs)
+
+st.subheader("Per-layer latency of one run")
+ids = list(runs["run_id"])
+pick, go = st.columns([4, 1])
+sel = pick.selectbox("Run", ids, format_func=lambda r: run_title(runs, r), key="layers_run")
+go.write("")
+if go.button("Export this run", key="export_this_run", icon=":material/download:"):
+    export_panel.choose_run(sel)
+    st.switch_page("views/export.py")
 try:
     st.plotly_chart(plot_run_layers(load_run_per_layer(run_dir(p.ws, sel)),
                                     backend=runs.set_index("run_id").at[sel, "backend"]), key="layers_chart")
@@ -63,19 +75,3 @@ except Exception as e:  # noqa: BLE001 - a damaged run must not break the page
     st.error(ui.md(e))
 if sel != last["run_id"]:
     run_notes.section(p, sel)
-
-st.subheader("Run history")
-st.dataframe(runs, hide_index=True, height=260)
-if len(runs) >= 2:
-    st.subheader("Compare two runs")
-    a_col, b_col = st.columns(2)
-    a = a_col.selectbox("Run A", list(names), index=1, format_func=names.get, key="cmp_a")
-    b = b_col.selectbox("Run B", list(names), index=0, format_func=names.get, key="cmp_b")
-    st.dataframe(run_comparison(runs, a, b))
-    run_notes.comparison(runs, a, b)
-    try:
-        diff = policy_diff(run_policy(p, run_dir(p.ws, a)), run_policy(p, run_dir(p.ws, b)), p.layers)
-        st.caption(f"{len(diff)} layer(s) differ between A ('built') and B ('now')")
-        st.dataframe(diff, hide_index=True)
-    except Exception as e:  # noqa: BLE001
-        st.error(ui.md(e))

@@ -1,0 +1,204 @@
+"""Export page components: which policy to export (the session's or any past run's), its
+downloads (the policy JSON and the build scripts at once; the compiled ONNX, the calibration
+cache, the Polygraphy check and the bundle zip once calibrated and compiled) and the commands,
+shown folded with the whole script a click away."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import streamlit as st
+
+from core.errors import MixprecError
+from core.export import (BUNDLE_SCRIPTS, BUNDLE_STEM, DEFAULT_ATOL, DEFAULT_TRT_VERSION, POLICY_NAME, README_NAME,
+                         SCRIPT_HEAD, TYPED_HEADER, bundle_filename, export_bundle, fold_command, legacy_script,
+                         policy_filename, polygraphy_command, typed_script)
+from core.policy import Policy
+from core.present import local_time, run_title
+from core.project import Project
+from core.store import list_runs, run_dir, run_policy
+from ui import common as ui
+
+SESSION = "session"  # the picker's entry for the session's own policy
+PICK_KEY = "export_pick"  # another page asks for a run to be preselected (``choose_run``)
+_MIME = {".onnx": "application/octet-stream", ".sh": "text/x-shellscript", ".json": "application/json",
+         ".md": "text/markdown", ".py": "text/x-python", ".cache": "text/plain", ".zip": "application/zip"}
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The policy to export, where it comes from (said in the README) and its run, if any."""
+    policy: Policy
+    source: str
+    run_id: str | None = None
+
+
+def choose_run(run_id: str) -> None:
+    """Preselect ``run_id`` the next time the Export page runs (then switch to it)."""
+    st.session_state[PICK_KEY] = run_id
+
+
+def pick(p: Project) -> Choice:
+    """The run picker: the session's policy (edited on the Precision page) or any stored run's."""
+    runs = list_runs(p.ws, p.model.sha256)
+    options = [SESSION, *runs["run_id"]]
+    pending = st.session_state.pop(PICK_KEY, None)
+    if pending in options:
+        st.session_state["export_run"] = pending
+    elif st.session_state.get("export_run") not in options:
+        st.session_state.pop("export_run", None)
+    names = {SESSION: "This session's policy (edited on the Precision page)",
+             **{r: f"Run {run_title(runs, r)}" for r in runs["run_id"]}}
+    choice = st.selectbox("Policy to export", options, format_func=names.get, key="export_run",
+                          help="Any past run of this model: its policy is exported, calibrated on this session's "
+                               "calibration data.")
+    if choice == SESSION:
+        return Choice(ui.policy(p), "The policy of a mixprec session (edited on its Precision page)")
+    row = runs.set_index("run_id").loc[choice]
+    try:
+        pol = run_policy(p, run_dir(p.ws, choice))
+    except (OSError, MixprecError) as e:
+        st.error(f"Run {ui.md(row['label'])}: {ui.md(e)}")
+        st.stop()
+    if pol.calibration.data_sha256 and pol.calibration.data_sha256 != p.calib_data.sha256:
+        st.warning(f"Run {ui.md(row['label'])} was calibrated on other data (sha256 "
+                   f"{ui.code(pol.calibration.data_sha256[:12])}). The exported INT8 ranges come from this "
+                   "session's calibration data: load that data on the Model page to export the run's own ranges.",
+                   icon=":material/warning:")
+    return Choice(pol, f"Run {row['label']} ({choice}), built {local_time(row['created'])} on {row['backend']}",
+                  choice)
+
+
+def summary(p: Project, choice: Choice) -> None:
+    c = choice.policy.precision_counts()
+    st.caption(f"{ui.md(p.model.name)}: fp32 {c['fp32']} · fp16 {c['fp16']} · int8 {c['int8']} · "
+               f"policy sha256 {ui.code(choice.policy.sha256[:16] + '…')}")
+    if choice.run_id:
+        st.caption(ui.md(choice.source))
+
+
+def options() -> tuple[str, bool]:
+    """The TensorRT version the ≤ 10.11 files are for, and whether FP32 layers may use TF32."""
+    with st.expander("Export options", icon=":material/tune:"):
+        a, b = st.columns([1, 2])
+        version = a.text_input("TensorRT version of the ≤ 10.11 build", DEFAULT_TRT_VERSION, key="export_trt_version",
+                               help="The calibration cache's header names it: another TensorRT version rejects the "
+                                    "cache. 10.12 and newer build the explicit-precision ONNX instead.").strip()
+        tf32 = b.checkbox("Let FP32 layers use TF32", False, key="export_tf32",
+                          help="trtexec enables TF32 by default; mixprec's builds do not, so the scripts pass "
+                               "--noTF32 unless this is on.")
+    return version or DEFAULT_TRT_VERSION, tf32
+
+
+def _attempt(make):
+    """``(value, None)`` or ``(None, the error)``: an export a model cannot have is said, not raised."""
+    try:
+        return make(), None
+    except MixprecError as e:
+        return None, e
+
+
+def _mime(name: str) -> str:
+    return next((m for ext, m in _MIME.items() if name.endswith(ext)), "application/octet-stream")
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
+
+
+def downloads(p: Project, choice: Choice, version: str, tf32: bool) -> dict:
+    """The downloads; returns the scripts as they are (name → text) for :func:`commands`."""
+    pol = choice.policy
+    typed, typed_err = _attempt(lambda: typed_script(p, BUNDLE_STEM, tf32))
+    legacy, legacy_err = _attempt(lambda: legacy_script(p, pol, BUNDLE_STEM, version, tf32))
+    st.subheader("Downloads")
+    c = st.columns(3)
+    c[0].download_button("Policy JSON", pol.to_json(), policy_filename(pol), "application/json", key="dl_policy",
+                         type="primary", icon=":material/download:",
+                         help=f"{ui.md(policy_filename(pol))}: import it here or pass it to `python -m core --policy`")
+    for col, name, text, err, what in ((c[1], BUNDLE_SCRIPTS["typed"], typed, typed_err, "TensorRT ≥ 10.12 / 11"),
+                                       (c[2], BUNDLE_SCRIPTS["legacy"], legacy, legacy_err, "TensorRT ≤ 10.11")):
+        col.download_button(f"{ui.md(name)} ({what})", text or "", name, _mime(name), key=f"dl_{name}",
+                            icon=":material/terminal:", disabled=text is None,
+                            help=ui.md(err) if err else "Build + profile script; it names the files of the bundle")
+    bundle = _bundle(p, choice, version, tf32)
+    if bundle is not None:
+        _bundle_downloads(pol, choice, bundle)
+    scripts = {BUNDLE_SCRIPTS["typed"]: (typed, typed_err), BUNDLE_SCRIPTS["legacy"]: (legacy, legacy_err)}
+    if bundle is not None and BUNDLE_SCRIPTS["polygraphy"] in bundle.files:
+        scripts[BUNDLE_SCRIPTS["polygraphy"]] = (bundle.files[BUNDLE_SCRIPTS["polygraphy"]].decode(), None)
+    return scripts
+
+
+def _bundle(p: Project, choice: Choice, version: str, tf32: bool):
+    """The calibrated and compiled files of this policy and options (kept for the session), or None
+    with the button that makes them."""
+    key = (choice.policy.sha256, choice.source, version, tf32, p.model.sha256, p.calib_data.sha256,
+           str(p.input_shapes))
+    have = st.session_state.get("export_bundle")
+    if have is not None and have[0] == key:
+        return have[1]
+    slot = st.empty()  # the offer to compile, gone once the files are there
+    with slot.container():
+        st.caption("The compiled ONNX, the calibration cache, the Polygraphy check and the bundle zip (all of it, "
+                   "with a README on how to build, profile and import the reports) need the policy calibrated and "
+                   "compiled.")
+        if p.data_problem is not None:
+            st.warning(f"Data needed before compiling: {ui.md(p.data_problem)}", icon=":material/warning:")
+            return None
+        if not st.button("Calibrate and compile", key="compile", icon=":material/build:"):
+            return None
+    try:
+        with st.spinner("Calibrating and compiling…"):
+            bundle = export_bundle(p, choice.policy, trt_version=version, tf32=tf32, source=choice.source)
+    except MixprecError as e:
+        st.error(ui.md(e))
+        return None
+    slot.empty()
+    st.session_state["export_bundle"] = (key, bundle)
+    return bundle
+
+
+def _bundle_downloads(pol: Policy, choice: Choice, bundle) -> None:
+    """The bundle zip, then each of its files (the same names, so the scripts find them side by side)."""
+    size = sum(len(d) for d in bundle.files.values())
+    zip_name = bundle_filename(pol, choice.run_id)
+    st.download_button(f"Bundle: {ui.md(zip_name)} ({_size(size)})", bundle.zip, zip_name, _mime(".zip"),
+                       key="dl_bundle", type="primary", icon=":material/folder_zip:",
+                       help=f"Every file below and a {README_NAME} on how to build, profile and import the reports")
+    for note in bundle.left_out:
+        st.warning(f"Left out of the bundle: {ui.md(note)}", icon=":material/block:")
+    offered = (README_NAME, POLICY_NAME, BUNDLE_SCRIPTS["typed"], BUNDLE_SCRIPTS["legacy"])  # in the zip, or above
+    names = [n for n in bundle.files if n not in offered]
+    st.caption("Each file on its own (the names the scripts use: keep them side by side):")
+    cols = st.columns(3)
+    for i, name in enumerate(names):
+        data = bundle.files[name]
+        cols[i % 3].download_button(f"{ui.md(name)} ({_size(len(data))})", lambda d=data: d, name, _mime(name),
+                                    key=f"dl_{name}_file", icon=":material/description:")
+
+
+def commands(p: Project, scripts: dict) -> None:
+    """Each command folded (one flag per line, long name lists cut to a count), the whole script
+    in an expander."""
+    st.subheader("Commands")
+    titles = {BUNDLE_SCRIPTS["typed"]: "TensorRT ≥ 10.12 / 11: strongly typed build of the explicit-precision ONNX",
+              BUNDLE_SCRIPTS["legacy"]: "TensorRT ≤ 10.11: per-layer precision constraints (deprecated in 10.12, "
+                                        "removed in 11)",
+              BUNDLE_SCRIPTS["polygraphy"]: "Polygraphy: TensorRT against FP32 ONNX Runtime outputs"}
+    if BUNDLE_SCRIPTS["polygraphy"] not in scripts:
+        preview, err = _attempt(lambda: SCRIPT_HEAD + TYPED_HEADER + "\n# preview at a fixed tolerance: compile "
+                                "to get the tolerance measured for this policy\n"
+                                + polygraphy_command(p.model, f"{BUNDLE_STEM}.mixprec.onnx", p.input_shapes,
+                                                     reference_onnx=f"{BUNDLE_STEM}.named.onnx",
+                                                     inputs=f"{BUNDLE_STEM}.inputs.json",
+                                                     outputs=f"{BUNDLE_STEM}.fp32-outputs.json", atol=DEFAULT_ATOL))
+        scripts = {**scripts, BUNDLE_SCRIPTS["polygraphy"]: (preview, err)}
+    for name, title in titles.items():
+        text, err = scripts[name]
+        st.markdown(f"**{title}** · {ui.code(name)}")
+        if err is not None:
+            st.warning(ui.md(err), icon=":material/warning:")
+            continue
+        st.code(fold_command(text), language="bash")
+        with st.expander(f"The whole script ({len(text.splitlines())} lines, {_size(len(text.encode()))})"):
+            st.code(text, language="bash", wrap_lines=True)
