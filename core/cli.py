@@ -1,7 +1,9 @@
 """``python -m core``: the headless twin of the dashboard.
 
 Every command has ``--json`` (one JSON document on stdout). Long work shows a progress bar
-on stderr. A :class:`MixprecError` prints one line and exits 2, with no traceback."""
+on stderr. A :class:`MixprecError` prints one line and exits 2, with no traceback; so does any
+OSError (a full disk names the workspace and the space needed). Notes (e.g. a corrupt cache that
+was computed again) print as ``note: …`` lines on stderr and, with ``--json``, under ``"notes"``."""
 from __future__ import annotations
 
 import argparse
@@ -12,6 +14,7 @@ from pathlib import Path
 
 from .backends import BACKENDS
 from .errors import MixprecError
+from .estimate import command as estimate_command
 from .compile import TARGETS
 from .export import DEFAULT_TRT_VERSION, EXPORT_FORMATS, export_policy
 from .policy import CALIB_METHODS, NETWORK_DEFAULTS, load_policy
@@ -24,7 +27,7 @@ from .search.searcher import search_objective
 from .shapes import parse_shape, shape_text
 from .sensitivity import MODES, RANK_METRICS, rank_layers, sensitivity
 from .store import cached_ranking
-from .workspace import atomic_write_text
+from .workspace import atomic_write_text, default_root, is_space_error, space_error, take_notes
 
 
 class Progress:
@@ -64,10 +67,25 @@ def _clean(obj):
 
 
 def _emit(args, doc: dict, text: str):
+    notes = take_notes()
+    _print_notes(notes)
     if args.json:
-        print(json.dumps(_clean(doc), indent=2))
+        print(json.dumps(_clean(doc | ({"notes": notes} if notes else {})), indent=2))
     else:
         print(text)
+
+
+def _os_error(e: OSError) -> MixprecError:
+    """An OSError no command wrapped, as a one-line error: a full disk names the workspace."""
+    if is_space_error(e):
+        return space_error(Path(e.filename) if e.filename else default_root() / "?")
+    return MixprecError(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""),
+                        "check the file, its folder and the disk (MIXPREC_WORKSPACE names the workspace)")
+
+
+def _print_notes(notes: list[str] | None = None) -> None:
+    for note in take_notes() if notes is None else notes:
+        print(f"note: {note}", file=sys.stderr)
 
 
 def _shape_overrides(items: list[str] | None) -> dict[str, int]:
@@ -346,6 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("profile", nargs="?")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=cmd_report)
+    estimate_command.add_parser(sub)
     return ap
 
 
@@ -354,9 +373,15 @@ def main(argv=None) -> int:
     try:
         rc = args.func(args)
     except MixprecError as e:
+        _print_notes()
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a write or read the commands did not wrap: still one line, never a traceback
+        _print_notes()
+        print(f"error: {_os_error(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    _print_notes()
     return rc or 0

@@ -121,15 +121,18 @@ def test_budget_metric_must_apply(tiny_transformer):
 
 
 def test_tensorrt_target_without_tensorrt_searches_mac_share_not_cpu_latency(tiny_cnn):
-    """Target TensorRT where TensorRT does not run: the search ranks candidates by INT8 MAC share,
-    then fewest boundaries (not by the CPU latency estimate), and its verdict says so."""
+    """Target TensorRT where TensorRT does not run, objective ``mac_share`` (the fallback when the
+    TensorRT estimate cannot be made; ``auto`` picks the estimate, tests/test_estimate_predict.py):
+    the search ranks candidates by INT8 MAC share, then fewest boundaries (not by the CPU latency
+    estimate), and its verdict says so."""
     from dataclasses import replace
 
     from core.metrics import Quality
     from core.search.result import Candidate
     from core.search.searcher import MAC_SHARE_NOTE, _preference, search_objective
 
-    assert search_objective("auto", "tensorrt", "onnxruntime") == "mac_share"
+    assert search_objective("auto", "tensorrt", "onnxruntime") == "trt_estimate"
+    assert search_objective("mac_share", "tensorrt", "onnxruntime") == "mac_share"
     assert search_objective("auto", "tensorrt", "tensorrt") == "latency"
     assert search_objective("auto", "onnxruntime", "onnxruntime") == "latency"
     assert search_objective("latency", "tensorrt", "onnxruntime") == "latency"
@@ -143,13 +146,13 @@ def test_tensorrt_target_without_tensorrt_searches_mac_share_not_cpu_latency(tin
     assert min([fast, more_int8, fewer_edges], key=_preference(b)) is fast
     assert min([fast, more_int8, fewer_edges], key=_preference(b, "mac_share")) is fewer_edges
 
-    config = SearchConfig("cosine_mean>=0.99", methods=("minmax",), workers=1, verify=False)
+    config = SearchConfig("cosine_mean>=0.99", methods=("minmax",), workers=1, verify=False, objective="mac_share")
     r = search(replace(tiny_cnn, target="tensorrt"), config)
     assert MAC_SHARE_NOTE in r.message and "does not optimise CPU latency" in r.message
     c = r.candidates
     chosen = c.set_index("candidate").loc[r.chosen]
     assert chosen.int8_mac_share == c[c.meets_budget].int8_mac_share.max()
-    on_cpu = search(replace(tiny_cnn, target="onnxruntime"), config)
+    on_cpu = search(replace(tiny_cnn, target="onnxruntime"), replace(config, objective="auto"))
     assert MAC_SHARE_NOTE not in on_cpu.message
 
 

@@ -95,6 +95,8 @@ class SearchResult:
     timings: dict = field(default_factory=dict)
     variants: dict = field(default_factory=dict)  # calibration variant -> its base Policy
     chosen: int | None = None  # the candidate whose policy is ``policy``
+    objective: str = "latency"  # what ranked the candidates: latency / trt_estimate / mac_share
+    latency_label: str = ""     # what est_ms is when it is not the backend's profile fit (trt_estimate)
 
     @property
     def front(self) -> pd.DataFrame:
@@ -123,6 +125,7 @@ class SearchResult:
             "policy": self.policy.to_dict(), "precision_counts": self.policy.precision_counts(),
             "holdout": self.holdout.to_dict() if self.holdout else None, "run": run,
             "candidates": frame_to_json(self.candidates), "chosen": self.chosen,
+            "objective": self.objective, "latency_label": self.latency_label,
             "sensitivity": self.sensitivity.to_json(),
             "variants": {k: v.to_dict() for k, v in self.variants.items()},
         }
@@ -137,4 +140,5 @@ class SearchResult:
             frame_from_json(doc["candidates"], CANDIDATE_COLUMNS, "search candidates"),
             Sensitivity.from_json(doc["sensitivity"]), RunResult.from_json(doc["run"]) if doc["run"] else None,
             float(doc["seconds"]), dict(doc["timings"]),
-            {k: policy_from_dict(v, model, layers) for k, v in doc["variants"].items()}, doc["chosen"])
+            {k: policy_from_dict(v, model, layers) for k, v in doc["variants"].items()}, doc["chosen"],
+            str(doc.get("objective", "latency")), str(doc.get("latency_label", "")))

@@ -14,10 +14,13 @@ model and isolated ranking per calibration variant), fit (the latency model), ch
 search per variant, the best candidate), verify (a real build on the held-out half).
 
 The objective (``SearchConfig.objective``): ``latency`` orders and ranks candidates by the latency
-model's estimate; ``mac_share`` by the INT8 share of MACs, then the fewest INT8/float boundaries —
-hardware-neutral, for a TensorRT target where TensorRT does not run (optimising ONNX Runtime CPU
-time would optimise the wrong hardware). ``auto`` picks ``mac_share`` exactly then
-(:func:`search_objective`)."""
+model's estimate (fitted on the measuring backend's profiles); ``trt_estimate`` by each candidate's
+estimated TensorRT time on ``SearchConfig.gpu`` (``core.search.estimated``: the engine its compiled
+ONNX would build, priced by the cost model), for a TensorRT target where TensorRT does not run
+(optimising ONNX Runtime CPU time would optimise the wrong hardware); ``mac_share`` by the INT8
+share of MACs, then the fewest INT8/float boundaries (hardware-neutral), the fallback when the
+estimate cannot be made. ``auto`` picks ``trt_estimate`` for a TensorRT target without TensorRT,
+else ``latency`` (:func:`search_objective`)."""
 from __future__ import annotations
 
 import math
@@ -28,6 +31,8 @@ from ..backends import select_backend
 from ..calibration import calibrate, calibrate_policy
 from ..data import Dataset
 from ..errors import MixprecError
+from ..estimate.cost import CostParams
+from ..estimate.gpus import FIXTURE_GPU
 from ..inventory import Layer, require_eligible
 from ..metrics import quality
 from ..policy import CALIB_METHODS, Policy
@@ -36,23 +41,29 @@ from ..runs import GENERATED_NOTE, WARN_BELOW, RunResult, build_and_measure, is_
 from ..sensitivity import Sensitivity, Switchable, TrialData, TrialPool, sensitivity, split_eval, switchable_model, \
     trial_data
 from .budget import Budget, default_margin
+from .estimated import EstimatedLatency, estimated_latency
 from .latency import LatencyModel, latency_model
 from .result import Candidate, SearchResult, candidate_table, chosen_candidate
 
-OBJECTIVES = ("auto", "latency", "mac_share")
+OBJECTIVES = ("auto", "latency", "trt_estimate", "mac_share")
 MAC_SHARE_NOTE = ("Objective: INT8 MAC share, then the fewest INT8/float boundaries (hardware-neutral). The target is "
                   "TensorRT and TensorRT is not available here, so the search does not optimise CPU latency; its "
                   "estimated ms are ONNX Runtime CPU estimates, shown for reference only.")
+TRT_ESTIMATE_NOTE = ("Objective: the estimated TensorRT time of each candidate (the engine its compiled ONNX would "
+                     "build, priced by the cost model), then the fewest INT8/float boundaries. The target is "
+                     "TensorRT and TensorRT is not available here, so the search does not optimise CPU latency; its "
+                     "ms are {label}.")
 
 
 def search_objective(objective: str, target: str, backend: str) -> str:
-    """The objective a search uses: ``objective`` unless ``auto``; then ``mac_share`` when the
-    deployment ``target`` is TensorRT and the ``backend`` that measures is not, else ``latency``."""
+    """The objective a search uses: ``objective`` unless ``auto``; then ``trt_estimate`` when the
+    deployment ``target`` is TensorRT and the ``backend`` that measures is not (measured TensorRT time
+    wins where TensorRT runs), else ``latency``."""
     if objective not in OBJECTIVES:
         raise MixprecError(f"unknown search objective {objective!r}", f"use one of {', '.join(OBJECTIVES)}")
     if objective != "auto":
         return objective
-    return "mac_share" if target == "tensorrt" and backend != "tensorrt" else "latency"
+    return "trt_estimate" if target == "tensorrt" and backend != "tensorrt" else "latency"
 
 
 @dataclass
@@ -64,7 +75,8 @@ class SearchConfig:
     the verification run; the quality trials always run on ONNX Runtime's switchable model.
     ``margin``: headroom on the dev half (default :func:`default_margin`). ``warn_below``: the
     verifying build warns below this cosine_mean (the verdict then says so). ``objective``:
-    ``latency``, ``mac_share`` or ``auto`` (:func:`search_objective`)."""
+    ``latency``, ``trt_estimate``, ``mac_share`` or ``auto`` (:func:`search_objective`); ``gpu``,
+    ``cost_params`` and ``tf32`` configure ``trt_estimate``."""
 
     budget: Budget | str
     methods: tuple = CALIB_METHODS
@@ -78,6 +90,9 @@ class SearchConfig:
     trt_options: dict | None = None
     warn_below: float = WARN_BELOW
     objective: str = "auto"
+    gpu: str = FIXTURE_GPU              # trt_estimate: the GPU of the estimate
+    cost_params: CostParams | None = None  # trt_estimate: a calibration for ``gpu`` (default: the fixture fit)
+    tf32: bool = True                   # trt_estimate: FP32 layers may use TF32 (trtexec's default)
 
 
 @dataclass
@@ -108,7 +123,7 @@ class _Context:
     step: object
     should_stop: object
     timings: dict = field(default_factory=dict)
-    objective: str = "latency"  # resolved: "latency" or "mac_share"
+    objective: str = "latency"  # resolved: "latency", "trt_estimate" or "mac_share"
     skipped: list = field(default_factory=list)  # calibration methods that could not run, and why
 
     def check_stop(self):
@@ -154,6 +169,13 @@ class _Searcher:
         """What putting ``layer`` in INT8 gains under the objective: ms saved, or MACs."""
         return self.macs.get(layer, 0) if self.objective == "mac_share" else self.lat.wall.gain_ms.get(layer, 0.0)
 
+    def saving(self, int8: set[str], layer: str, now: float) -> float:
+        """Time saved now by adding ``layer`` to ``int8`` (``trt_estimate``: its leave-one-out gain,
+        not a new prediction per layer and step)."""
+        if self.objective == "trt_estimate":
+            return self.gain(layer)
+        return now - self.lat.estimate(int8 | {layer})[0]
+
     def refine(self, int8: set[str], todo: list[str]):
         """Try the fallback layers back in INT8, the one that saves the most time *now* first —
         a layer next to an INT8 neighbour also saves the conversions between them (``mac_share``:
@@ -163,7 +185,7 @@ class _Searcher:
             if self.objective == "mac_share":
                 layer = max(todo, key=lambda l: (self.macs[l], -self.lat.boundaries(int8 | {l})))
             else:
-                layer = max(todo, key=lambda l: now - self.lat.estimate(int8 | {l})[0])
+                layer = max(todo, key=lambda l: self.saving(int8, l, now))
             todo.remove(layer)
             if self.eval([int8 | {layer}])[0].meets_budget:
                 int8 = int8 | {layer}
@@ -182,7 +204,7 @@ def _preference(budget: Budget, objective: str = "latency"):
     """Sort key among candidates that meet the budget: estimated time (to 0.1 %) — or, for
     ``mac_share``, the INT8 MAC share (to 0.01 %, larger first) — then fewer boundaries
     (contiguous INT8 regions), then quality."""
-    def key(c: Candidate):
+    def key(c: Candidate):  # latency and trt_estimate: by estimated time
         if objective == "mac_share":
             return (-round(c.int8_mac_share, 4), c.boundaries, -budget.value_of(c.quality))
         return (round(math.log(max(c.est_ms, 1e-9)), 3), c.boundaries, -budget.value_of(c.quality))
@@ -283,11 +305,22 @@ def _variants(ctx: _Context) -> tuple[list[Variant], Sensitivity]:
     return variants, sens[variants[0].name]
 
 
-def _fit(ctx: _Context, first: Variant) -> LatencyModel:
-    """The latency model from measured profiles of the first variant's base policy."""
+def _fit(ctx: _Context, first: Variant) -> LatencyModel | EstimatedLatency:
+    """The latency model: estimated TensorRT time (``trt_estimate``), else fitted on measured profiles of
+    the first variant's base policy. An estimate that cannot be made falls back to the INT8 MAC share."""
     t0 = time.perf_counter()
+    cfg = ctx.config
+    if ctx.objective == "trt_estimate":
+        ctx.step(0.45, f"estimating TensorRT time on {cfg.gpu}")
+        try:
+            lat = estimated_latency(ctx.project, first.policy, ctx.eligible, cfg.gpu, cfg.cost_params, cfg.tf32)
+            ctx.timings["latency_model_s"] = time.perf_counter() - t0
+            return lat
+        except MixprecError as e:
+            ctx.objective = "mac_share"
+            ctx.skipped.append(f"the TensorRT estimate could not be made ({e.what}), so the INT8 MAC share decides")
     ctx.step(0.45, "profiling INT8 and FP32 per layer")
-    lat = latency_model(ctx.project, first.policy, first.calib, ctx.config.backend, ctx.config.trt_options)
+    lat = latency_model(ctx.project, first.policy, first.calib, cfg.backend, cfg.trt_options)
     ctx.timings["latency_model_s"] = time.perf_counter() - t0
     return lat
 
@@ -365,9 +398,12 @@ def search(project: Project, config: SearchConfig, progress=None, should_stop=No
         message += f" (quality {GENERATED_NOTE}: give real evaluation data for numbers that hold)"
     if ctx.objective == "mac_share":
         message += f". {MAC_SHARE_NOTE}"
+    elif ctx.objective == "trt_estimate":
+        message += ". " + TRT_ESTIMATE_NOTE.format(label=lat.label())
     if ctx.skipped:
         message += ". " + "; ".join(ctx.skipped)
     ctx.step(1.0, "done")
     return SearchResult(ctx.budget, policy, met_on_dev, ctx.budget.met(run.quality) if run else None,
                         run.quality if run else None, message, table, sens, run, time.perf_counter() - t_start,
-                        ctx.timings, by_name, chosen_candidate(table, by_name, policy))
+                        ctx.timings, by_name, chosen_candidate(table, by_name, policy), ctx.objective,
+                        lat.label() if isinstance(lat, EstimatedLatency) else "")

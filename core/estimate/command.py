@@ -1,0 +1,90 @@
+"""``python -m core estimate MODEL [--policy P] --gpu a100 [--shape …] [--json]``: the TensorRT engine a
+policy would build on a GPU and its estimated time, without TensorRT or a GPU. Every number it prints
+is labelled as an estimate, with its GPU and its basis (the fit on the A100 fixtures, or the user's
+calibration stored for that GPU)."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+from ..errors import MixprecError
+from ..policy import NETWORK_DEFAULTS, load_policy
+from ..project import open_project
+from ..samples import SAMPLES
+from ..shapes import parse_shape
+from ..store import load_gpu_calibration
+from .cost import FITTED
+from .gpus import FIXTURE_GPU, GPUS, gpu as gpu_entry
+from .predict import PREDICTION_COLUMNS, Prediction, predict
+
+NAME_WIDTH = 90
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    """Register the ``estimate`` command on the CLI's subparsers."""
+    sp = sub.add_parser("estimate", help="estimate a policy's TensorRT engine time on a GPU, without TensorRT")
+    sp.add_argument("model", help="path to a .onnx file or " + "|".join(f"sample:{n}" for n in SAMPLES))
+    sp.add_argument("--policy", help="policy JSON (default: the default policy)")
+    sp.add_argument("--network-default", default="fp32", choices=NETWORK_DEFAULTS,
+                    help="the default policy's precision for layers it does not set otherwise (default fp32)")
+    sp.add_argument("--gpu", default=FIXTURE_GPU, help=f"GPU of the table: {', '.join(GPUS)} (default {FIXTURE_GPU})")
+    sp.add_argument("--batch", type=int, default=1, help="batch size for dynamic batch dims (default 1)")
+    sp.add_argument("--dim", action="append", metavar="NAME=VALUE", help="value of a named dynamic dim")
+    sp.add_argument("--shape", action="append", metavar="INPUT=1x3x224x224",
+                    help="the full shape of an input (every dim, named or not; repeatable)")
+    sp.add_argument("--no-tf32", action="store_true", help="FP32 layers without TF32 (trtexec --noTF32)")
+    sp.add_argument("--fixture-fit", action="store_true",
+                    help="use the shipped fit on the A100 fixtures even when a calibration for this GPU is stored")
+    sp.add_argument("--top", type=int, default=0, help="print only the N slowest layers (default: all)")
+    sp.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    sp.set_defaults(func=run)
+    return sp
+
+
+def _dims(items: list[str] | None) -> dict[str, int]:
+    out = {}
+    for item in items or []:
+        name, _, value = item.partition("=")
+        if not name or not (value.isascii() and value.isdigit()):
+            raise MixprecError(f"bad --dim {item!r}", "write --dim NAME=VALUE, e.g. --dim seq=128")
+        out[name] = int(value)
+    return out
+
+
+def _text(r: Prediction, top: int) -> str:
+    rows = r.layers.sort_values("est_ms", ascending=False, kind="stable").head(top) if top else r.layers
+    lines = [f"ESTIMATE (not measured): {r.caption()}",
+             f"{'est ms':>8}  {'precision':9}  {'reformat':8}  engine layer"]
+    for row in rows.itertuples():
+        name = row.engine_layer if len(row.engine_layer) <= NAME_WIDTH else row.engine_layer[:NAME_WIDTH - 1] + "…"
+        lines.append(f"{row.est_ms:8.4f}  {row.precision:9}  {'yes' if row.is_reformat else '':8}  {name}")
+    return "\n".join(lines)
+
+
+def _clean(obj):
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def run(args) -> int:
+    """The ``estimate`` command: predict, price and print (text, or one JSON document)."""
+    g = gpu_entry(args.gpu)
+    shapes = dict(parse_shape(s) for s in args.shape or [])
+    p = open_project(args.model, batch=args.batch, shape_overrides=_dims(args.dim), shapes=shapes)
+    policy = load_policy(args.policy, p.model, p.layers) if args.policy else p.default_policy(args.network_default)
+    params = None if args.fixture_fit else load_gpu_calibration(p.ws, g.key)
+    r = predict(p.model, policy, p.input_shapes, g, params or FITTED, tf32=not args.no_tf32)
+    if args.json:
+        doc = r.to_json() | {"command": "estimate", "policy": args.policy or f"default ({args.network_default})",
+                             "input_shapes": {k: list(v) for k, v in p.input_shapes.items()},
+                             "columns": PREDICTION_COLUMNS}
+        print(json.dumps(_clean(doc), indent=2))
+    else:
+        print(_text(r, args.top))
+    return 0

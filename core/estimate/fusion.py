@@ -1,0 +1,751 @@
+"""The engine TensorRT would build from an explicit-precision ONNX (Q/DQ for INT8, Cast and
+float16 tensors for FP16: mixprec's ``trt``-target compile), as a list of
+:class:`~core.estimate.engine.EngineLayer` records for the cost model.
+
+What is simulated, each rule read off the real A100 engines in ``../shared/fixtures/trt-engine-reports``
+(ResNet-18 at batch 32 in fp32, fp16 and three INT8 placements) and TensorRT's explicit-quantization
+guide:
+
+* **Constants fold.** Weight DequantizeLinear (int8 initializers), Constant nodes and anything computed
+  from constants only run at build time; shape arithmetic (int64 tensors) costs nothing.
+* **Convolution/GEMM fusion.** A Conv/ConvTranspose/Gemm/MatMul absorbs the DequantizeLinear of its
+  activation input (INT8 math), then, as long as its output has one consumer: Casts (an INT8 kernel
+  writes int8, fp16 or fp32: ``i8i8``/``i8f16``/``i8f32`` tactics; an fp16/fp32 kernel writes its own
+  type only), pointwise ops with constant operands (bias, BatchNormalization as a scale, Mul by a
+  constant), activations, **one residual Add** (Conv/Gemm only: ``Conv_5 + Add_6 + Relu_7``), and a
+  closing QuantizeLinear (INT8 output) when the layer computes in INT8 and its residual, if any, is
+  quantized too (with a float residual the layer writes float and the QuantizeLinear after it is a
+  reformat: the qat fixture's ``QuantizeLinear_40``). The QuantizeLinear may sit behind Casts,
+  reshapes and Transposes (attention heads): TensorRT moves it back across them. Of an Add fed by two
+  convolutions the later one in topological order takes it (``Conv_16 + Add_17 + Relu_18`` is the
+  downsample). The residual is read in the output's type: a quantized residual (DQ) fuses when the
+  output is INT8, else its DequantizeLinear runs as a separate reformat (``DequantizeLinear_291`` of
+  the qat-residual engine).
+* **ConvActPool.** An INT8 convolution followed by a MaxPool whose result is only quantized again
+  takes the pooling in (``conv1.weight + QuantizeLinear_7 + Conv_9 + MaxPool_12``): TensorRT moves the
+  QuantizeLinear back across the max (they commute).
+* **Pooling** runs in INT8 when its input is dequantized and its output only quantized again (through
+  Casts and reshapes), else in its input's float type.
+* **Pointwise regions** (elementwise ops, reductions, Softmax, LayerNormalization and its
+  decomposed ReduceMean…Sqrt…Div form) fuse into one layer wherever a node reads only tensors of the
+  region or the region's inputs. A QuantizeLinear that is the only reader of the region's output
+  fuses into it (int8 output); with all inputs dequantized too, the region computes in INT8.
+* **Conversions** left over (QuantizeLinear, DequantizeLinear, Cast chains between layers) are one
+  Reformat layer each chain, from the first type to the last; a chain that ends where it began is
+  removed.
+* **Formats.** INT8 convolutions read and write 32-wide channel-vectorised tensors (int8, or fp16 for
+  an ``i8f16`` output; fp32 outputs are linear); fp16 convolutions channel-major (``% 8``); fp32/tf32
+  ones channel-major except a first layer of ≤ 4 input channels (linear); float pooling does not read
+  the 32-wide format; graph inputs and outputs are linear. A tensor whose format its consumer cannot
+  read gets a format reformat, unless its spatial size is 1 (the formats then coincide: TensorRT
+  reports those copies as ``NoOp``). A layer that can write several formats writes the one most of its
+  consumers read.
+
+What it does not simulate: Myelin's fusion of whole transformer blocks, tactic choice beyond these
+formats, multi-stream overlap.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from ..errors import MixprecError
+from ..onnx_graph import attr
+from .engine import EngineLayer, Tensor
+from .layers import layer_class
+
+ANCHORS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+RESIDUAL_ANCHORS = frozenset({"Conv", "ConvTranspose", "Gemm"})
+POOLING = frozenset({"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LpPool", "GlobalLpPool"})
+POINTWISE = frozenset({
+    "Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Elu", "Selu", "Softplus",
+    "Softsign", "Gelu", "Erf", "Exp", "Log", "Sqrt", "Neg", "Abs", "Reciprocal", "Mish", "Celu", "Floor",
+    "Ceil", "Round", "Sin", "Cos", "ThresholdedRelu", "PRelu", "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min",
+    "Sum", "Mean", "BatchNormalization", "Where", "Not", "Equal", "Less", "Greater", "And", "Or"})
+NORM = frozenset({"Softmax", "LogSoftmax", "LayerNormalization", "InstanceNormalization", "GroupNormalization",
+                  "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+                  "ReduceSumSquare", "ReduceLogSumExp", "LpNormalization", "SimplifiedLayerNormalization",
+                  "SkipLayerNormalization"})
+SHUFFLE = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Concat"})  # no kernel of their own
+PASS_THROUGH = ("Cast", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")  # Q moves across these
+CONVERT = frozenset({"QuantizeLinear", "DequantizeLinear", "Cast", "CastLike"})
+CONV_TYPES = {"Conv": "CaskConvolution", "ConvTranspose": "CaskDeconvolution", "Gemm": "CaskConvolution",
+              "MatMul": "CaskGemmMatrixMultiply"}
+COPY_TYPES = {"Transpose": "Shuffle", "Slice": "Slice", "Split": "Slice", "Gather": "Gather",
+              "GatherElements": "Gather", "GatherND": "Gather", "Pad": "Padding", "Resize": "Resize",
+              "Expand": "Slice", "Tile": "Slice", "DepthToSpace": "Shuffle", "SpaceToDepth": "Shuffle"}
+_ELEM = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.BFLOAT16: "bf16",
+         onnx.TensorProto.INT8: "int8", onnx.TensorProto.UINT8: "int8", onnx.TensorProto.DOUBLE: "fp32",
+         onnx.TensorProto.INT32: "int32", onnx.TensorProto.INT64: "int64", onnx.TensorProto.BOOL: "bool"}
+DATA_TYPES = ("fp32", "fp16", "bf16", "int8")
+REGION_WINDOW = 64  # nodes ahead that a pointwise region looks at for members
+# formats (channel layouts of 4-D activations) and the vectorisation they report
+FORMAT_VECTOR = {"linear": 1, "hwc": 4, "hwc4": 4, "hwc8": 8, "c32": 32, "c4": 4}
+
+
+@dataclass
+class Group:
+    """One predicted engine layer before formats: its ONNX nodes and what it reads and writes."""
+
+    kind: str                      # conv / pool / pointwise / shuffle / copy / convert / other
+    nodes: list[int]
+    inputs: list[str]              # activation tensors read (int8 ones: a QuantizeLinear's output)
+    outputs: list[str]
+    precision: str = "fp32"        # math precision
+    anchor: int | None = None      # the conv/GEMM or pooling node
+    pool: int | None = None        # a MaxPool fused into an INT8 convolution
+    residual: str | None = None    # the residual input of a fused Add
+    weight_dtype: str = ""
+    elided: bool = False           # a conversion chain that ends in its own type: removed
+    formats_in: list[str] = field(default_factory=list)
+    formats_out: list[str] = field(default_factory=list)
+
+
+class Net:
+    """The ONNX graph with the maps the fusion needs: producer and consumers of each tensor, the
+    tensors that are constants at build time, dtypes and static shapes."""
+
+    def __init__(self, proto: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], dtypes: dict[str, str]):
+        self.nodes = list(proto.graph.node)
+        self.shapes, self.dtypes = shapes, dtypes
+        self.graph_inputs = [i.name for i in proto.graph.input]
+        self.graph_outputs = {o.name for o in proto.graph.output}
+        self.inits = {i.name: i for i in proto.graph.initializer}
+        self.producer: dict[str, int] = {}
+        self.consumers: dict[str, list[int]] = defaultdict(list)
+        for k, n in enumerate(self.nodes):
+            for o in n.output:
+                self.producer[o] = k
+            for i in n.input:
+                if i:
+                    self.consumers[i].append(k)
+        self.consts = set(self.inits)
+        for n in self.nodes:  # constant folding: what only constants feed is a constant
+            if n.op_type == "Constant" or (n.input and all((not i) or i in self.consts for i in n.input)):
+                self.consts.update(n.output)
+
+    def op(self, k: int) -> str:
+        return self.nodes[k].op_type
+
+    def live(self, tensor: str) -> bool:
+        """An activation: computed at run time, of a data type (not shape arithmetic)."""
+        return bool(tensor) and tensor not in self.consts and self.dtypes.get(tensor, "fp32") in DATA_TYPES
+
+    def live_inputs(self, k: int) -> list[str]:
+        return [t for t in self.nodes[k].input if self.live(t)]
+
+    def sole_consumer(self, tensor: str) -> int | None:
+        cons = self.consumers.get(tensor, [])
+        return cons[0] if len(cons) == 1 and tensor not in self.graph_outputs else None
+
+    def dtype(self, tensor: str) -> str:
+        return self.dtypes.get(tensor, "fp32")
+
+    def shape(self, tensor: str) -> tuple[int, ...]:
+        return self.shapes.get(tensor, ())
+
+    def const_value(self, tensor: str) -> np.ndarray | None:
+        if tensor in self.inits:
+            return numpy_helper.to_array(self.inits[tensor])
+        k = self.producer.get(tensor)
+        if k is not None and self.op(k) == "DequantizeLinear":  # an int8 weight
+            return self.const_value(self.nodes[k].input[0])
+        if k is not None and self.op(k) == "Constant":
+            t = attr(self.nodes[k], "value")
+            return numpy_helper.to_array(t) if t is not None else None
+        return None
+
+    def weight_dtype(self, tensor: str) -> str:
+        k = self.producer.get(tensor)
+        if k is not None and self.op(k) == "DequantizeLinear":
+            return "int8"
+        return self.dtype(tensor)
+
+
+# --------------------------------------------------------------------------- fusion
+
+def _dq_source(net: Net, tensor: str, consumer: int) -> list[int] | None:
+    """The DequantizeLinear (and Casts after it) that feed ``tensor`` to ``consumer`` alone, or None."""
+    chain, t = [], tensor
+    while True:
+        k = net.producer.get(t)
+        if k is None or net.sole_consumer(t) != (chain[-1] if chain else consumer):
+            return None
+        if net.op(k) == "Cast":
+            chain.append(k)
+            t = net.nodes[k].input[0]
+            continue
+        if net.op(k) == "DequantizeLinear" and net.live(net.nodes[k].input[0]):
+            return [k] + chain[::-1]
+        return None
+
+
+def _to_quantize(net: Net, tensor: str, through=("Cast",)) -> list[int] | None:
+    """The nodes from ``tensor`` to a QuantizeLinear that is its only reader (through Casts and
+    ``through`` ops, each the only reader of the one before), or None."""
+    chain, t = [], tensor
+    while True:
+        k = net.sole_consumer(t)
+        if k is None:
+            return None
+        chain.append(k)
+        if net.op(k) == "QuantizeLinear":
+            return chain
+        if net.op(k) not in through:
+            return None
+        t = net.nodes[k].output[0]
+
+
+def _anchor_of(net: Net, tensor: str) -> int | None:
+    """The convolution whose epilogue (Casts, constant pointwise ops, activations) produces ``tensor``
+    with one reader at each step, or None."""
+    t = tensor
+    while True:
+        k = net.producer.get(t)
+        if k is None:
+            return None
+        if net.op(k) in RESIDUAL_ANCHORS:
+            return k
+        if net.op(k) == "Cast" or (net.op(k) in POINTWISE and len(net.live_inputs(k)) == 1):
+            t = net.live_inputs(k)[0] if net.live_inputs(k) else None
+            if t is None or net.sole_consumer(t) != k:
+                return None
+            continue
+        return None
+
+
+def residual_owners(net: Net) -> dict[int, int]:
+    """Add node -> the convolution it fuses into: of the inputs produced by a convolution's epilogue,
+    the later convolution in topological order (the fp32 fixture fuses the downsample's Add)."""
+    owners = {}
+    for k, n in enumerate(net.nodes):
+        if n.op_type not in ("Add", "Sum"):
+            continue
+        ins = net.live_inputs(k)
+        if len(ins) != 2 or ins[0] == ins[1] or net.shape(ins[0]) != net.shape(ins[1]) or not net.shape(ins[0]):
+            continue
+        anchors = [a for a in (_anchor_of(net, t) for t in ins) if a is not None]
+        if anchors:
+            owners[k] = max(anchors)
+    return owners
+
+
+class _Fuser:
+    def __init__(self, net: Net):
+        self.net = net
+        self.claimed: set[int] = set()
+        self.owners = residual_owners(net)
+        self.groups: list[Group] = []
+
+    def claim(self, ks):
+        self.claimed.update(ks)
+
+    def run(self) -> list[Group]:
+        net = self.net
+        for k, n in enumerate(net.nodes):
+            if k in self.claimed or not any(net.live(o) for o in n.output) and n.op_type not in ANCHORS:
+                continue
+            op = n.op_type
+            if op in CONVERT:
+                continue  # conversions left over become reformats (after every layer took its own)
+            if op in ANCHORS and net.live_inputs(k):
+                self.groups.append(self.conv(k))
+            elif op in POOLING and net.live_inputs(k):
+                self.groups.append(self.pool(k))
+            elif op in POINTWISE or op in NORM:
+                self.groups.append(self.region(k))
+            elif op in SHUFFLE:
+                self.claim([k])
+                self.groups.append(Group("shuffle", [k], net.live_inputs(k), [o for o in n.output if net.live(o)],
+                                         net.dtype(n.output[0])))
+            elif net.live_inputs(k):
+                self.claim([k])
+                kind = "copy" if op in COPY_TYPES else "other"
+                self.groups.append(Group(kind, [k], net.live_inputs(k), [o for o in n.output if net.live(o)],
+                                         net.dtype(n.output[0])))
+        self.groups.extend(self.conversions())
+        return topological(self.groups)
+
+    # --- convolution / GEMM ------------------------------------------------------------
+    def conv(self, k: int) -> Group:
+        net, n = self.net, self.net.nodes[k]
+        nodes, inputs, int8 = [k], [], False
+        for t in net.live_inputs(k):
+            dq = _dq_source(net, t, k)
+            if dq is not None:
+                nodes += dq
+                inputs.append(net.nodes[dq[0]].input[0])
+                int8 = True
+            else:
+                inputs.append(t)
+        w = n.input[1] if len(n.input) > 1 else ""
+        g = Group("conv", nodes, inputs, [], "int8" if int8 else net.dtype(inputs[0]), anchor=k,
+                  weight_dtype=net.weight_dtype(w) if w in net.consts else "")
+        out = self.epilogue(g, n.output[0])
+        g.outputs = [out]
+        self.claim(g.nodes)
+        return g
+
+    def epilogue(self, g: Group, cur: str) -> str:
+        """Grow ``g`` over the nodes TensorRT fuses after a convolution; its output tensor."""
+        net, int8 = self.net, g.precision == "int8"
+        own_type = net.dtype(cur)
+        while (c := net.sole_consumer(cur)) is not None and c not in self.claimed:
+            op, node = net.op(c), net.nodes[c]
+            to_q = _to_quantize(net, cur, through=PASS_THROUGH + ("Transpose",))
+            if to_q is not None:  # (Casts →) QuantizeLinear: an INT8 output, or a reformat after the layer
+                if not int8 or self.float_residual(g):
+                    break
+                g.nodes += to_q
+                cur = net.nodes[to_q[-1]].output[0]
+                self.maybe_pool(g, cur)
+                return self.residual(g, g.outputs[0] if g.outputs else cur)
+            if op == "Cast" and (int8 or net.dtype(node.output[0]) == own_type):
+                pass
+            elif op in POINTWISE and net.live_inputs(c) == [cur]:
+                pass  # activation, bias, scale
+            elif op in ("Add", "Sum") and g.residual is None and self.owners.get(c) == g.anchor:
+                g.residual = next(t for t in net.live_inputs(c) if t != cur)
+            elif op == "MaxPool" and int8 and g.pool is None and g.residual is None \
+                    and _to_quantize(net, node.output[0]) is not None:
+                g.pool = c
+            else:
+                break
+            g.nodes.append(c)
+            cur = node.output[0]
+        return self.residual(g, cur)
+
+    def float_residual(self, g: Group) -> bool:
+        """A fused Add whose residual is not quantized: the layer writes float (TensorRT keeps the
+        QuantizeLinear after it as a reformat, the qat fixture's ``QuantizeLinear_40``)."""
+        if g.residual is None:
+            return False
+        add = next(c for c in g.nodes if self.net.op(c) in ("Add", "Sum"))
+        return _dq_source(self.net, g.residual, add) is None
+
+    def maybe_pool(self, g: Group, q_out: str):
+        """ConvActPool across Q→DQ: an INT8 conv's quantized output read only by DQ→MaxPool→Q."""
+        net = self.net
+        dq = net.sole_consumer(q_out)
+        if dq is None or net.op(dq) != "DequantizeLinear" or g.pool is not None or g.residual is not None:
+            return
+        mp = net.sole_consumer(net.nodes[dq].output[0])
+        if mp is None or net.op(mp) != "MaxPool":
+            return
+        tail = _to_quantize(net, net.nodes[mp].output[0])
+        if tail is None:
+            return
+        g.pool = mp
+        g.nodes += [dq, mp] + tail
+        g.outputs = [net.nodes[tail[-1]].output[0]]
+
+    def residual(self, g: Group, out: str) -> str:
+        """The residual input: int8 (its DQ absorbed) when the output is int8, else read as is."""
+        if g.residual is None:
+            return out
+        add = next(c for c in g.nodes if self.net.op(c) in ("Add", "Sum"))
+        dq = _dq_source(self.net, g.residual, add)
+        if dq is not None and self.net.dtype(out) == "int8":
+            g.nodes += dq
+            g.residual = self.net.nodes[dq[0]].input[0]
+        g.inputs.append(g.residual)
+        return out
+
+    # --- pooling ----------------------------------------------------------------------
+    def pool(self, k: int) -> Group:
+        net = self.net
+        t = net.live_inputs(k)[0]
+        dq = _dq_source(net, t, k)
+        tail = _to_quantize(net, net.nodes[k].output[0], through=PASS_THROUGH) if dq else None
+        if dq is not None and tail is not None:
+            g = Group("pool", dq + [k] + tail, [net.nodes[dq[0]].input[0]], [net.nodes[tail[-1]].output[0]],
+                      "int8", anchor=k)
+        else:
+            g = Group("pool", [k], [t], [net.nodes[k].output[0]], net.dtype(t), anchor=k)
+        self.claim(g.nodes)
+        return g
+
+    # --- pointwise regions -----------------------------------------------------------
+    def region(self, k: int) -> Group:
+        net = self.net
+        members, produced = [k], set(net.nodes[k].output)
+        external = list(net.live_inputs(k))
+        for c in range(k + 1, min(len(net.nodes), k + REGION_WINDOW)):
+            op = net.op(c)
+            if c in self.claimed or not (op in POINTWISE or op in NORM or op == "Cast"):
+                continue
+            ins = net.live_inputs(c)
+            if ins and any(t in produced for t in ins) and all(t in produced or t in external for t in ins):
+                members.append(c)
+                produced.update(net.nodes[c].output)
+        outs = [t for m in members for t in net.nodes[m].output if net.live(t) and (
+            t in net.graph_outputs or any(c not in members for c in net.consumers.get(t, [])))]
+        g = Group("pointwise", members, external, outs, net.dtype(outs[0]) if outs else "fp32", anchor=k)
+        self.claim(members)
+        self.quantized_region(g)
+        return g
+
+    def quantized_region(self, g: Group):
+        """A region whose one output is only quantized writes int8 (the QuantizeLinear fuses into the
+        pointwise kernel); with every input dequantized too (DQs absorbed) it computes in INT8."""
+        net = self.net
+        tail = _to_quantize(net, g.outputs[0]) if len(g.outputs) == 1 else None
+        if tail is None:
+            return
+        g.nodes += tail
+        g.outputs = [net.nodes[tail[-1]].output[0]]
+        readers = [next(c for c in net.consumers[t] if c in g.nodes) for t in g.inputs]
+        dqs = [_dq_source(net, t, r) for t, r in zip(g.inputs, readers)]
+        if dqs and all(d is not None for d in dqs):
+            g.nodes += [k for d in dqs for k in d]
+            g.inputs = [net.nodes[d[0]].input[0] for d in dqs]
+            g.precision = "int8"
+        self.claim(g.nodes)
+
+    # --- conversions --------------------------------------------------------------------
+    def conversions(self) -> list[Group]:
+        """Each chain of conversion nodes no layer took: one reformat from its first type to its last."""
+        net, out = self.net, []
+        for k, n in enumerate(net.nodes):
+            if k in self.claimed or n.op_type not in CONVERT or not net.live(n.input[0] if n.input else ""):
+                continue
+            chain = [k]
+            while (c := net.sole_consumer(net.nodes[chain[-1]].output[0])) is not None and c not in self.claimed \
+                    and net.op(c) in CONVERT:
+                chain.append(c)
+            self.claim(chain)
+            src, dst = n.input[0], net.nodes[chain[-1]].output[0]
+            quantizes = any(net.op(c) == "QuantizeLinear" for c in chain)
+            out.append(Group("convert", chain, [src], [dst], net.dtype(dst),
+                             elided=net.dtype(src) == net.dtype(dst) and not quantizes))
+        return out
+
+
+def topological(groups: list[Group]) -> list[Group]:
+    """The groups in an order where each comes after the groups whose outputs it reads (ties: the
+    group whose first node comes first)."""
+    made = {t: gi for gi, g in enumerate(groups) for t in g.outputs}
+    deps = [{made[t] for t in g.inputs if t in made and made[t] != gi} for gi, g in enumerate(groups)]
+    readers: dict[int, list[int]] = defaultdict(list)
+    for gi, d in enumerate(deps):
+        for j in d:
+            readers[j].append(gi)
+    waiting = [len(d) for d in deps]
+    ready = sorted((min(g.nodes), gi) for gi, g in enumerate(groups) if not waiting[gi])
+    out = []
+    while ready:
+        _, gi = ready.pop(0)
+        out.append(groups[gi])
+        for r in readers[gi]:
+            waiting[r] -= 1
+            if not waiting[r]:
+                ready.append((min(groups[r].nodes), r))
+                ready.sort()
+    if len(out) != len(groups):  # a cycle cannot happen in a DAG; keep every group anyway
+        out += [g for g in groups if not any(g is o for o in out)]
+    return out
+
+
+UNMODELLED = {"If": "control flow", "Loop": "control flow", "Scan": "control flow", "LSTM": "recurrent",
+              "GRU": "recurrent", "RNN": "recurrent"}
+
+
+def unmodelled(net: Net, groups: list[Group]) -> list[str]:
+    """What the estimate leaves out or prices by its bytes only: control flow (If/Loop/Scan: not
+    predicted), recurrent layers and ops of no known class (priced as memory copies)."""
+    notes: dict[str, list[str]] = defaultdict(list)
+    covered = {k for g in groups for k in g.nodes}
+    for k, n in enumerate(net.nodes):
+        kind = UNMODELLED.get(n.op_type)
+        if kind == "control flow" or (kind is None and n.op_type not in ANCHORS | POOLING | POINTWISE | NORM | SHUFFLE
+                                      | CONVERT and n.op_type not in COPY_TYPES and k in covered):
+            notes[kind or "unknown"].append(n.op_type)
+        elif kind == "recurrent":
+            notes[kind].append(n.op_type)
+    what = {"control flow": "not in the estimate (TensorRT's conditionals and loops are not predicted)",
+            "recurrent": "priced by the bytes they move only", "unknown": "priced by the bytes they move only"}
+    return [f"{len(ops)} {kind} node(s) ({', '.join(sorted(set(ops)))}): {what[kind]}" for kind, ops in notes.items()]
+
+
+def fuse(net: Net) -> list[Group]:
+    """The predicted engine layers of ``net`` (before formats), in topological order."""
+    return _Fuser(net).run()
+
+
+# --------------------------------------------------------------------------- formats
+
+def _spatial_one(shape: tuple[int, ...]) -> bool:
+    return len(shape) < 4 or int(np.prod(shape[2:], dtype=np.int64)) == 1
+
+
+def _in_channels(net: Net, g: Group) -> int:
+    shape = net.shape(g.inputs[0]) if g.inputs else ()
+    return int(shape[1]) if len(shape) >= 2 else 0
+
+
+def accepted(net: Net, g: Group, i: int) -> tuple[str, ...] | None:
+    """The formats layer ``g`` reads its input ``i`` in (None: any). A fused residual is read in the
+    layer's output format."""
+    if g.kind == "conv":
+        if g.residual is not None and i == len(g.inputs) - 1:
+            return written(net, g)[:1]
+        small = _in_channels(net, g) <= 4
+        if g.precision == "int8":
+            return ("c4", "linear") if small else ("c32",)
+        if g.precision == "fp16":
+            return ("hwc4",) if small else ("hwc8",)
+        return ("linear",) if small else ("hwc",)
+    if g.kind == "pool":
+        return ("c32",) if g.precision == "int8" else ("linear", "hwc", "hwc8", "c4")
+    if g.kind == "shuffle" and g.inputs and not _spatial_one(net.shape(g.inputs[0])) \
+            and net.op(g.nodes[0]) != "Concat":
+        return ("linear",)
+    return None
+
+
+def written(net: Net, g: Group, fmt_in: str | None = None) -> tuple[str, ...]:
+    """The formats layer ``g`` can write, preferred first: an INT8 convolution writes int8 and fp16
+    32-wide vectorised (``i8i8``/``i8f16`` tactics), fp32 linear (``i8f32``); a reformat writes what
+    its readers read; other layers write their input's format."""
+    if g.kind == "conv":
+        small = _in_channels(net, g) <= 4
+        out_type = net.dtype(g.outputs[0])
+        if g.precision == "int8":
+            if out_type == "int8":
+                return ("c32",)
+            return ("linear",) if small or out_type == "fp32" else ("c32",)
+        if g.precision == "fp16":
+            return ("hwc8",)
+        return ("linear",) if small else ("hwc",)
+    if g.kind == "convert":
+        return ("linear", "c32", "hwc8", "hwc", "hwc4", "c4")
+    return (fmt_in or "linear",)
+
+
+def _vote(net: Net, readers: dict, tensor: str, options: tuple[str, ...]) -> str:
+    """Of ``options``, the format most readers of ``tensor`` read (ties: the first)."""
+    if len(options) == 1:
+        return options[0]
+    score = {f: 100 if f == "linear" and tensor in net.graph_outputs else 0 for f in options}
+    for g, i in readers.get(tensor, []):
+        acc = accepted(net, g, i)
+        for f in options:
+            score[f] += 1 if acc is None or f in acc else 0
+    return max(options, key=lambda f: (score[f], -options.index(f)))
+
+
+@dataclass
+class FormatReformat:
+    """A format change TensorRT inserts before ``reader`` (input ``index``): ``tensor`` from one layout
+    to another of the same type."""
+
+    tensor: str
+    src: str
+    dst: str
+    reader: int  # index of the reading group (-1: the network output)
+    index: int
+
+
+def assign_formats(net: Net, groups: list[Group]) -> list[FormatReformat]:
+    """Formats of every layer's inputs and outputs, and the format reformats between them (one per
+    tensor and target format, shared by the readers that need it)."""
+    readers: dict[str, list] = defaultdict(list)
+    for g in groups:
+        for i, t in enumerate(g.inputs):
+            readers[t].append((g, i))
+    fmt = {t: "linear" for t in net.graph_inputs}
+    copies: dict[tuple[str, str], FormatReformat] = {}
+    for gi, g in enumerate(groups):
+        g.formats_in = []
+        concat = g.kind == "shuffle" and net.op(g.nodes[0]) == "Concat"
+        for i, t in enumerate(g.inputs):
+            have, acc = fmt.get(t, "linear"), accepted(net, g, i)
+            if concat:  # any format, the same for every input
+                acc = (g.formats_in[0],) if i else None
+            need = have if acc is None or have in acc else acc[0]
+            if need != have and not _spatial_one(net.shape(t)):
+                copies.setdefault((t, need), FormatReformat(t, have, need, gi, i))
+            g.formats_in.append(need)
+        opts = written(net, g, g.formats_in[0] if g.formats_in else None)
+        g.formats_out = [_vote(net, readers, o, opts) for o in g.outputs]
+        fmt.update(zip(g.outputs, g.formats_out))
+    for t in net.graph_outputs:  # outputs are bound linear
+        have = fmt.get(t, "linear")
+        if have != "linear" and not _spatial_one(net.shape(t)):
+            copies.setdefault((t, "linear"), FormatReformat(t, have, "linear", -1, 0))
+    return list(copies.values())
+
+
+# --------------------------------------------------------------------------- engine layers
+
+def _tensor(net: Net, name: str, fmt: str = "linear", dims: tuple[int, ...] | None = None) -> Tensor:
+    dims = tuple(int(d) for d in (net.shape(name) if dims is None else dims))
+    vec = FORMAT_VECTOR.get(fmt, 1) if len(dims) >= 4 else 1
+    return Tensor(name, dims, net.dtype(name), vec)
+
+
+def _names(net: Net, g: Group) -> tuple[str, ...]:
+    return tuple(net.nodes[k].name for k in sorted(g.nodes))
+
+
+def _as_rows(t: Tensor) -> Tensor:
+    """A [..., K] tensor as [rows, K, 1, 1] (rows: the product of the leading dims)."""
+    rows = int(np.prod(t.dims[:-1], dtype=np.int64)) if len(t.dims) > 1 else 1
+    return Tensor(t.name, (rows, int(t.dims[-1]), 1, 1), t.dtype, t.vector)
+
+
+def _conv_layer(net: Net, g: Group) -> EngineLayer:
+    n = net.nodes[g.anchor]
+    w = net.const_value(n.input[1]) if len(n.input) > 1 else None
+    b = net.const_value(n.input[2]) if len(n.input) > 2 and n.input[2] else None
+    ins = [_tensor(net, t, f) for t, f in zip(g.inputs, g.formats_in)]
+    outs = [_tensor(net, t, f) for t, f in zip(g.outputs, g.formats_out)]
+    precision = g.precision  # fp32: the cost model runs it on TF32 tensor cores where it may (trtexec's default)
+    attrs = {"stride": tuple(attr(n, "strides", ()) or ()), "predicted": True}
+    kernel, groups, out_maps = (), int(attr(n, "group", 1) or 1), 0
+    if n.op_type in ("Conv", "ConvTranspose") and w is not None:
+        kernel = tuple(int(d) for d in w.shape[2:])
+        out_maps = int(w.shape[0] if n.op_type == "Conv" else w.shape[1] * groups)
+    elif n.op_type == "Gemm" and w is not None:  # TensorRT runs it as a 1x1 convolution
+        out_maps = int(w.shape[0] if attr(n, "transB", 0) else w.shape[-1])
+        kernel = (1, 1)
+        ins = [Tensor(t.name, t.dims + (1, 1) if len(t.dims) == 2 else t.dims, t.dtype, t.vector) for t in ins]
+        outs = [Tensor(t.name, t.dims + (1, 1) if len(t.dims) == 2 else t.dims, t.dtype, t.vector) for t in outs]
+    elif n.op_type == "MatMul" and ins and outs and ins[0].dims and outs[0].dims:
+        # as TensorRT's GEMM cost reads: rows × K into rows × N, a 1x1 convolution over the rows
+        out_maps, kernel = int(outs[0].dims[-1]), (1, 1)
+        ins[0] = _as_rows(ins[0])
+        outs = [_as_rows(t) for t in outs]
+    layer_type = CONV_TYPES[n.op_type]
+    if g.pool is not None:
+        layer_type = "ConvActPool"
+        attrs["conv_out"] = tuple(int(d) for d in net.shape(n.output[0])[2:])
+        attrs["pooling"] = "MAX"
+    if g.residual is not None:
+        attrs["residual"] = g.residual
+    return EngineLayer(" + ".join(_names(net, g)), layer_type, "conv_gemm", precision, tuple(ins), tuple(outs),
+                       kernel, groups, out_maps, int(w.size) if w is not None else 0,
+                       g.weight_dtype if w is not None else "", int(b.size) if b is not None else 0,
+                       _names(net, g), False, attrs)
+
+
+def _pool_layer(net: Net, g: Group) -> EngineLayer:
+    n = net.nodes[g.anchor]
+    ins = tuple(_tensor(net, t, f) for t, f in zip(g.inputs, g.formats_in))
+    outs = tuple(_tensor(net, t, f) for t, f in zip(g.outputs, g.formats_out))
+    if n.op_type.startswith("Global"):
+        kernel = tuple(int(d) for d in net.shape(g.inputs[0])[2:])
+    else:
+        kernel = tuple(int(d) for d in attr(n, "kernel_shape", ()) or ())
+    kind = "MAX" if "Max" in n.op_type else "AVERAGE"
+    layer_type = "CudaPooling" if g.precision == "int8" else "CaskPooling"
+    return EngineLayer(" + ".join(_names(net, g)), layer_type, "pooling", g.precision, ins, outs, kernel,
+                       onnx_nodes=_names(net, g),
+                       attrs={"pooling": kind, "stride": tuple(attr(n, "strides", ()) or ()), "predicted": True})
+
+
+def _layer_type(net: Net, g: Group) -> str:
+    ops = {net.op(k) for k in g.nodes}
+    if g.kind == "pointwise":
+        if ops & {"Softmax", "LogSoftmax"}:
+            return "Softmax"
+        if ops & NORM:
+            return "Normalization" if ops & {"Sqrt", "Div", "LayerNormalization", "Pow"} else "Reduce"
+        return "PointWiseV2"
+    if g.kind == "copy":
+        return COPY_TYPES.get(net.op(g.nodes[0]), net.op(g.nodes[0]))
+    return net.op(g.nodes[0])
+
+
+def _plain_layer(net: Net, g: Group) -> EngineLayer:
+    ins = tuple(_tensor(net, t, f) for t, f in zip(g.inputs, g.formats_in or ["linear"] * len(g.inputs)))
+    outs = tuple(_tensor(net, t, f) for t, f in zip(g.outputs, g.formats_out or ["linear"] * len(g.outputs)))
+    names = _names(net, g)
+    if g.kind == "shuffle" or g.elided:
+        return EngineLayer(" + ".join(names), "NoOp", "other", g.precision, ins, outs, onnx_nodes=names,
+                           attrs={"predicted": True})
+    if g.kind == "convert":
+        return EngineLayer(names[0], "Reformat", "reformat", net.dtype(g.outputs[0]), ins, outs,
+                           onnx_nodes=names, is_reformat=True, attrs={"predicted": True, "chain": names})
+    layer_type = _layer_type(net, g)
+    cls = layer_class(layer_type, names[0])
+    if g.kind == "pointwise" and cls == "other":
+        cls = "elementwise"
+    return EngineLayer(" + ".join(names), layer_type, cls, g.precision, ins, outs, onnx_nodes=names,
+                       attrs={"predicted": True})
+
+
+def _format_layer(net: Net, r: FormatReformat, layers: list[EngineLayer]) -> EngineLayer:
+    reader = "the network output" if r.reader < 0 else layers[r.reader].name
+    src, dst = _tensor(net, r.tensor, r.src), _tensor(net, r.tensor, r.dst)
+    name = f"Reformatting CopyNode for Input Tensor {r.index} to {reader}"
+    return EngineLayer(name, "Reformat", "reformat", src.dtype, (src,), (dst,), is_reformat=True,
+                       attrs={"predicted": True, "formats": (r.src, r.dst)})
+
+
+def predicted(net: Net) -> tuple[list[EngineLayer], list[str]]:
+    """The predicted engine of ``net`` and the notes on what it leaves out (:func:`unmodelled`)."""
+    groups = fuse(net)
+    return engine_layers(net, groups), unmodelled(net, groups)
+
+
+def engine_layers(net: Net, groups: list[Group] | None = None) -> list[EngineLayer]:
+    """The predicted engine: fused layers, conversion reformats and format reformats (each format
+    reformat placed right before the layer that needs it)."""
+    groups = fuse(net) if groups is None else groups
+    copies = assign_formats(net, groups)
+    layers = []
+    for g in groups:
+        if g.kind == "conv":
+            layers.append(_conv_layer(net, g))
+        elif g.kind == "pool":
+            layers.append(_pool_layer(net, g))
+        else:
+            layers.append(_plain_layer(net, g))
+    before: dict[int, list[EngineLayer]] = defaultdict(list)
+    for r in copies:
+        before[r.reader if r.reader >= 0 else len(groups)].append(_format_layer(net, r, layers))
+    out = []
+    for i, layer in enumerate(layers):
+        out.extend(before.get(i, []))
+        out.append(layer)
+    out.extend(before.get(len(groups), []))
+    return out
+
+
+# --------------------------------------------------------------------------- from a model
+
+def static_net(proto: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]]) -> Net:
+    """A :class:`Net` of ``proto`` with its inputs at ``input_shapes`` and every tensor's shape and type
+    inferred (a MixprecError when inference fails)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(proto)
+    del m.graph.value_info[:]
+    for inp in m.graph.input:
+        if inp.name in input_shapes:
+            dims = inp.type.tensor_type.shape.dim
+            for d, v in zip(dims, input_shapes[inp.name]):
+                d.Clear()
+                d.dim_value = int(v)
+    for out in m.graph.output:
+        for d in out.type.tensor_type.shape.dim:
+            d.Clear()
+    try:
+        m = onnx.shape_inference.infer_shapes(m, data_prop=True)
+    except Exception as e:  # noqa: BLE001 - onnx raises several types
+        raise MixprecError(f"shape inference failed on the compiled model ({str(e).splitlines()[0][:200]})",
+                           "give every dynamic input dimension a value (--shape / --dim)") from e
+    shapes, dtypes = {}, {}
+    for vi in list(m.graph.input) + list(m.graph.value_info) + list(m.graph.output):
+        tt = vi.type.tensor_type
+        dtypes[vi.name] = _ELEM.get(tt.elem_type, "other")
+        if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
+            shapes[vi.name] = tuple(int(d.dim_value) for d in tt.shape.dim)
+    for init in m.graph.initializer:
+        dtypes[init.name] = _ELEM.get(init.data_type, "other")
+        shapes[init.name] = tuple(init.dims)
+    return Net(m, shapes, dtypes)

@@ -1,0 +1,155 @@
+"""The policy-level predictor: the TensorRT engine a policy would build on a GPU, and its estimated
+time, without TensorRT or a GPU.
+
+:func:`predict` compiles the policy for the ``trt`` target (``core.compile.compile_policy``: exactly
+the Q/DQ and Cast placement TensorRT gets), simulates TensorRT's fusions, precisions and reformats on
+that graph (:mod:`core.estimate.fusion`) and prices every predicted engine layer with the cost model
+(:func:`core.estimate.cost.layer_breakdown`, fitted on the A100 fixture engines or on the user's own
+engine). The result is labelled as an estimate everywhere: its GPU and its basis travel with it.
+
+The total is the **sum of per-layer times**, what a trtexec profile's per-layer times sum to (the
+quantity the fixtures measure), not end-to-end latency."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import pandas as pd
+
+from ..calibration import CalibrationResult
+from ..compile import compile_policy
+from ..errors import MixprecError
+from ..model import LoadedModel
+from ..policy import Policy
+from ..records import check_format, frame_from_json, frame_to_json
+from .cost import FITTED, CostParams, layer_breakdown
+from .engine import EngineLayer
+from .fusion import predicted, static_net
+from .gpus import GPU, gpu as gpu_entry
+
+PREDICTION_COLUMNS = ["engine_layer", "onnx_nodes", "precision", "est_ms", "is_reformat", "layer_class"]
+LABEL = "estimate"
+WHAT = ("estimated TensorRT engine time: the sum of predicted per-layer times, as a trtexec profile sums them "
+        "(not end-to-end latency)")
+STRUCTURE_ONLY = "structure-only"  # the calibration key of placeholder ranges (structure needs no real ranges)
+
+
+def placeholder_calibration(model: LoadedModel, policy: Policy) -> CalibrationResult:
+    """Unit ranges for every tensor: the engine's structure depends on where Q/DQ sit, not on their
+    scales, so a prediction needs no calibration data. Smoothed MatMuls get unit channel statistics."""
+    names = {i.name for i in model.proto.graph.input}
+    names.update(t for n in model.proto.graph.node for t in (*n.input, *n.output) if t)
+    inits = {i.name: i for i in model.proto.graph.initializer}
+    channels = {}
+    smoothed = dict(policy.smoothing)
+    for n in model.proto.graph.node:
+        if n.name in smoothed and len(n.input) > 1 and n.input[1] in inits and len(inits[n.input[1]].dims) == 2:
+            channels[n.input[0]] = np.ones(int(inits[n.input[1]].dims[0]), dtype=np.float32)
+    return CalibrationResult({t: (-1.0, 1.0) for t in names}, policy.calibration, STRUCTURE_ONLY, False, 0.0,
+                             Path("."), channels)
+
+
+def predict_engine(model: LoadedModel, policy: Policy, input_shapes: dict[str, tuple[int, ...]],
+                   calib: CalibrationResult | None = None) -> tuple[list[EngineLayer], list[str]]:
+    """The engine layers TensorRT would build for ``policy`` (no times), and notes on what the
+    prediction leaves out (:func:`core.estimate.fusion.unmodelled`)."""
+    calib = calib if calib is not None else placeholder_calibration(model, policy)
+    compiled = compile_policy(model, policy, calib, target="trt")
+    return predicted(static_net(compiled.proto, input_shapes or {}))
+
+
+def _source_nodes(layer: EngineLayer, source: set[str]) -> list[str]:
+    """The layer's nodes of the user's model (the compiled model's own Q/DQ/Cast nodes for a reformat)."""
+    own = [n for n in layer.onnx_nodes if n in source]
+    return own or list(layer.onnx_nodes)
+
+
+def price(layers: list[EngineLayer], gpu: GPU, params: CostParams, tf32: bool = True,
+          source: set[str] | None = None) -> pd.DataFrame:
+    """PREDICTION_COLUMNS of priced engine layers (``precision``: the math the cost model ran it in)."""
+    rows = []
+    for layer in layers:
+        b = layer_breakdown(layer, gpu, params, tf32)
+        precision = b["math"] or layer.precision
+        rows.append((layer.name, _source_nodes(layer, source or set()), precision, float(b["ms"]),
+                     bool(layer.is_reformat), layer.layer_class))
+    return pd.DataFrame(rows, columns=PREDICTION_COLUMNS)
+
+
+@dataclass
+class Prediction:
+    """A predicted engine and its estimated time on one GPU (:meth:`to_json` / :meth:`from_json`)."""
+
+    KIND: ClassVar[str] = "trt_estimate"
+    FORMAT_VERSION: ClassVar[int] = 1
+
+    layers: pd.DataFrame            # PREDICTION_COLUMNS, one row per predicted engine layer
+    total_ms: float
+    gpu: str                        # the GPU table's key (a100, t4, …)
+    gpu_name: str
+    basis: str                      # "fit on A100 fixtures" or "your calibration"
+    basis_detail: str               # e.g. "calibrated on 32 layers of your engine, median error 7 %"
+    tf32: bool = True
+    model_name: str = ""
+    policy_sha256: str = ""
+    notes: list = field(default_factory=list)  # what the prediction leaves out or prices by bytes only
+    engine: list = field(default_factory=list, repr=False)  # the EngineLayer records (not stored)
+
+    label: ClassVar[str] = LABEL
+
+    @property
+    def reformat_count(self) -> int:
+        return int(self.layers.is_reformat.sum())
+
+    @property
+    def reformat_ms(self) -> float:
+        return float(self.layers.est_ms[self.layers.is_reformat].sum())
+
+    @property
+    def reformat_pct(self) -> float:
+        """Reformat time as a share of the estimated per-layer sum, %."""
+        return 100.0 * self.reformat_ms / self.total_ms if self.total_ms > 0 else math.nan
+
+    def caption(self) -> str:
+        """One line that says what the number is: an estimate, on which GPU, on what basis."""
+        return (f"estimated TensorRT time on {self.gpu_name}: {self.total_ms:.3f} ms (sum of per-layer estimates; "
+                f"{self.reformat_count} reformats, {self.reformat_pct:.1f} %; basis: {self.basis_detail}"
+                f"{'' if self.tf32 else '; FP32 without TF32'}{''.join(f'; {n}' for n in self.notes)})")
+
+    def to_json(self) -> dict:
+        return {"kind": self.KIND, "format_version": self.FORMAT_VERSION, "label": LABEL, "what": WHAT,
+                "gpu": {"key": self.gpu, "name": self.gpu_name}, "basis": self.basis,
+                "basis_detail": self.basis_detail, "tf32": self.tf32, "model": self.model_name,
+                "policy_sha256": self.policy_sha256, "total_ms": self.total_ms, "notes": list(self.notes),
+                "reformats": {"count": self.reformat_count, "ms": self.reformat_ms, "pct": self.reformat_pct},
+                "layers": frame_to_json(self.layers)}
+
+    @classmethod
+    def from_json(cls, doc: dict) -> "Prediction":
+        doc = check_format(doc, cls.KIND, cls.FORMAT_VERSION, "TensorRT estimate")
+        return cls(frame_from_json(doc["layers"], PREDICTION_COLUMNS, "estimate layers"), float(doc["total_ms"]),
+                   str(doc["gpu"]["key"]), str(doc["gpu"]["name"]), str(doc["basis"]), str(doc["basis_detail"]),
+                   bool(doc.get("tf32", True)), str(doc.get("model", "")), str(doc.get("policy_sha256", "")),
+                   [str(n) for n in doc.get("notes", [])])
+
+
+def predict(model: LoadedModel, policy: Policy, input_shapes: dict[str, tuple[int, ...]], gpu: str | GPU,
+            params: CostParams | None = None, calib: CalibrationResult | None = None,
+            tf32: bool = True) -> Prediction:
+    """Predict the engine TensorRT builds for ``policy`` at ``input_shapes`` and estimate its time on
+    ``gpu`` (a key of the GPU table or a product name). ``params``: the cost model's parameters (default
+    the shipped fit on the A100 fixtures; pass a stored calibration for "your calibration"). ``calib``:
+    activation ranges (optional: the structure does not depend on them). ``tf32=False`` is ``--noTF32``."""
+    g = gpu_entry(gpu)
+    params = params or FITTED
+    if params.basis != FITTED.basis and params.gpu not in ("", g.key):
+        raise MixprecError(f"the cost-model calibration given was made on {params.gpu}, not on {g.key}",
+                           f"estimate for --gpu {params.gpu}, or calibrate on an engine built on the {g.name}")
+    layers, notes = predict_engine(model, policy, input_shapes, calib)
+    source = {n.name for n in model.proto.graph.node}
+    table = price(layers, g, params, tf32, source)
+    return Prediction(table, float(table.est_ms.sum()), g.key, g.name, params.basis, params.label(), tf32,
+                      model.name, policy.sha256, notes, layers)

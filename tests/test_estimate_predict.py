@@ -1,0 +1,224 @@
+"""The policy-level predictor (issue 12 §3, §5): the engine TensorRT would build for a policy —
+fusions, precisions, reformats — checked against the real A100 engines of ResNet-18 at batch 32
+(``../shared/fixtures/trt-engine-reports``), the four acceptance policies' totals and order, a
+boundary that adds a reformat, the labels of the estimate in the CLI JSON, and the search's
+estimated-TensorRT objective where TensorRT is not available."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from core.cli import main as cli_main
+from core.estimate import cost
+from core.estimate.fusion import fuse, static_net
+from core.estimate.predict import PREDICTION_COLUMNS, Prediction, placeholder_calibration, predict
+from core.compile import compile_policy
+from core.inventory import build_inventory
+from core.model import model_from_bytes
+from core.nets import resnet18_onnx
+from core.policy import uniform_policy
+from core.reports import load_engine_report
+
+SHAPES = {"input": (32, 3, 224, 224)}
+# the issue's four policies and the fixture engine each is compared with
+POLICIES = {"fp32": "a100-resnet-fp32", "fp16": "a100-resnet-fp16", "int8-conv": "a100-resnet-qat",
+            "int8-conv-residual": "a100-resnet-qat-residual"}
+INT8_OPS = {"int8-conv": {"Conv", "Gemm"}, "int8-conv-residual": {"Conv", "Gemm", "Add"}}
+
+
+@pytest.fixture(scope="module")
+def resnet(tmp_path_factory):
+    data = resnet18_onnx(batch=32)
+    path = tmp_path_factory.mktemp("resnet18") / "resnet18.onnx"
+    path.write_bytes(data)
+    model = model_from_bytes(data, path)
+    return model, build_inventory(model, None, SHAPES)
+
+
+def resnet_policy(model, layers, name: str):
+    """fp32 / fp16: every layer; int8-*: those ops INT8, everything else FP16 (the issue's wording)."""
+    if name in ("fp32", "fp16"):
+        return uniform_policy(model, layers, name)
+    return uniform_policy(model, layers, "fp16").with_layers(
+        {l.name: "int8" for l in layers if l.op_type in INT8_OPS[name]})
+
+
+@pytest.fixture(scope="module")
+def predictions(resnet):
+    model, layers = resnet
+    return {name: predict(model, resnet_policy(model, layers, name), SHAPES, "a100") for name in POLICIES}
+
+
+def fixture_report(trt_reports_dir: Path, name: str):
+    return load_engine_report(trt_reports_dir / f"{name}.graph.json", trt_reports_dir / f"{name}.profile.json")
+
+
+def by_class(pred: Prediction, cls: str):
+    return pred.layers[pred.layers.layer_class == cls]
+
+
+# ------------------------------------------------------------------- structure vs the real engines
+
+def test_fp32_fp16_and_int8_without_residual_reproduce_the_fixture_engines(predictions, trt_reports_dir):
+    """Same number of convolution layers and of reformats as TensorRT built (Conv+Add+Relu fused,
+    the fp32 first layer's linear output reformatted once, fp16's input/output casts, the qat
+    engine's 12: input Q, MaxPool's format copy and Q, a Q after every block, GAP's copy and Q)."""
+    for name in ("fp32", "fp16", "int8-conv"):
+        pred, real = predictions[name], fixture_report(trt_reports_dir, POLICIES[name])
+        real_convs = real.layers[real.layers.layer_type.str.contains("Convolution|ConvActPool")]
+        assert len(by_class(pred, "conv_gemm")) == len(real_convs), name
+        assert pred.reformat_count == real.reformat.count, name
+        assert by_class(pred, "elementwise").empty, f"{name}: every residual Add fuses into a convolution"
+        blocks = [nodes for nodes in pred.layers.onnx_nodes if any(n.endswith("/Add") for n in nodes)]
+        assert len(blocks) == 8 and all(any(n.endswith("/Conv") for n in nodes) for nodes in blocks), name
+    assert set(by_class(predictions["int8-conv"], "conv_gemm").precision) == {"int8"}
+    assert set(by_class(predictions["fp16"], "conv_gemm").precision) == {"fp16"}
+
+
+def test_int8_residual_fuses_into_int8_convolutions_and_drops_the_block_reformats(predictions):
+    """With the residual Adds INT8 (their skip input quantized) each block writes int8 straight into
+    the next: no reformat between blocks (the qat-residual engine), the first conv takes the MaxPool
+    (ConvActPool); only the network's ends reformat."""
+    pred, plain = predictions["int8-conv-residual"], predictions["int8-conv"]
+    engine = pred.engine
+    assert any(l.layer_type == "ConvActPool" for l in engine)
+    blocks = [l for l in engine if any(n.endswith("/conv2/Conv") for n in l.onnx_nodes)]
+    assert len(blocks) == 8 and all(l.outputs[0].dtype == "int8" for l in blocks[:-1])
+    assert all(l.inputs[-1].dtype == "int8" for l in blocks[:-1]), "the quantized residual is read as int8"
+    reformat_nodes = [n for nodes in pred.layers.onnx_nodes[pred.layers.is_reformat] for n in nodes]
+    inner = [n for n in reformat_nodes if any(f"/layer{i}/" in n for i in (1, 2, 3))]
+    assert inner == [], f"reformats between blocks: {inner}"
+    assert pred.reformat_count < plain.reformat_count and pred.total_ms < plain.total_ms
+
+
+def test_int8_pooling_too_reproduces_the_qgap_engine(resnet, trt_reports_dir):
+    """Pooling INT8 as well (the qat-residual-qgap placement): the GAP runs INT8 between the last
+    block and the fc, leaving only the network input's quantization as a reformat."""
+    model, layers = resnet
+    policy = resnet_policy(model, layers, "int8-conv-residual").with_layers(
+        {l.name: "int8" for l in layers if l.op_type in ("MaxPool", "GlobalAveragePool")})
+    pred = predict(model, policy, SHAPES, "a100")
+    real = fixture_report(trt_reports_dir, "a100-resnet-qat-residual-qgap")
+    assert pred.reformat_count == real.reformat.count
+    assert set(by_class(pred, "pooling").precision) == {"int8"}
+    assert pred.total_ms == pytest.approx(real.total_ms, rel=0.20)
+
+
+def test_four_policies_totals_within_20_percent_and_in_the_measured_order(predictions, trt_reports_dir):
+    measured = {name: fixture_report(trt_reports_dir, POLICIES[name]).total_ms for name in POLICIES}
+    for name, pred in predictions.items():
+        assert pred.total_ms == pytest.approx(measured[name], rel=0.20), name
+    order = sorted(POLICIES, key=lambda n: -measured[n])
+    assert order == ["fp32", "int8-conv", "fp16", "int8-conv-residual"]
+    assert sorted(POLICIES, key=lambda n: -predictions[n].total_ms) == order
+
+
+def test_a_policy_change_that_adds_a_boundary_adds_a_predicted_reformat(resnet):
+    """One block's first conv back to FP16 in the all-INT8 default: its input and output now cross
+    INT8↔FP16, each a reformat the all-INT8 engine did not have."""
+    model, layers = resnet
+    base = uniform_policy(model, layers, "fp16").with_layers(
+        {l.name: "int8" for l in layers if l.op_type in INT8_OPS["int8-conv-residual"]})
+    layer = "/layer3/layer3.1/conv1/Conv"
+    before = predict(model, base, SHAPES, "a100")
+    after = predict(model, base.with_layers({layer: "fp16"}), SHAPES, "a100")
+    assert after.reformat_count >= before.reformat_count + 2
+    fp16 = after.layers[after.layers.onnx_nodes.apply(lambda nodes: layer in nodes)]
+    assert list(fp16.precision) == ["fp16"]
+    assert after.total_ms > before.total_ms
+
+
+def test_the_prediction_works_from_the_compiled_trt_model(resnet):
+    """Every Q/DQ/Cast of the compiled ``trt`` model is in exactly one predicted layer (fused or a
+    reformat) and every convolution is in one layer: nothing is lost or counted twice."""
+    model, layers = resnet
+    policy = resnet_policy(model, layers, "int8-conv")
+    compiled = compile_policy(model, policy, placeholder_calibration(model, policy), target="trt")
+    net = static_net(compiled.proto, SHAPES)
+    groups = fuse(net)
+    seen = [k for g in groups for k in g.nodes]
+    assert len(seen) == len(set(seen))
+    live = {k for k, n in enumerate(net.nodes) if n.op_type in ("QuantizeLinear", "Cast", "Conv", "Gemm")
+            and any(net.live(o) for o in n.output)}
+    assert live <= set(seen)
+
+
+def test_gpus_order_and_tf32(predictions, resnet):
+    model, layers = resnet
+    policy = resnet_policy(model, layers, "fp32")
+    t4, h100 = (predict(model, policy, SHAPES, g) for g in ("t4", "h100"))
+    assert t4.total_ms > predictions["fp32"].total_ms > h100.total_ms
+    no_tf32 = predict(model, policy, SHAPES, "a100", tf32=False)
+    assert no_tf32.total_ms > 1.5 * predictions["fp32"].total_ms  # FP32 SIMT vs TF32 tensor cores
+
+
+# ------------------------------------------------------------------- the record, the CLI
+
+def test_prediction_record_round_trips_and_is_labelled(predictions):
+    pred = predictions["int8-conv"]
+    doc = json.loads(json.dumps(pred.to_json()))
+    assert doc["label"] == "estimate" and doc["gpu"]["key"] == "a100" and doc["basis"] == cost.FIXTURE_BASIS
+    back = Prediction.from_json(doc)
+    assert list(back.layers.columns) == PREDICTION_COLUMNS
+    assert back.total_ms == pytest.approx(pred.total_ms) and back.reformat_count == pred.reformat_count
+    assert "estimated TensorRT time on NVIDIA A100" in pred.caption()
+
+
+def test_cli_estimate_json_is_labelled_with_gpu_and_basis(capsys, tmp_path, monkeypatch):
+    from core.store import save_gpu_calibration
+
+    monkeypatch.setenv("MIXPREC_WORKSPACE", str(tmp_path / "ws"))
+    assert cli_main(["estimate", "sample:tiny-cnn", "--gpu", "t4", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["label"] == "estimate" and doc["gpu"] == {"key": "t4", "name": "NVIDIA T4"}
+    assert doc["basis"] == "fit on A100 fixtures" and doc["layers"]["columns"] == PREDICTION_COLUMNS
+    assert doc["total_ms"] == pytest.approx(sum(r[3] for r in doc["layers"]["rows"]))
+    from core.workspace import Workspace
+
+    mine = cost.FITTED.with_values(basis=cost.CALIBRATION_BASIS, gpu="t4", n_layers=21, median_err=0.07)
+    save_gpu_calibration(Workspace(tmp_path / "ws"), "t4", mine)
+    assert cli_main(["estimate", "sample:tiny-cnn", "--gpu", "t4", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["basis"] == "your calibration" and "calibrated on 21 layers of your engine" in doc["basis_detail"]
+    assert cli_main(["estimate", "sample:tiny-cnn", "--gpu", "t4"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("ESTIMATE (not measured): estimated TensorRT time on NVIDIA T4")
+    assert cli_main(["estimate", "sample:tiny-cnn", "--gpu", "no-such-gpu"]) == 2
+
+
+# ------------------------------------------------------------------- the search
+
+def test_search_for_tensorrt_without_tensorrt_ranks_by_the_estimate(tiny_cnn):
+    """Target TensorRT, TensorRT absent: every candidate's est_ms is the predicted engine time of its
+    policy on the configured GPU, and the verdict says so (not CPU ms, not the MAC share)."""
+    from core.search import SearchConfig, search
+    from core.search.result import candidate_policy
+    from core.search.searcher import MAC_SHARE_NOTE, search_objective
+
+    assert search_objective("auto", "tensorrt", "onnxruntime") == "trt_estimate"
+    assert search_objective("auto", "tensorrt", "tensorrt") == "latency"
+    p = replace(tiny_cnn, target="tensorrt")
+    r = search(p, SearchConfig("cosine_mean>=0.9", methods=("minmax",), workers=1, verify=False, gpu="t4"))
+    assert r.objective == "trt_estimate" and "estimated TensorRT ms on the NVIDIA T4" in r.message
+    assert MAC_SHARE_NOTE not in r.message and "NVIDIA T4" in r.latency_label
+    for _, row in r.candidates.iterrows():
+        pol = candidate_policy(r.variants, row)
+        assert row.est_ms == pytest.approx(predict(p.model, pol, p.input_shapes, "t4").total_ms)
+
+
+def test_search_falls_back_to_the_mac_share_when_the_estimate_fails(tiny_cnn, monkeypatch):
+    import core.search.searcher as searcher
+    from core.errors import MixprecError
+    from core.search import SearchConfig, search
+
+    def fail(*a, **k):
+        raise MixprecError("shape inference failed on the compiled model", "give every dim a value")
+
+    monkeypatch.setattr(searcher, "estimated_latency", fail)
+    r = search(replace(tiny_cnn, target="tensorrt"),
+               SearchConfig("cosine_mean>=0.9", methods=("minmax",), workers=1, verify=False))
+    assert r.objective == "mac_share" and searcher.MAC_SHARE_NOTE in r.message
+    assert "the TensorRT estimate could not be made (shape inference failed" in r.message
