@@ -4,6 +4,10 @@
   symmetric, scale = amax/127 from calibration; one QuantizeLinear per tensor, shared by its
   INT8 consumers, each with its own DequantizeLinear) and DequantizeLinear on int8 weights
   (per-channel, symmetric). This is TensorRT's explicit-quantization format.
+* INT8 placement layers (``core.placement``), per TensorRT's Q/DQ placement guide: a residual
+  Add gets Q/DQ on every input except the one TensorRT fuses it into (the Conv/Gemm output, so
+  ``Conv + Add + Relu`` is one INT8 conv: the skip input is quantized); pooling on its input; a
+  Concat on every input with one shared scale (the largest input range).
 * FP16 layers get float16 inputs and weights, with Casts at the precision boundaries.
 * Ops that do no arithmetic (Reshape, Transpose, Gather…) follow their inputs' precision.
 
@@ -38,6 +42,7 @@ from .calibration import CalibrationResult
 from .errors import MixprecError
 from .inventory import CONTROL_FLOW, NON_COMPUTE
 from .model import LoadedModel
+from .placement import PLACEMENT_OPS, PlacementGraph, fused_input
 from .policy import Policy
 from .trt_rules import assert_trt_rules
 
@@ -148,6 +153,8 @@ class _Compiler:
         self.quantized: dict[tuple[str, float], tuple[gs.Variable, gs.Constant, gs.Constant]] = {}
         self.int8_weights: dict[tuple[str, int | None], gs.Constant] = {}  # (weight, axis) -> int8 copy
         self.int8_outputs = int8_outputs
+        g = PlacementGraph(model.proto)  # residual Adds: the input TensorRT fuses the Add into
+        self.fused = {n.name: fused_input(n, g) for n in g.nodes if n.op_type == "Add"}
 
     # --- helpers ------------------------------------------------------------------------
     def _node(self, op, inputs, name, attrs=None, dtype=np.float32, shape=None):
@@ -278,7 +285,31 @@ class _Compiler:
         # per layer: layers sharing one weight (tied weights) smooth it by their own s
         node.inputs[1] = gs.Constant(f"{node.name}/{w.name}__smoothed", wv * s[:, None])
 
+    def _as_int8_placement(self, node):
+        """An INT8 Add / pooling / Concat, placed as TensorRT fuses it (module docstring): the
+        quantized inputs get Q/DQ; a Concat's share one scale; a residual Add's fused input stays
+        float (in a switchable model it is rounded to float16 when the switch is off)."""
+        self._as_fp32(node)
+        originals = list(node.inputs)
+        u8 = self.target == "ort"
+        kind = PLACEMENT_OPS[node.op]
+        acts = [i for i, t in enumerate(node.inputs) if isinstance(t, gs.Variable) and _is_float(t)]
+        fused = self.fused.get(node.name) if kind == "add" else None
+        quantized = acts[:1] if kind == "pooling" else [i for i in acts if i != fused]
+        shared = max(self._activation_amax(node, i, node.inputs[i]) for i in quantized) \
+            if kind == "concat" and quantized else None
+        for i in quantized:
+            q = self._quantize_activation(node, i, node.inputs[i], u8, shared)
+            node.inputs[i] = self._switch(node, i, q, originals[i])
+        if fused is not None and fused in acts and self.switches is not None:
+            node.inputs[fused] = self._switch(node, fused, originals[fused], originals[fused])
+        if self.int8_outputs:
+            self._quantize_output(node, u8)
+
     def _as_int8(self, node):
+        if node.op in PLACEMENT_OPS:
+            self._as_int8_placement(node)
+            return
         self._as_fp32(node)
         originals = list(node.inputs)
         self._smooth(node)
@@ -333,32 +364,39 @@ class _Compiler:
                  gs.Constant(f"{node.name}/w{i}_zero_point", zp)],
                 f"{node.name}/w{i}/DequantizeLinear", attrs, np.float32, t.shape)
         elif _is_float(t):
-            src = self._original_name(t)
-            if t.name in self.amax_override:
-                amax = self.amax_override[t.name]
-            elif self.calib is None or src not in self.calib.ranges:
-                raise MixprecError(
-                    f"no calibration range for tensor {src!r} (input {i} of INT8 layer {node.name})",
-                    "calibrate with this model and data again (mixprec calibrates the inputs of every "
-                    "MatMul/Gemm/Conv/ConvTranspose), or set this layer to fp16/fp32")
-            else:
-                amax = self.calib.amax(src)
-            # one QuantizeLinear per (tensor, scale), shared by every INT8 consumer (e.g. Q, K and V
-            # of one LayerNorm output); each consumer gets its own DequantizeLinear, the QDQ form
-            # that TensorRT and ORT's QDQ fusions expect
-            key = (t.name, float(amax))
-            if key not in self.quantized:
-                scale = np.array(max(amax, 1e-8) / 127.0, dtype=np.float32)
-                zp = np.array(128, dtype=np.uint8) if u8 else np.array(0, dtype=np.int8)
-                sc = gs.Constant(f"{node.name}/x{i}_scale", scale)
-                zc = gs.Constant(f"{node.name}/x{i}_zero_point", zp)
-                qv = self._node("QuantizeLinear", [t, sc, zc], f"{node.name}/x{i}/QuantizeLinear",
-                                dtype=np.uint8 if u8 else np.int8, shape=t.shape)
-                self.quantized[key] = (qv, sc, zc)
-            qv, sc, zc = self.quantized[key]
-            return self._node("DequantizeLinear", [qv, sc, zc], f"{node.name}/x{i}/DequantizeLinear",
-                              dtype=np.float32, shape=t.shape)
+            return self._quantize_activation(node, i, t, u8)
         return None
+
+    def _activation_amax(self, node, i, t) -> float:
+        """The calibrated |max| of activation ``t`` (input ``i`` of INT8 layer ``node``)."""
+        src = self._original_name(t)
+        if t.name in self.amax_override:
+            return self.amax_override[t.name]
+        if self.calib is None or src not in self.calib.ranges:
+            raise MixprecError(
+                f"no calibration range for tensor {src!r} (input {i} of INT8 layer {node.name})",
+                "calibrate with this model and data again (mixprec calibrates the inputs of every "
+                "MatMul/Gemm/Conv/ConvTranspose and placement Add/pooling/Concat), or set this layer to fp16/fp32")
+        return self.calib.amax(src)
+
+    def _quantize_activation(self, node, i, t, u8, amax: float | None = None):
+        """Q/DQ on activation ``t`` at its calibrated range (``amax``: a given one, e.g. a Concat's shared
+        range). One QuantizeLinear per (tensor, scale), shared by every INT8 consumer (e.g. Q, K and V
+        of one LayerNorm output, or a residual block's input and its skip); each consumer gets its own
+        DequantizeLinear, the QDQ form that TensorRT and ORT's QDQ fusions expect."""
+        amax = self._activation_amax(node, i, t) if amax is None else amax
+        key = (t.name, float(amax))
+        if key not in self.quantized:
+            scale = np.array(max(amax, 1e-8) / 127.0, dtype=np.float32)
+            zp = np.array(128, dtype=np.uint8) if u8 else np.array(0, dtype=np.int8)
+            sc = gs.Constant(f"{node.name}/x{i}_scale", scale)
+            zc = gs.Constant(f"{node.name}/x{i}_zero_point", zp)
+            qv = self._node("QuantizeLinear", [t, sc, zc], f"{node.name}/x{i}/QuantizeLinear",
+                            dtype=np.uint8 if u8 else np.int8, shape=t.shape)
+            self.quantized[key] = (qv, sc, zc)
+        qv, sc, zc = self.quantized[key]
+        return self._node("DequantizeLinear", [qv, sc, zc], f"{node.name}/x{i}/DequantizeLinear",
+                          dtype=np.float32, shape=t.shape)
 
     def _original_name(self, var) -> str:
         return self.origin.get(var.name, var.name)
@@ -379,8 +417,8 @@ class _Compiler:
                     self._as_fp32(node)
             elif prec == "fp32":
                 self._as_fp32(node)
-            elif prec == "fp16":
-                self._as_fp16(node, follow=False)
+            elif prec == "fp16":  # a Concat layer (data movement) keeps float16 inputs as they are
+                self._as_fp16(node, follow=node.op == "Concat")
             elif prec == "int8":
                 self._as_int8(node)
         # graph outputs keep their original float32 type and name

@@ -5,19 +5,28 @@ MACs come from shape inference at the resolved input shapes (onnx's, with data p
 ONNX Runtime's symbolic shape inference where onnx leaves a MAC-bearing node's shapes open,
 e.g. behind com.microsoft ops). Nodes inside If/Loop/Scan bodies are listed with
 subgraph-qualified names (``"<parent node>/<attr>/<node>"``); they are never INT8-eligible and
-stay FP32 (the compiler leaves subgraphs untouched). Their MACs count one execution of the body."""
+stay FP32 (the compiler leaves subgraphs untouched). Their MACs count one execution of the body.
+
+Besides the MAC layers, residual Adds, pooling and float Concats are *placement* layers
+(``Layer.placement``, see ``core.placement``): TensorRT can run them inside an INT8 region. Their
+default precision follows the pattern around them, with the reason in ``default_reason``; those
+whose default is INT8 are INT8-eligible like a MAC layer (ranked, searched), the others can be set
+INT8 by hand (:func:`can_be_int8`)."""
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import onnx
 import pandas as pd
 
 from .errors import MixprecError
+from .llm import ROTARY, llm_roles
 from .model import FLOAT_TYPES, LoadedModel
 from .onnx_graph import all_graphs, attr
+from .placement import (NOT_SEARCHED, PLACEMENT_OPS, PlacementGraph, candidate_kind, placement_defaults,
+                        transformer_marks)
 from .shapes import model_batch, resolve_input_shapes, with_static_shapes
 
 INT8_ELIGIBLE = ("MatMul", "Gemm", "Conv", "ConvTranspose")
@@ -37,7 +46,7 @@ NON_COMPUTE = {
 LAYERNORM_OPS = ("LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization")
 
 INVENTORY_COLUMNS = [
-    "name", "op_type", "params", "macs", "eligible", "default_precision", "default_reason",
+    "name", "op_type", "params", "macs", "eligible", "placement", "default_precision", "default_reason",
     "reason", "subgraph", "inputs", "outputs",
 ]
 
@@ -54,7 +63,14 @@ class Layer:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     subgraph: str | None = None  # "<parent node>/<attr>" for a node inside an If/Loop/Scan body
-    reason: str = ""  # why a layer that does MACs is not INT8-eligible (empty when it is, or does none)
+    reason: str = ""  # why a layer that does MACs (or a placement layer) is not INT8-eligible
+    placement: str = ""  # "add" / "pooling" / "concat": an op TensorRT can run INT8 inside a quantized region
+
+
+def can_be_int8(layer: Layer) -> bool:
+    """Whether a policy may set the layer INT8: an INT8-eligible layer, or a placement layer
+    (residual Add, pooling, Concat) outside control flow, whatever its default."""
+    return layer.subgraph is None and (layer.eligible or bool(layer.placement))
 
 
 # --- shapes -----------------------------------------------------------------------------
@@ -267,6 +283,7 @@ class _Scope:
     ln_nodes: set[str]
     subgraph: str | None = None
     where: str | None = None  # e.g. "Loop body"
+    llm: dict | None = None  # first output -> core.llm.LlmRole (LM head, RMSNorm, rotary angles)
 
 
 def _defaults(node: onnx.NodeProto, scope: _Scope, embedding: bool) -> tuple[bool, str, str, str]:
@@ -276,6 +293,8 @@ def _defaults(node: onnx.NodeProto, scope: _Scope, embedding: bool) -> tuple[boo
         return False, "fp32", "control flow", f"inside control flow ({scope.where}): kept FP32"
     reason = "" if op not in MAC_OPS or op in INT8_ELIGIBLE else (
         f"{op} is not INT8-eligible (only {', '.join(INT8_ELIGIBLE)} are); its MACs count as not INT8")
+    if (role := (scope.llm or {}).get(node.output[0] if node.output else "")) is not None:
+        return role.eligible, role.precision, role.kind, role.reason or reason
     if op in LAYERNORM_OPS or node.name in scope.ln_nodes:
         return False, "fp16", "layernorm", reason
     if op == "Softmax":
@@ -306,7 +325,9 @@ def _graph_layers(graph: onnx.GraphProto, scope: _Scope) -> list[Layer]:
         float_io = [t for t in (*node.input, *node.output) if t and scope.types.get(t) in FLOAT_TYPES]
         embedding = (node.op_type == "Gather" and bool(node.input) and node.input[0] in inits
                      and inits[node.input[0]].data_type in FLOAT_TYPES)
-        if not float_io or (node.op_type in NON_COMPUTE and not embedding):
+        concat = (node.op_type == "Concat" and scope.subgraph is None and bool(node.input)  # float activations only
+                  and all(i and i not in inits and scope.types.get(i) in FLOAT_TYPES for i in node.input))
+        if not float_io or (node.op_type in NON_COMPUTE and not embedding and not concat):
             continue
         params = sum(_prod(inits[i].dims) for i in node.input if i in inits and inits[i].data_type in FLOAT_TYPES)
         eligible, default, default_reason, reason = _defaults(node, scope, embedding)
@@ -325,8 +346,32 @@ def build_inventory(model: LoadedModel, data: dict | None = None,
     input_shapes = input_shapes or resolve_input_shapes(model, data)
     proto, shapes = _inferred(model, input_shapes)
     types = {**_tensor_types(proto), **model.tensor_types()}
-    scope = _Scope(shapes, types, {}, _decomposed_layernorm_nodes(model.proto))
-    return _graph_layers(model.proto.graph, scope)
+    scope = _Scope(shapes, types, {}, _decomposed_layernorm_nodes(model.proto), llm=llm_roles(model.proto, types))
+    return _with_placement(model.proto, _graph_layers(model.proto.graph, scope), scope)
+
+
+def _with_placement(proto: onnx.ModelProto, layers: list[Layer], scope: _Scope) -> list[Layer]:
+    """The layers with their placement kind and, for placement layers, the pattern's default
+    (``core.placement.placement_defaults``): INT8-eligible when that default is INT8."""
+    g = PlacementGraph(proto)
+    node_of = {n.name: n for n in proto.graph.node}
+    kinds = {}
+    for l in layers:
+        node = node_of.get(l.name)
+        # only generic layers: not LayerNorm/Softmax/embedding/LLM roles (a rotary-angle Concat stays FP32, core.llm)
+        if (l.subgraph is None and l.op_type in PLACEMENT_OPS and node is not None and tuple(node.output) == l.outputs
+                and l.default_reason == "network default" and l.default_reason != ROTARY):
+            kind = candidate_kind(node, g, scope.types, scope.shapes)
+            if kind:
+                kinds[l.name] = kind
+    if not kinds:
+        return layers
+    defaults = {l.name: l.default_precision for l in layers if l.name not in kinds and l.subgraph is None}
+    marks = transformer_marks(proto, scope.ln_nodes, {l.name for l in layers if l.default_reason == "embedding"})
+    chosen = placement_defaults(proto, kinds, defaults, marks)
+    return [replace(l, placement=kinds[l.name], eligible=chosen[l.name][0] == "int8", default_precision=chosen[l.name][0],
+                    default_reason=chosen[l.name][1], reason="" if chosen[l.name][0] == "int8" else NOT_SEARCHED)
+            if l.name in kinds else l for l in layers]
 
 
 def main_graph_layers(layers: list[Layer]) -> list[Layer]:

@@ -8,7 +8,7 @@ import re
 import pandas as pd
 
 from .errors import MixprecError
-from .inventory import PRECISIONS, Layer
+from .inventory import PRECISIONS, Layer, can_be_int8
 from .policy import Policy
 from .project import Project
 from .runs import int8_mac_fraction
@@ -30,11 +30,12 @@ def select_layers(layers: list[Layer], op_types=None, regex: str | None = None) 
 
 
 def set_precision(policy: Policy, layers: list[Layer], names, precision: str) -> tuple[Policy, list[str]]:
-    """Set ``names`` to ``precision``; INT8 is applied only to eligible layers, FP16/INT8 not to
-    layers inside control flow; the others are returned as skipped."""
+    """Set ``names`` to ``precision``; INT8 is applied only to layers that can be INT8 (eligible, or a
+    placement Add/pooling/Concat), FP16/INT8 not to layers inside control flow; the others are
+    returned as skipped."""
     if precision not in PRECISIONS:
         raise MixprecError(f"unknown precision {precision!r}", "use fp32, fp16 or int8")
-    eligible = {l.name for l in layers if l.eligible}
+    eligible = {l.name for l in layers if can_be_int8(l)}
     names = list(names)
     fixed = {l.name for l in layers if l.subgraph is not None}  # inside control flow: always fp32
     skipped = [n for n in names if (precision == "int8" and n not in eligible) or (precision != "fp32" and n in fixed)]

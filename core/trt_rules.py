@@ -39,6 +39,16 @@ It checks the semantics of the Q/DQ and FP16 encoding, not node names. Each rule
                       float16, never float32 (a no-op that means the compiler lost track of a type). Casts
                       from integer or float64 tensors to float32 are the model's own (e.g. an attention
                       mask), not precision boundaries.
+``concat-scale``      a Concat with a dequantized input has only dequantized inputs, all with one scale and
+                      zero point: TensorRT concatenates INT8 tensors in place only when their scales agree,
+                      and requantizes (a reformat) otherwise (guide, "Q/DQ Layer Placement Recommendations":
+                      Concat inputs share one scale).
+``add-fusion``        an Add with a dequantized activation input has at most one float input, and that one is
+                      the output of a Conv/ConvTranspose/Gemm/MatMul (directly, or through a BatchNormalization
+                      or Cast) that only this Add reads: TensorRT fuses the Add into that producer
+                      (``Conv + Add + Relu``, the skip input dequantized). Any other float input leaves the
+                      Add outside the INT8 kernel, with reformats around it (facts.md; the A100 fixtures
+                      ``a100-resnet-qat`` vs ``a100-resnet-qat-residual``).
 ``types``             the inputs that a node's ONNX schema binds to one type variable have one type (no
                       float32 activation meeting a float16 weight). TensorRT ≥ 10.12 builds this
                       file strongly typed, taking each tensor's type from the file (facts.md; guide,
@@ -59,13 +69,14 @@ from onnx import TensorProto, numpy_helper
 
 from .errors import MixprecError
 from .onnx_graph import all_nodes, attr, default_opset, subgraphs
+from .placement import PlacementGraph, fused_input
 
 MIN_OPSET = 13
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 FLOAT_ELEMS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
 FP16_SOURCES = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.BFLOAT16}
 RULES = ("opset", "zero-point", "scale", "per-channel-axis", "scale-length", "q-dq-pair", "dq-source",
-         "integer-tensor", "fp16-cast", "types")
+         "integer-tensor", "fp16-cast", "concat-scale", "add-fusion", "types")
 
 
 @dataclass(frozen=True)
@@ -288,6 +299,51 @@ def _check_cast(g: _Graph, node: onnx.NodeProto) -> list[Violation]:
     return []
 
 
+def _activation_dq(g: _Graph, tensor: str) -> onnx.NodeProto | None:
+    """The DequantizeLinear of an activation (fed by a QuantizeLinear) that produces ``tensor``, or None."""
+    src = g.producer.get(tensor)
+    if src is None or src.op_type != "DequantizeLinear":
+        return None
+    q = g.producer.get(src.input[0])
+    return src if q is not None and q.op_type == "QuantizeLinear" else None
+
+
+def _check_concat(g: _Graph, node: onnx.NodeProto) -> list[Violation]:
+    """``concat-scale`` for one Concat."""
+    ins = [t for t in node.input if t and t not in g.consts]
+    dqs = [_activation_dq(g, t) for t in ins]
+    if not any(dqs):
+        return []
+    if not all(dqs):
+        floats = [t for t, dq in zip(ins, dqs) if dq is None]
+        return [Violation("concat-scale", _name(node), f"mixes dequantized and float inputs ({floats[0]!r} is float): "
+                                                       "TensorRT cannot concatenate in INT8")]
+    params = {(g.array(dq.input[1]).tobytes(), g.array(dq.input[2]).tobytes() if len(dq.input) > 2 and dq.input[2]
+               else b"") for dq in dqs if g.array(dq.input[1]) is not None}
+    if len(params) > 1:
+        return [Violation("concat-scale", _name(node), f"its {len(dqs)} dequantized inputs use {len(params)} different "
+                                                       "scales/zero points; TensorRT needs one shared scale")]
+    return []
+
+
+def _check_add(g: _Graph, pg: PlacementGraph, node: onnx.NodeProto) -> list[Violation]:
+    """``add-fusion`` for one Add."""
+    acts = [i for i, t in enumerate(node.input) if t and t not in g.consts]
+    floats = [i for i in acts if _activation_dq(g, node.input[i]) is None]
+    if len(floats) == len(acts):
+        return []
+    if len(floats) > 1:
+        return [Violation("add-fusion", _name(node), f"{len(floats)} float inputs next to a dequantized one: TensorRT "
+                                                     "fuses an INT8 Add into one producer only; quantize the others")]
+    if floats and fused_input(node, pg) != floats[0]:
+        src = g.producer.get(node.input[floats[0]])
+        what = f"{src.op_type} {_name(src)}" if src is not None else "a graph input"
+        return [Violation("add-fusion", _name(node), f"its float input {node.input[floats[0]]!r} comes from {what}, "
+                                                     "which TensorRT cannot fuse the Add into (a Conv/Gemm/MatMul "
+                                                     "read only by this Add); quantize it too")]
+    return []
+
+
 def _check_types(g: _Graph, node: onnx.NodeProto, opset: int) -> list[Violation]:
     """``types`` for one node: the inputs its schema binds to one type variable share one type."""
     if node.domain not in ("", "ai.onnx"):
@@ -318,7 +374,7 @@ def check_explicit_quantization(proto: onnx.ModelProto, source_nodes=frozenset()
     """Every violation of TensorRT's explicit-quantization rules (module docstring) in ``proto``.
     ``source_nodes``: names of the user's own nodes; their Casts (e.g. a no-op float Cast that
     PyTorch exports) are the model's, not precision boundaries, and are not checked."""
-    g = _Graph(proto)
+    g, pg = _Graph(proto), PlacementGraph(proto)
     out: list[Violation] = []
     opset = default_opset(proto)
     if opset < MIN_OPSET:
@@ -330,6 +386,10 @@ def check_explicit_quantization(proto: onnx.ModelProto, source_nodes=frozenset()
             out += _check_q(g, node) if node.op_type == "QuantizeLinear" else _check_dq(g, node)
         elif node.op_type == "Cast" and node.name not in source_nodes:
             out += _check_cast(g, node)
+        elif node.op_type == "Concat" and node.domain in ("", "ai.onnx"):
+            out += _check_concat(g, node)
+        elif node.op_type == "Add" and node.domain in ("", "ai.onnx"):
+            out += _check_add(g, pg, node)
         out += _check_types(g, node, opset)
     return out
 

@@ -23,6 +23,12 @@ def test_minilm_inventory(minilm):
     seq = minilm.input_shapes["input_ids"][1]
     assert down.macs == seq * 1536 * 384 and down.params == 1536 * 384
     assert not inv.eligible[~inv.op_type.isin(["MatMul", "Gemm", "Conv", "ConvTranspose"])].any()
+    # the residual Adds are placement layers that stay float by default, with the transformer reason
+    adds = inv[inv.placement == "add"]
+    assert len(adds) >= 12 and set(adds.default_precision) == {"default"} and not adds.eligible.any()
+    assert all(r.startswith("transformer residual") for r in adds.default_reason)
+    assert {f"/encoder/layer.{i}/{k}/Add" for i in range(6) for k in ("attention/output", "output")} <= set(adds.name)
+    assert set(inv[inv.placement != ""].op_type) == {"Add"}  # no pooling / float Concat in MiniLM
 
 
 def test_tiny_cnn_macs(tiny_cnn):
@@ -30,7 +36,12 @@ def test_tiny_cnn_macs(tiny_cnn):
     conv1 = inv.loc["/conv1/Conv"]
     assert conv1.macs == 8 * 32 * 32 * 3 * 3 * 3  # out pixels × (Cin × kh × kw), 'same' padding
     assert inv.loc["/fc/Gemm"].macs == 16 * 10
-    assert set(inv[inv.eligible].op_type) == {"Conv", "Gemm"}
+    assert {"Conv", "Gemm"} <= set(inv[inv.eligible].op_type) <= {"Conv", "Gemm", "GlobalAveragePool"}
+    # the pooling after the last INT8 conv is INT8 by placement when the classifier after it is INT8
+    # by default too (issue 11 §1), else the network default
+    pool, fc = inv.loc["/pool/GlobalAveragePool"], inv.loc["/fc/Gemm"]
+    assert pool.placement == "pooling" and pool.eligible == (pool.default_precision == "int8")
+    assert pool.default_precision == ("int8" if fc.default_precision == "int8" else "default")
 
 
 def test_decomposed_layernorm_defaults_to_fp16(tmp_path):

@@ -11,13 +11,13 @@ import pytest
 from core.errors import MixprecError
 from core.export import (DEFAULT_TRT_VERSION, compiled_onnx, polygraphy_command, trtexec_legacy_command,
                          trtexec_typed_command)
-from core.policy import Policy, policy_from_dict, policy_from_text, uniform_policy
+from core.policy import POLICY_VERSION, Policy, migrate_v1, policy_from_dict, policy_from_text, uniform_policy
 
 
 def test_default_policy_roundtrip(tiny_transformer):
     p = tiny_transformer.default_policy()
     doc = json.loads(p.to_json())
-    assert doc["format"] == "mixprec.policy" and doc["version"] == 1
+    assert doc["format"] == "mixprec.policy" and doc["version"] == POLICY_VERSION == 2
     assert doc["model"]["sha256"] == tiny_transformer.model.sha256
     assert set(doc["layers"]) == {l.name for l in tiny_transformer.layers}
     assert doc["calibration"]["data_sha256"] == tiny_transformer.calib_data.sha256
@@ -166,3 +166,80 @@ def test_an_unreadable_trt_version_in_an_export_names_the_flag(tiny_cnn, tmp_pat
 
     with pytest.raises(MixprecError, match="cannot read the TensorRT version 'ten'.*--trt-version 10.11.0"):
         export_policy(tiny_cnn, tiny_cnn.default_policy(), "trtexec", tmp_path / "b.sh", trt_version="ten")
+
+
+# --- format 2 (INT8 placement) and the migration of format-1 documents ---------------------------
+
+@pytest.fixture(scope="module")
+def golden_models(tmp_path_factory):
+    """The models of tests/data/policy_v1_compiled.json, loaded (tests/v1_golden.py)."""
+    import v1_golden
+
+    tmp = tmp_path_factory.mktemp("golden")
+    return {name: v1_golden.load(name, data, tmp) for name, data in v1_golden.case_models().items()}
+
+
+def test_v1_policies_compile_to_the_same_model(golden_models):
+    """Every format-1 document of the golden record (default, default with an FP16 network default,
+    all-FP16, on models with residual Adds, pooling and a float Concat) loads through the migration
+    and compiles node by node to what the format-1 compiler wrote, on both targets."""
+    import v1_golden
+    from core.compile import compile_policy
+    from core.inventory import build_inventory
+
+    cases = json.loads(v1_golden.GOLDEN.read_text())
+    assert len(cases) == 12
+    for case, rec in cases.items():
+        model = golden_models[rec["model"]]
+        layers = build_inventory(model)
+        assert rec["doc"]["version"] == 1
+        pol = policy_from_dict(rec["doc"], model, layers)
+        calib = v1_golden.synthetic_calib(model) if "int8" in pol.layers.values() else None
+        for target in v1_golden.TARGETS:
+            got = v1_golden.signature(compile_policy(model, pol, calib, target).proto)
+            assert json.loads(json.dumps(got)) == rec["compiled"][target], f"{case} ({target}) compiles differently"
+
+
+def test_v1_migration_keeps_format_1_meaning(golden_models):
+    """A format-1 document that omits layers gets format-1 defaults (placement layers at the network
+    default), the float Concat the precision it followed; the same document as format 2 gets the new
+    pattern defaults (INT8 residual Add, pooling and Concat)."""
+    from core.inventory import build_inventory
+
+    model = golden_models["branchy"]
+    layers = build_inventory(model)
+    by = {l.name: l for l in layers}
+    assert {n: by[n].placement for n in ("/Concat", "/MaxPool", "/Add", "/GlobalAveragePool")} == \
+        {"/Concat": "concat", "/MaxPool": "pooling", "/Add": "add", "/GlobalAveragePool": "pooling"}
+    convs = {l.name: "int8" for l in layers if l.op_type in ("Conv", "Gemm")}
+    doc = {"format": "mixprec.policy", "version": 1, "model": {"name": "b", "sha256": model.sha256},
+           "network_default": "fp16", "layers": convs}
+    v1 = policy_from_dict(doc, model, layers)
+    assert {n: v1.layers[n] for n in ("/Add", "/MaxPool", "/GlobalAveragePool", "/Relu_1")} == \
+        {"/Add": "fp16", "/MaxPool": "fp16", "/GlobalAveragePool": "fp16", "/Relu_1": "fp16"}
+    assert v1.layers["/Concat"] == "fp16"  # both inputs were FP16 Relus: it followed them
+    fp32_relu = migrate_v1({**doc, "layers": {**convs, "/Relu_2": "fp32"}}, model, layers)
+    assert fp32_relu["version"] == 2 and fp32_relu["layers"]["/Concat"] == "fp32"  # one input FP32
+    v2 = policy_from_dict({**doc, "version": 2}, model, layers)
+    assert {n: v2.layers[n] for n in ("/Add", "/MaxPool", "/GlobalAveragePool", "/Concat")} == \
+        dict.fromkeys(("/Add", "/MaxPool", "/GlobalAveragePool", "/Concat"), "int8")
+    with pytest.raises(MixprecError, match="version 3 is not supported"):
+        policy_from_dict({**doc, "version": 3}, model, layers)
+
+
+def test_int8_placement_is_a_policy_choice(minilm):
+    """A transformer residual Add is float by default but may be set INT8 by hand; a bias Add or a
+    LayerNorm may not."""
+    inv = {l.name: l for l in minilm.layers}
+    residual = "/encoder/layer.0/output/Add"
+    assert inv[residual].placement == "add" and not inv[residual].eligible
+    assert minilm.default_policy().layers[residual] == "fp32"
+    doc = json.loads(minilm.default_policy().to_json())
+    doc["layers"][residual] = "int8"
+    assert policy_from_dict(doc, minilm.model, minilm.layers).layers[residual] == "int8"
+    bias = "/encoder/layer.0/output/dense/Add"
+    assert inv[bias].placement == ""
+    doc["layers"][bias] = "int8"
+    with pytest.raises(MixprecError) as e:
+        policy_from_dict(doc, minilm.model, minilm.layers)
+    assert any("int8 on a Add" in d and "placement" in d for d in e.value.details)

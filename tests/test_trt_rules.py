@@ -423,8 +423,67 @@ def test_mixed_float_types_at_one_node_are_refused():
     assert _rules(ok) == set()
 
 
+def _placement_qdq(op: str, *, scales=(0.1, 0.1), fused_from="Conv", shared_consumer=False):
+    """Hand-made INT8 placement: two conv branches (each x → Q/DQ → Conv) meet at an Add or Concat,
+    whose inputs are a dequantized tensor each (``scales``) — or, with ``fused_from``, the first one
+    is a float output of that producer (Conv: fusable; Relu: not; ``shared_consumer``: the Conv
+    output is read elsewhere too, so TensorRT cannot fuse the Add into it)."""
+    inits = [_arr("sx", 0.1, np.float32), _arr("zp", 0, np.int8), _arr("w_q", RNG.integers(-127, 128, (3, 3, 1, 1)),
+                                                                       np.int8),
+             _arr("w_s", np.full(3, 0.01), np.float32), _arr("w_zp", np.zeros(3), np.int8),
+             _arr("s0", scales[0], np.float32), _arr("s1", scales[1], np.float32)]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "sx", "zp"], ["xq"], name="x/Q"),
+             helper.make_node("DequantizeLinear", ["xq", "sx", "zp"], ["xd"], name="x/DQ"),
+             helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_zp"], ["wd"], name="w/DQ", axis=0),
+             helper.make_node("Conv", ["xd", "wd"], ["c0"], name="conv0"),
+             helper.make_node("Conv", ["xd", "wd"], ["c1"], name="conv1")]
+    outputs = [_vi("y", None)]
+    ins = []
+    for i, c in enumerate(("c0", "c1")):
+        if i == 0 and fused_from:
+            if fused_from == "Relu":
+                nodes.append(helper.make_node("Relu", [c], ["r0"], name="relu0"))
+                c = "r0"
+            ins.append(c)
+            if shared_consumer:
+                outputs.append(_vi(c, None))
+            continue
+        nodes += [helper.make_node("QuantizeLinear", [c, f"s{i}", "zp"], [f"{c}q"], name=f"{c}/Q"),
+                  helper.make_node("DequantizeLinear", [f"{c}q", f"s{i}", "zp"], [f"{c}d"], name=f"{c}/DQ")]
+        ins.append(f"{c}d")
+    attrs = {"axis": 1} if op == "Concat" else {}
+    nodes.append(helper.make_node(op, ins, ["y"], name="placed", **attrs))
+    return _graph_model(nodes, [_vi("x", [1, 3, 4, 4])], outputs, inits)
+
+
+def test_placement_rules():
+    """Residual Add: one float input, from a Conv read by the Add only; Concat: one shared scale."""
+    assert _rules(_placement_qdq("Add")) == set()  # Conv + Add(skip dequantized): fuses
+    assert _rules(_placement_qdq("Add", fused_from=None, scales=(0.1, 0.2))) == set()  # every input quantized
+    assert _rules(_placement_qdq("Add", fused_from="Relu")) == {"add-fusion"}
+    assert _rules(_placement_qdq("Add", shared_consumer=True)) == {"add-fusion"}
+    assert _rules(_placement_qdq("Concat", fused_from=None)) == set()
+    assert _rules(_placement_qdq("Concat", fused_from=None, scales=(0.1, 0.2))) == {"concat-scale"}
+    assert _rules(_placement_qdq("Concat")) == {"concat-scale"}  # a float input next to a dequantized one
+
+
+def test_placement_models_follow_the_rules(tmp_path):
+    """ResNet-18 and a small CNN with every placement op (Concat, MaxPool, residual Add, GAP), under
+    the default, all-INT8 and mixed policies: the INT8 placements are really compiled, and pass."""
+    from core.nets import branchy_onnx, resnet18_onnx
+
+    for name, data in (("branchy", branchy_onnx()), ("resnet18", resnet18_onnx(batch=2))):
+        (tmp_path / f"{name}.onnx").write_bytes(data)
+        project = open_project(str(tmp_path / f"{name}.onnx"), ws=Workspace(tmp_path / "ws"))
+        protos = _compile_all(project)
+        _assert_clean(protos)
+        prod = {o: n.op_type for n in protos["default"].graph.node for o in n.output}
+        placed = [n for n in protos["default"].graph.node if n.op_type in ("Add", "Concat", "MaxPool", "GlobalAveragePool")]
+        assert placed and all("DequantizeLinear" in [prod.get(i) for i in n.input] for n in placed), name
+
+
 def test_every_rule_has_a_failing_model():
-    covered = set(BROKEN) | {"dq-source", "integer-tensor", "fp16-cast", "types"}
+    covered = set(BROKEN) | {"dq-source", "integer-tensor", "fp16-cast", "types", "concat-scale", "add-fusion"}
     assert covered == set(RULES)
 
 
