@@ -32,6 +32,7 @@ PAGES = [
 page = st.navigation([HOME.page(lambda: home.page(PAGES), default=True), *(info.page() for info in PAGES)])
 info = frame.current([HOME, *PAGES], page)
 st.set_page_config(page_title=f"mixprec · {info.heading or info.title}", layout="wide")
+frame.keep_state()
 frame.sidebar()
 frame.heading(info)
 page.run()

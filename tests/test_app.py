@@ -91,7 +91,7 @@ def test_upload_validation(ws, tmp_path):
     with pytest.raises(MixprecError, match="pickled"):
         store_upload(ws, bad.read_bytes(), "pickled.npz", "data", model)
     good = store_upload(ws, model.path.read_bytes(), "tiny.onnx", "model")
-    assert good.parent == ws.models and good.stem == model.sha256
+    assert good.parent == ws.models / model.sha256 and good.name == "tiny.onnx"  # keeps its file name (issue 13)
 
 
 def test_sensitivity_rank_job_and_stored_result(ws):
@@ -156,15 +156,24 @@ def test_search_under_budget_pareto_and_use_this_policy(ws):
     spec = json.loads(chart.proto.spec)
     names = [t["name"] for t in spec["data"]]
     assert names[:2] == ["other candidates", "Pareto front"]
-    assert "ONNX Runtime CPU profiles, not the objective" in spec["layout"]["xaxis"]["title"]["text"]
+    assert "estimated TensorRT ms on the" in spec["layout"]["xaxis"]["title"]["text"]  # the objective (H4)
     project = open_project(model, ws=ws)
     result = load_search(ws, project, "cosine_mean>=0.99", False)
     pick = at.selectbox(key="front_pick")
-    assert pick.options and pick.value == result.front["candidate"].iloc[0]
-    at.button(key="use_front").click().run()
+    assert pick.options and pick.value == result.chosen  # issue 13: the chosen point, not the first one
+    fails = set(result.front.loc[~result.front["meets_budget"].astype(bool), "candidate"])
+    assert [o for o in pick.options if "fails the budget" in o] == [o for o in pick.options
+                                                                    if int(re.match(r"#(\d+)", o)[1]) in fails]
+    assert ("fails the budget" in names) == (~result.candidates["meets_budget"].astype(bool)).any()
+    at.button(key="use_front").click().run()  # asks first
+    assert not any("is now the current policy" in s.value for s in ok(at).success)
+    assert at.session_state[policy_key(ws, model)].sha256 == open_project(model, ws=ws).default_policy().sha256
+    assert any("You can undo it" in shown(w) for w in at.warning)
+    at.button(key="use_front_confirm").click().run()
     ok(at)
     assert any("is now the current policy" in s.value for s in at.success)
-    assert at.session_state[policy_key(ws, model)].sha256 == result.front_policy(pick.value).sha256
+    want = result.policy if pick.value == result.chosen else result.front_policy(pick.value)
+    assert at.session_state[policy_key(ws, model)].sha256 == want.sha256
     again = ok(page("precision", model=model))  # a new session: the stored search, no recomputation
     assert len(again.get("plotly_chart")) == 1 and len(JobManager.for_workspace(ws).jobs()) == 1
     again.sidebar.selectbox(key="target_pick").select("onnxruntime").run()  # stored searches are kept per target
@@ -194,14 +203,15 @@ def test_precision_toggle_rebuild_results_and_compare(ws):
     assert int(at.metric[1].value) == fp16_before + 1 and "1 layer(s) → FP16" in at.success[0].value
     at.text_input(key="run_label").input("conv2 fp16")
     at.button(key="rebuild").click().run()
-    at.button(key="reset").click().run()  # a second build: the defaults
+    at.button(key="reset").click().run()  # a second build: the defaults (Reset asks first)
+    at.button(key="reset_confirm").click().run()
     at.button(key="rebuild").click().run()
     jobs = wait_all(ws)
     assert len(jobs) == 2 and jobs[0].started >= jobs[1].finished
     at.run()
     assert any("layer(s) differ" in e.label for e in at.expander)
     res = ok(page("build_and_results", state={}))
-    assert len(res.get("plotly_chart")) == 5
+    assert len(res.get("plotly_chart")) == 6  # 4 of all runs, A against B per layer, one run's layers
     labels = {m.label: m.value for m in res.metric}
     assert float(labels["Cosine (mean)"]) > 0.9
     assert len(res.dataframe) == 3  # history, comparison, policy diff
@@ -210,10 +220,11 @@ def test_precision_toggle_rebuild_results_and_compare(ws):
 
 def test_export_and_import(ws):
     at = ok(page("export"))
-    assert len(at.get("download_button")) == 1 and len(at.code) == 3
+    assert [b.proto.label for b in at.get("download_button")][0] == "Policy JSON"
+    assert len(at.get("download_button")) == 3 and len(at.code) == 6  # 3 commands folded, each whole in an expander
     at.button(key="compile").click().run()
     ok(at)
-    assert len(at.get("download_button")) == 2
+    assert len(at.get("download_button")) > 3 and not [b for b in at.button if b.key == "compile"]
     from core.project import open_project
 
     other = open_project("sample:tiny-transformer", ws=ws).default_policy().to_json()
@@ -225,7 +236,8 @@ def test_export_and_import(ws):
     at.text_area(key="policy_text").input(json.dumps(mine))
     at.button(key="import").click().run()
     ok(at)
-    assert at.success and "fp32 5" in at.caption[1].value
+    fp32 = list(mine["layers"].values()).count("fp32")  # the imported policy is the one shown (and exported)
+    assert at.success and f"fp32 {fp32} · " in at.caption[1].value and at.selectbox(key="export_run").value == "session"
 
 
 def test_reload_reattaches_to_job(ws):
@@ -372,9 +384,9 @@ def test_sidebar_shows_and_keeps_the_deployment_target(ws):
 
 def test_precision_page_states_the_search_objective(ws):
     at = ok(page("precision"))
-    assert any("Objective: INT8 MAC share" in i.value for i in at.info)  # TensorRT target, no TensorRT here
+    assert any("Objective: the estimated TensorRT time" in i.value for i in at.info)  # TensorRT target, not here
     at.sidebar.selectbox(key="target_pick").select("onnxruntime").run()
-    assert not any("Objective: INT8 MAC share" in i.value for i in ok(at).info)
+    assert not any("Objective: the estimated TensorRT" in i.value for i in ok(at).info)
     assert any("Objective: the estimated latency on onnxruntime" in c.value for c in at.caption)
 
 
@@ -411,3 +423,346 @@ def test_results_page_shows_a_slowdown_as_one_and_the_latency_source(ws):
     assert "FP16 (simulated on CPU)" in layers and "not FP16 time" in layers
     at.selectbox(key="layers_run").select(fast.run_id).run()
     assert "FP16 (simulated on CPU)" not in ok(at).get("plotly_chart")[-1].proto.spec  # INT8 default policy
+
+
+# --- issue 13 §1, §2: state that survives, quick editing ------------------------------------------
+def send_selection(at: AppTest, element, selection: dict) -> AppTest:
+    """Run with what the browser sends when the user selects on a Plotly chart or in a table
+    (``{"points": [...]}`` / ``{"rows": [...]}``): AppTest cannot click inside them."""
+    from streamlit.proto.WidgetStates_pb2 import WidgetState
+
+    states = at._tree.get_widget_states()
+    states.widgets.append(WidgetState(id=element.proto.id, string_value=json.dumps({"selection": selection})))
+    return at._run(states)
+
+
+def reload(query: dict, page_script: str | None = None) -> AppTest:
+    """A browser reload (or a shared link): a new session with only the URL."""
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params.update(query)
+    at.run()
+    if page_script:
+        at.switch_page(f"views/{page_script}.py").run()
+    return at
+
+
+def counts(at: AppTest) -> dict[str, int]:
+    return {m.label: int(m.value) for m in at.metric if m.label in ("FP32", "FP16", "INT8")}
+
+
+def layer_table(at: AppTest):
+    return next(d for d in at.dataframe if (d.key or "").startswith("layer_table-"))
+
+
+def test_reload_restores_project_and_draft_on_every_page_with_undo_redo(ws):
+    """The project (tiny-cnn, not the default MiniLM), its draft policy and the run label are saved
+    under ?project=; a reload onto any page restores them; undo/redo walk the edits, also after a
+    reload."""
+    from core.project import open_project
+
+    base = open_project("sample:tiny-cnn", ws=ws).default_policy()
+    at = ok(page("precision"))
+    pid = at.query_params["project"]
+    assert at.query_params["model"] == "sample:tiny-cnn" and len(pid) >= 8
+    assert at.button(key="undo").disabled and at.button(key="redo").disabled
+    before = counts(at)
+    at.text_input(key="bulk_regex").input(LAYER + "$")
+    at.selectbox(key="bulk_regex_prec").select("fp16")
+    at.button(key="apply_regex").click().run()
+    at.text_input(key="run_label").input("conv2 *fp16*").run()
+    edited = at.session_state[policy_key(ws, "sample:tiny-cnn")]
+    assert edited.layers[LAYER] == "fp16" and counts(ok(at))["FP16"] == before["FP16"] + 1
+    at.switch_page("views/model.py").run()
+    at.switch_page("views/precision.py").run()  # another page in between: the label is kept
+    assert at.text_input(key="run_label").value == "conv2 *fp16*"
+    for script in ("model", "sensitivity", "precision", "build_and_results", "export"):
+        again = ok(reload({"project": pid}, script))
+        assert again.session_state["source"]["model"] == "sample:tiny-cnn", script
+        assert any("tiny-cnn" in shown(m) for m in again.sidebar.markdown), script
+        assert again.query_params["project"] == pid and again.query_params["model"] == "sample:tiny-cnn"
+    assert again.session_state[policy_key(ws, "sample:tiny-cnn")].sha256 == edited.sha256  # the Export page
+    at = ok(reload({"project": pid}, "precision"))
+    assert at.session_state[policy_key(ws, "sample:tiny-cnn")].sha256 == edited.sha256
+    assert counts(at) == counts(at) | {"FP16": before["FP16"] + 1}
+    assert at.text_input(key="run_label").value == "conv2 *fp16*"
+    undo = at.button(key="undo")
+    assert not undo.disabled and LAYER in undo.help and at.button(key="redo").disabled
+    undo.click().run()
+    assert counts(ok(at)) == before and at.session_state[policy_key(ws, "sample:tiny-cnn")].sha256 == base.sha256
+    assert any(s.value.startswith("Undone:") for s in at.success)
+    at.button(key="redo").click().run()
+    assert at.session_state[policy_key(ws, "sample:tiny-cnn")].sha256 == edited.sha256
+    at.button(key="undo").click().run()
+    assert ok(reload({"project": pid}, "precision")).session_state[policy_key(ws, "sample:tiny-cnn")].sha256 \
+        == base.sha256  # the undo was saved too
+    fresh = ok(reload({"project": "../../etc", "model": "sample:tiny-cnn"}, "precision"))  # hostile id: ignored
+    assert fresh.query_params["project"] != "../../etc" and not (ws.root / "etc").exists()
+    assert fresh.session_state[policy_key(ws, "sample:tiny-cnn")].sha256 == base.sha256
+
+
+def test_a_damaged_saved_project_starts_again_with_a_note(ws):
+    from core.drafts import new_project_id, project_path
+
+    pid = new_project_id()
+    path = project_path(ws, pid)
+    path.parent.mkdir(parents=True)
+    path.write_text("{ not json")
+    at = reload({"project": pid, "model": "sample:tiny-cnn"})  # said once, on the first page
+    assert not at.exception and any("could not be read" in shown(w) for w in at.sidebar.warning)
+    ok(at.switch_page("views/precision.py").run())
+    assert at.session_state["source"]["model"] == "sample:tiny-cnn"
+    assert json.loads(path.read_text())["model"] == "sample:tiny-cnn"  # replaced at the next save
+
+
+def test_reset_asks_first_and_can_be_undone(ws):
+    at = ok(page("precision"))
+    assert at.button(key="reset").disabled  # the defaults already
+    at.text_input(key="bulk_regex").input(LAYER + "$")
+    at.button(key="apply_regex").click().run()
+    edited = at.session_state[policy_key(ws, "sample:tiny-cnn")]
+    at.button(key="reset").click().run()
+    assert any("Reset every layer" in shown(w) and "1 layer(s)" in shown(w) for w in ok(at).warning)
+    assert at.session_state[policy_key(ws, "sample:tiny-cnn")].sha256 == edited.sha256  # nothing yet
+    at.button(key="reset_cancel").click().run()
+    assert not any("Reset every layer" in shown(w) for w in ok(at).warning)
+    assert at.session_state[policy_key(ws, "sample:tiny-cnn")].sha256 == edited.sha256
+    at.button(key="reset").click().run()
+    at.button(key="reset_confirm").click().run()
+    assert ok(at).session_state[policy_key(ws, "sample:tiny-cnn")].layers[LAYER] == "int8"
+    assert "reset to the defaults" in at.button(key="undo").help
+    at.button(key="undo").click().run()
+    assert at.session_state[policy_key(ws, "sample:tiny-cnn")].sha256 == edited.sha256
+
+
+def test_table_filters_row_selection_and_one_click_precision(ws):
+    from core.placement import boundaries
+    from core.project import open_project
+
+    p = open_project("sample:tiny-cnn", ws=ws)
+    at = ok(page("precision"))
+    table = layer_table(at).value
+    assert len(table) == len(p.layers)  # (its height, 20 rows, is checked in the browser test)
+    at.multiselect(key="view_ops").select("Conv").run()
+    assert set(layer_table(at).value["op_type"]) == {"Conv"}
+    at.text_input(key="view_name").input("CONV2").run()  # name contains, case ignored
+    assert layer_table(ok(at)).value["name"].tolist() == [LAYER]
+    at.text_input(key="view_name").input("").run()
+    at.multiselect(key="view_prec").select("int8").run()
+    shown_names = layer_table(at).value["name"].tolist()
+    assert shown_names and all(p.default_policy().layers[n] == "int8" for n in shown_names)
+    at.button(key="sel_all").click().run()
+    assert at.multiselect(key="sel_layers").value == shown_names
+    at.button(key="sel_fp16").click().run()  # one click for the whole selection
+    pol = at.session_state[policy_key(ws, "sample:tiny-cnn")]
+    assert all(pol.layers[n] == "fp16" for n in shown_names) and any("→ FP16" in s.value for s in ok(at).success)
+    at.button(key="sel_clear").click().run()
+    at.multiselect(key="view_ops").set_value([]).run()
+    at.multiselect(key="view_prec").set_value([]).run()
+    names = layer_table(at).value["name"].tolist()
+    before = at.session_state[policy_key(ws, "sample:tiny-cnn")]
+    send_selection(at, layer_table(at), {"rows": [0, 2], "columns": [], "cells": []})  # two rows ticked
+    assert at.multiselect(key="sel_layers").value == [names[0], names[2]]
+    assert any("2 selected" in c.value for c in at.caption)
+    at.button(key="sel_fp32").click().run()
+    pol = at.session_state[policy_key(ws, "sample:tiny-cnn")]
+    assert pol.layers[names[0]] == pol.layers[names[2]] == "fp32"
+    view = layer_table(ok(at)).value  # boundaries of the draft, per layer (core.placement)
+    want = boundaries(p.model, p.layers, pol).groupby("layer").size()
+    assert view.set_index("name")["boundaries"].to_dict() == {n: int(want.get(n, 0)) for n in view["name"]}
+    assert any(e.label.startswith("Boundaries of the 2 selected") for e in at.expander)
+    at.button(key="undo").click().run()  # one edit, one undo
+    assert at.session_state[policy_key(ws, "sample:tiny-cnn")].sha256 == before.sha256
+
+
+def test_select_on_the_sensitivity_and_latency_charts_then_set_precision(ws):
+    from core.layer_select import ranked_layers
+    from core.project import open_project
+    from core.store import load_ranking
+
+    p = open_project("sample:tiny-cnn", ws=ws)
+    at = ok(page("precision"))
+    assert not at.get("plotly_chart") and any("No ranking to draw" in i.value for i in at.info)
+    at.switch_page("views/sensitivity.py").run()
+    at.button(key="run_rank").click().run()
+    wait_all(ws)
+    at.switch_page("views/precision.py").run()
+    (chart,) = ok(at).get("plotly_chart")
+    spec = json.loads(chart.proto.spec)
+    ranked = ranked_layers(load_ranking(ws, p).table, "cumulative")
+    bars = {c[0] for t in spec["data"] for c in t["customdata"]}
+    assert bars == set(ranked["name"]) and "select bars" in spec["layout"]["title"]["text"]
+    assert {t["name"] for t in spec["data"]} <= {"FP32", "FP16", "INT8"}
+    picked = ranked["name"].head(2).tolist()
+    points = [{"curve_number": 0, "point_index": i, "customdata": [n, n, "Conv", "INT8"], "y": n, "x": 0.1}
+              for i, n in enumerate(picked)]
+    send_selection(at, chart, {"points": points, "point_indices": [0, 1], "box": [], "lasso": []})
+    assert ok(at).multiselect(key="sel_layers").value == picked
+    assert sorted(layer_table(at).proto.selection_state and json.loads(layer_table(at).proto.selection_state)
+                  ["selection"]["rows"]) == sorted(layer_table(at).value.index[layer_table(at).value["name"]
+                                                                                .isin(picked)].tolist())
+    at.button(key="sel_fp16").click().run()
+    pol = at.session_state[policy_key(ws, "sample:tiny-cnn")]
+    assert [pol.layers[n] for n in picked] == ["fp16", "fp16"]
+    recoloured = json.loads(ok(at).get("plotly_chart")[0].proto.spec)
+    assert {c[0] for t in recoloured["data"] if t["name"] == "FP16" for c in t["customdata"]} >= set(picked)
+
+    at.text_input(key="run_label").input("two fp16")
+    at.button(key="rebuild").click().run()
+    wait_all(ws)
+    at.radio(key="pick_chart").set_value("Per-layer latency of the last run").run()
+    (chart,) = ok(at).get("plotly_chart")
+    spec = json.loads(chart.proto.spec)
+    assert "two fp16" in spec["layout"]["title"]["text"]
+    slowest = spec["data"][0]["customdata"][-1][0]
+    send_selection(at, chart, {"points": [{"customdata": [slowest], "y": slowest}, {"customdata": ["not a layer"]}],
+                               "point_indices": [0, 1], "box": [], "lasso": []})
+    assert ok(at).multiselect(key="sel_layers").value == [slowest]
+    at.button(key="sel_int8").click().run()
+    eligible = {l.name for l in p.layers if l.eligible}
+    pol = at.session_state[policy_key(ws, "sample:tiny-cnn")]
+    assert pol.layers[slowest] == ("int8" if slowest in eligible else open_project(
+        "sample:tiny-cnn", ws=ws).default_policy().layers[slowest])
+
+
+def _saved_rankings(ws, p):
+    """A cumulative and an isolated ranking of tiny-cnn whose orders differ (reversed)."""
+    from core.metrics import Quality
+    from core.sensitivity import RANK_COLUMNS, SENSITIVITY_COLUMNS, Ranking, Sensitivity
+    from core.store import save_ranking, save_sensitivity
+    import pandas as pd
+
+    elig = [l for l in p.layers if l.eligible]
+    cum = pd.DataFrame([(i + 1, l.name, l.op_type, "int8", True, l.macs, 1 - 0.01 * (i + 1), 0.01 * (len(elig) - i),
+                         0.0, 30.0, 0.1) for i, l in enumerate(elig)], columns=RANK_COLUMNS)
+    iso = pd.DataFrame([(i + 1, l.name, l.op_type, l.macs, "isolated", "minmax", 0.99, 0.001 * (len(elig) - i), 30.0)
+                        for i, l in enumerate(reversed(elig))], columns=SENSITIVITY_COLUMNS)
+    save_ranking(ws, p, Ranking(cum, "cos_drop", 8, 0.1, False, "minmax"))
+    save_sensitivity(ws, p, Sensitivity(iso, "isolated", "minmax", Quality(1, 1, 99, 0, None, None, 8), 0.1, False))
+    return [l.name for l in elig]
+
+
+def test_top_k_uses_the_ranking_the_user_picks_and_says_which(ws):
+    from core.project import open_project
+
+    p = open_project("sample:tiny-cnn", ws=ws)
+    elig = _saved_rankings(ws, p)
+    at = ok(page("precision"))
+    pick = at.selectbox(key="rank_choice")
+    assert pick.value == "isolated:minmax" and any(o.startswith("cumulative") and o.endswith("(minmax)")
+                                                   for o in pick.options)
+    k = next(n for n in at.number_input if n.key == "bulk_k")
+    assert k.max == len(elig) and k.value == min(3, len(elig))
+    assert any("isolated ranking (minmax)" in shown(c) for c in at.caption)
+    k.set_value(1)
+    at.button(key="apply_topk").click().run()
+    pol = at.session_state[policy_key(ws, "sample:tiny-cnn")]
+    assert pol.layers[elig[-1]] == "fp16" and pol.layers[elig[0]] == "int8"  # isolated: reversed order
+    assert any("top 1 of the isolated ranking (minmax)" in shown(s) for s in ok(at).success)
+    at.button(key="undo").click().run()
+    at.selectbox(key="rank_choice").set_value("cumulative:minmax").run()
+    assert any("cumulative ranking (minmax)" in shown(c) for c in ok(at).caption)
+    next(n for n in at.number_input if n.key == "bulk_k").set_value(1)
+    at.button(key="apply_topk").click().run()
+    pol = at.session_state[policy_key(ws, "sample:tiny-cnn")]
+    assert pol.layers[elig[0]] == "fp16" and pol.layers[elig[-1]] == "int8"
+    assert any("top 1 of the cumulative ranking (minmax)" in shown(s) for s in ok(at).success)
+    sens = layer_table(at).value.set_index("name")["sensitivity"]
+    assert sens[elig[0]] == pytest.approx(0.01 * len(elig))  # the table shows the picked ranking's scores
+
+
+def mlp(path: Path, n_matmul: int) -> Path:
+    """x[1,4] → (MatMul → Relu) × n → Relu: a model with exactly ``n_matmul`` INT8-eligible layers."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(n_matmul)
+    nodes, inits, t = [], [], "x"
+    for i in range(n_matmul):
+        inits.append(numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), f"w{i}"))
+        nodes += [helper.make_node("MatMul", [t, f"w{i}"], [f"m{i}"], name=f"mm{i}"),
+                  helper.make_node("Relu", [f"m{i}"], [f"r{i}"], name=f"relu{i}")]
+        t = f"r{i}"
+    nodes.append(helper.make_node("Sigmoid", [t], ["y"], name="out"))
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_models_with_0_1_2_eligible_layers_on_every_page(ws, tmp_path):
+    """Every page works on models with 0, 1 and 2 INT8-eligible layers: no number box defaults above
+    its maximum (the issue's StreamlitValueAboveMaxError with k = 3), also when the same page moves
+    on to a model with fewer layers."""
+    scripts = ("model", "sensitivity", "build_and_results", "export", "precision")
+    models = {n: str(mlp(tmp_path / f"mlp{n}.onnx", n)) for n in (2, 1, 0)}
+    for n in (2, 1):  # rankings first: the k boxes need one
+        at = ok(page("sensitivity", model=models[n]))
+        at.button(key="run_rank").click().run()
+        wait_all(ws)
+    at = ok(page("sensitivity", model=models[2]))
+    top = next(b for b in at.number_input if b.key == "rank_top")
+    assert top.max == 5 and top.value == 5  # the cumulative ranking lists all 5 layers
+    top.set_value(5).run()
+    at.session_state["source"] = {"model": models[1], "data": None, "eval_data": None}
+    ok(at.run())  # the same page, the next model: 3 layers, a kept 5 must not break it
+    assert next(b for b in at.number_input if b.key == "rank_top").max == 3
+    at.session_state["source"] = {"model": models[2], "data": None, "eval_data": None}
+    at.switch_page("views/precision.py").run()
+    k = next(b for b in ok(at).number_input if b.key == "bulk_k")
+    assert k.max == 2 and k.value == 2
+    k.set_value(2)
+    at.button(key="apply_topk").click().run()
+    assert any("2 layer(s) → FP16" in s.value for s in ok(at).success)
+    for n in (1, 0):
+        at.session_state["source"] = {"model": models[n], "data": None, "eval_data": None}
+        at.run()  # the same page, a model with fewer eligible layers
+        for script in scripts:
+            at.switch_page(f"views/{script}.py").run()
+            ok(at)
+        k = [b for b in at.number_input if b.key == "bulk_k"]  # the Precision page, last
+        if n:
+            assert k and k[0].max == n and k[0].value == n
+            at.button(key="apply_topk").click().run()
+            assert any(f"{n} layer(s) → FP16" in s.value for s in ok(at).success)
+        else:
+            assert not k and not at.get("plotly_chart")
+            assert any("No sensitivity ranking" in c.value for c in at.caption)
+
+
+def test_new_project_leaves_the_old_one_saved(ws):
+    at = ok(page("precision"))
+    old = at.query_params["project"]
+    at.text_input(key="bulk_regex").input(LAYER + "$")
+    at.button(key="apply_regex").click().run()
+    at = ok(reload({"project": old}))  # on the home page, which opens no model
+    assert at.session_state["source"]["model"] == "sample:tiny-cnn"
+    at.sidebar.button(key="new_project").click().run()
+    ok(at)
+    assert at.query_params["project"] != old and at.session_state["source"]["model"] == "sample:minilm"
+    back = ok(reload({"project": old}, "precision"))
+    assert back.session_state[policy_key(ws, "sample:tiny-cnn")].layers[LAYER] == "fp16"
+
+
+def test_only_the_session_that_started_a_job_cancels_it_after_asking(ws):
+    """Issue 13 §9 wired: jobs carry the session's owner token; another session's Cancel is disabled;
+    one's own Cancel asks first ("Stop it" / "Keep")."""
+    from core.jobs import build_params
+    from core.project import open_project
+
+    pol = open_project("sample:tiny-cnn", ws=ws).default_policy().to_json()
+    mgr = JobManager.for_workspace(ws)
+    first = mgr.submit("build", build_params("sample:tiny-cnn", pol, label="first"), label="first", owner="mine")
+    queued = mgr.submit("build", build_params("sample:tiny-cnn", pol, label="second"), label="second", owner="mine")
+    other = ok(page("build_and_results", state={"owner_token": "theirs"}))
+    assert other.button(key=f"cancel-{queued.id}").disabled
+    at = ok(page("build_and_results", state={"owner_token": "mine"}))
+    assert not at.button(key=f"cancel-{queued.id}").disabled
+    at.button(key=f"cancel-{queued.id}").click().run()  # asks first
+    assert mgr.get(queued.id).status == "queued"
+    at.button(key=f"cancel-{queued.id}-confirm").click().run()
+    assert mgr.wait(queued.id, 30).status == "cancelled" and mgr.wait(first.id, 180).status == "done"
+    at = ok(page("precision", state={"owner_token": "mine"}))
+    at.button(key="rebuild").click().run()
+    assert mgr.get(at.query_params["job"]).owner == "mine"
+    wait_all_done = [mgr.wait(j.id, 180) for j in mgr.jobs() if j.active]
+    assert all(j.status == "done" for j in wait_all_done)

@@ -1,13 +1,14 @@
-"""Precision page, bulk actions: by op type, by name (regex), the top-k most sensitive → FP16,
-reset to the defaults."""
+"""Precision page, bulk actions: by op type, by name (regex), the top-k most sensitive layers of
+the ranking the page uses → FP16, and reset to the defaults (after a confirmation). Every action
+is one undoable edit of the draft."""
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
 
 from core.errors import MixprecError
 from core.inventory import PRECISIONS
-from core.policy_edit import select_layers, set_precision, top_sensitive
+from core.layer_select import top_k
+from core.policy_edit import policy_diff, select_layers, set_precision
 from core.project import Project
 from ui import common as ui
 
@@ -16,16 +17,17 @@ NO_RANKING = MixprecError("there is no sensitivity ranking for this model and da
 
 
 def apply(p: Project, names: list[str], precision: str, what: str) -> None:
-    """Set ``names`` to ``precision`` in the session's policy; the outcome is flashed (``what``
-    is Markdown, user text in it escaped by the caller)."""
+    """Set ``names`` to ``precision`` in the session's policy, as one undoable edit; the outcome is
+    flashed. ``what`` is plain text (it is escaped here)."""
     new, skipped = set_precision(ui.policy(p), p.layers, names, precision)
-    ui.set_policy(p, new)
-    ui.flash(f"{what}: {len(names) - len(skipped)} layer(s) → {precision.upper()}"
+    done = len(names) - len(skipped)
+    ui.set_policy(p, new, what=f"{what}: {done} layer(s) → {precision.upper()}")
+    ui.flash(f"{ui.md(what)}: {done} layer(s) → {precision.upper()}"
              + (f"; {len(skipped)} not INT8-eligible, left as they were" if skipped else ""))
 
 
-def section(p: Project, ranking: pd.DataFrame | None) -> None:
-    """``ranking``: the stored cumulative ranking table, or None."""
+def section(p: Project, rank) -> None:
+    """``rank``: the page's ``ui.layer_picker.RankingChoice``, or None when nothing is ranked."""
     with st.expander("Bulk actions", expanded=True):
         b1, b2, b3 = st.columns(3)
         with b1:
@@ -33,10 +35,13 @@ def section(p: Project, ranking: pd.DataFrame | None) -> None:
         with b2:
             _by_name(p)
         with b3:
-            _top_k(p, ranking)
-        if st.button("Reset to defaults", key="reset"):
-            ui.set_policy(p, p.default_policy())
-            ui.flash("Reset: LayerNorm, Softmax and embeddings FP16; eligible layers INT8")
+            _top_k(p, rank)
+        changed = len(policy_diff(p.default_policy(), ui.policy(p), p.layers))
+        if ui.confirmed("reset", "Reset to defaults",
+                        f"Reset every layer to the defaults? {changed} layer(s) of your draft differ from them. "
+                        "You can undo it.", "Yes, reset", disabled=ui.policy(p).sha256 == p.default_policy().sha256):
+            ui.set_policy(p, p.default_policy(), what="reset to the defaults")
+            ui.flash("Reset: LayerNorm, Softmax and embeddings FP16; eligible layers INT8", rerun=True)
 
 
 def _by_type(p: Project) -> None:
@@ -44,7 +49,7 @@ def _by_type(p: Project) -> None:
         ops = st.multiselect("Op types", sorted({l.op_type for l in p.layers}), key="bulk_ops")
         prec = st.selectbox("Precision", PRECISIONS, key="bulk_ops_prec")
         if st.form_submit_button("Set by op type", key="apply_ops") and ops:
-            apply(p, select_layers(p.layers, op_types=ops), prec, f"op types {ui.md(', '.join(ops))}")
+            apply(p, select_layers(p.layers, op_types=ops), prec, f"op types {', '.join(ops)}")
 
 
 def _by_name(p: Project) -> None:
@@ -54,22 +59,22 @@ def _by_name(p: Project) -> None:
         prec = st.selectbox("Precision", PRECISIONS, index=1, key="bulk_regex_prec")
         if st.form_submit_button("Set by name", key="apply_regex") and regex:
             try:
-                apply(p, select_layers(p.layers, regex=regex), prec, ui.code(f"/{regex}/"))
+                apply(p, select_layers(p.layers, regex=regex), prec, f"/{regex}/")
             except MixprecError as e:
                 st.error(ui.md(e))
 
 
-def _top_k(p: Project, ranking: pd.DataFrame | None) -> None:
+def _top_k(p: Project, rank) -> None:
+    if rank is None:
+        st.caption("**Top-k → FP16** needs a sensitivity ranking: run one on the Sensitivity page.")
+        return
+    n = len(rank.ranked)
+    if n == 0:
+        st.caption(f"**Top-k → FP16**: the {ui.md(rank.label)} has no INT8-eligible layer.")
+        return
     with st.form("top_k"):
-        n = max(1, sum(l.eligible for l in p.layers))
-        k = st.number_input("k", 1, n, min(3, n), key="bulk_k")  # a model with fewer than 3 eligible layers too
-        st.caption("The k most sensitive eligible layers (cosine drop) → FP16." if ranking is not None
-                   else "Needs a ranking: run it on the Sensitivity page.")
+        k = st.number_input(f"k (1–{n})", 1, n, min(3, n), key="bulk_k")  # 1 or 2 eligible layers too
+        st.caption(f"The k most sensitive layers of the **{ui.md(rank.label)}** → FP16 "
+                   "(pick another ranking above the table).")
         if st.form_submit_button("Top-k → FP16", key="apply_topk"):
-            if ranking is None or ranking.empty:
-                st.error(str(NO_RANKING))
-                return
-            try:
-                apply(p, top_sensitive(ranking, int(k)), "fp16", f"top {k} most sensitive")
-            except MixprecError as e:
-                st.error(ui.md(e))
+            apply(p, top_k(rank.ranked, int(k)), "fp16", f"top {int(k)} of the {rank.label}")

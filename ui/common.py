@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from dataclasses import replace
 from pathlib import Path
 
 import streamlit as st
 
-from core import store
+from core import drafts, store
 from core.backends import select_backend
 from core.errors import MixprecError
-from core.jobs import Job, JobManager
-from core.policy import Policy
+from core.jobs import Job, JobManager, can_cancel
+from core.policy import Policy, policy_from_dict
 from core.project import DEFAULT_TARGET, DEPLOY_TARGETS, Project, open_project
 from core.runs import speedup_text
 from core.workspace import Workspace
@@ -21,6 +22,11 @@ from core.workspace import Workspace
 SAMPLES = ["sample:minilm", "sample:tiny-cnn", "sample:tiny-transformer"]
 DEFAULT_MODEL = SAMPLES[0]
 SOURCE_KEYS = ("model", "data", "eval_data")  # and "shapes" (the input shapes the user set), "target" (sidebar)
+# widget values kept across pages and saved with the project (a page's widgets forget their value
+# when another page runs): the run label, the search budget and smoothing
+KEPT_SETTINGS = ("run_label", "search_budget", "search_smooth")
+# kept across pages for the session only: the layer selection, the ranking and the table's filters
+SESSION_KEPT = ("sel_layers", "rank_choice", "view_ops", "view_name", "view_prec", "pick_chart")
 _MARKDOWN = re.compile(r"([\\`*_{}\[\]<>()#+!|~$:&^=])")
 
 
@@ -84,13 +90,22 @@ def _shapes_from_text(text: str | None) -> dict[str, list[int]] | None:
 
 
 def source() -> dict:
-    """The session's model/data paths and input shapes; restored from the URL after a reload; MiniLM at first."""
+    """The session's model/data paths and input shapes: at the first run, the saved project of the
+    URL's ``?project=`` (a reload or a shared link), else the URL's own parameters; MiniLM at first."""
     if "source" not in st.session_state:
         qp = st.query_params
-        st.session_state["source"] = {k: qp.get(k) for k in SOURCE_KEYS}
-        st.session_state["source"]["model"] = st.session_state["source"]["model"] or DEFAULT_MODEL
-        st.session_state["source"]["shapes"] = _shapes_from_text(qp.get("shapes"))
-        st.session_state["source"]["target"] = qp.get("target") if qp.get("target") in DEPLOY_TARGETS else None
+        src = {k: qp.get(k) for k in SOURCE_KEYS}
+        src["shapes"] = _shapes_from_text(qp.get("shapes"))
+        src["target"] = qp.get("target")
+        saved = saved_project()
+        if saved is not None:
+            src = saved.source()
+            for k, v in saved.settings.items():
+                if k in KEPT_SETTINGS:
+                    st.session_state.setdefault(k, v)
+        src["model"] = src["model"] or DEFAULT_MODEL
+        src["target"] = src["target"] if src["target"] in DEPLOY_TARGETS else None
+        st.session_state["source"] = src
         if qp.get("job"):  # re-attach to the job this browser tab started before a reload
             st.session_state.setdefault("my_jobs", []).append(qp["job"])
     return st.session_state["source"]
@@ -116,22 +131,126 @@ def set_target(value: str) -> None:
 def set_source(model: str, data: str | None = None, eval_data: str | None = None,
                shapes: dict | None = None, target: str | None = None) -> None:
     """The session's model, data and input shapes (a new model starts from its default shapes) and
-    deployment target (None: the one chosen so far); kept in the URL."""
+    deployment target (None: the one chosen so far); kept in the URL and saved with the project."""
     target = target or st.session_state.get("source", {}).get("target")
     st.session_state["source"] = {"model": model, "data": data, "eval_data": eval_data,
                                   "shapes": _shapes_from_text(_shapes_text(shapes)),
                                   "target": target if target in DEPLOY_TARGETS else None}
-    for k, v in {**st.session_state["source"], "shapes": _shapes_text(shapes)}.items():
-        if v:
-            st.query_params[k] = v
-        elif k in st.query_params:
-            del st.query_params[k]
+    sync_url()
+    save_project()
 
 
 def set_shapes(shapes: dict | None) -> None:
     """Keep the model and data, use these input shapes (None: back to the defaults)."""
     src = source()
     set_source(src["model"], src.get("data"), src.get("eval_data"), shapes, src.get("target"))
+
+
+# --- the saved project: id in the URL, source and kept settings in the workspace (core.drafts) ---
+def project_id() -> str:
+    """The id of the session's saved project: the URL's ``?project=`` if well-formed, else a new one."""
+    if "project_id" not in st.session_state:
+        st.session_state["project_id"] = (drafts.check_project_id(st.query_params.get("project"))
+                                          or drafts.new_project_id())
+    return st.session_state["project_id"]
+
+
+def saved_project() -> drafts.SavedProject | None:
+    """The project as saved when this session started or last saved it (None before its first
+    save). A damaged file is said once (``autosave_note``) and replaced at the next save."""
+    if "saved_project" not in st.session_state:
+        try:
+            st.session_state["saved_project"] = drafts.load_project(workspace(), project_id())
+        except MixprecError as e:
+            st.session_state["saved_project"] = None
+            st.session_state["autosave_note"] = f"The saved project could not be read, so it starts again: {md(e)}"
+    return st.session_state["saved_project"]
+
+
+def _autosave(write) -> bool:
+    """Run a save; a write error (full disk, permissions) is kept for the page to show, never raised."""
+    try:
+        write()
+    except (MixprecError, OSError) as e:
+        st.session_state["autosave_error"] = md(e)
+        return False
+    st.session_state.pop("autosave_error", None)
+    return True
+
+
+def save_project(**changes) -> None:
+    """Save the session's source with the project (and ``changes``: ``model_name``, ``settings``);
+    nothing is written when nothing changed."""
+    old = saved_project() or drafts.SavedProject(project_id(), source()["model"])
+    new = replace(old, **changes).with_source(source())
+    if new.model != old.model and "model_name" not in changes:
+        new = replace(new, model_name="")  # the name of the model before: known again once it opens
+    same = {k: v for k, v in old.to_json().items() if k not in ("created", "updated")} == \
+        {k: v for k, v in new.to_json().items() if k not in ("created", "updated")}
+    if saved_project() is not None and same:
+        return
+    if _autosave(lambda: drafts.save_project(workspace(), new)):
+        st.session_state["saved_project"] = new
+
+
+def _url_params() -> dict[str, str]:
+    src = source()
+    out = {**{k: src.get(k) for k in SOURCE_KEYS}, "shapes": _shapes_text(src.get("shapes")),
+           "target": src.get("target"), "project": project_id()}
+    return {k: str(v) for k, v in out.items() if v}
+
+
+def sync_url() -> None:
+    """Keep the project id and the source in the URL (``?project=…&model=…``), which switching
+    pages drops: a reload or a copied link then finds them. ``?job=`` is left as it is."""
+    want, qp = _url_params(), st.query_params
+    for k in (*SOURCE_KEYS, "shapes", "target", "project"):
+        if k in want and qp.get(k) != want[k]:
+            qp[k] = want[k]
+        elif k not in want and k in qp:
+            del qp[k]
+
+
+def keep_settings() -> None:
+    """At the start of every run: the KEPT_SETTINGS widget values outlive the pages that do not
+    draw them (re-assigned, Streamlit keeps them), and are saved with the project when changed."""
+    for k in SESSION_KEPT:
+        if k in st.session_state:
+            st.session_state[k] = st.session_state[k]
+    now = {}
+    for k in KEPT_SETTINGS:
+        if k in st.session_state:
+            st.session_state[k] = st.session_state[k]
+            now[k] = st.session_state[k]
+    saved = saved_project()
+    old = dict(saved.settings) if saved is not None else {}
+    if now and {**old, **now} != old:
+        save_project(settings={**old, **now})
+
+
+def new_project() -> None:
+    """Leave this project (it stays saved under its id) for a new one with the default model (the
+    deployment target stays)."""
+    target = source().get("target")
+    for k in ("saved_project", "drafts", "autosave_error", "autosave_note", *KEPT_SETTINGS):
+        st.session_state.pop(k, None)
+    st.session_state["project_id"] = drafts.new_project_id()
+    st.session_state["source"] = {"model": DEFAULT_MODEL, "data": None, "eval_data": None, "shapes": None,
+                                  "target": target}
+    sync_url()
+
+
+def autosave_status(p: Project | None = None) -> tuple[str, bool]:
+    """(what the autosave did, whether it failed), for a caption or a warning."""
+    err = st.session_state.get("autosave_error")
+    if err:
+        return f"Autosave failed: {err} Your edits are kept in this browser tab only.", True
+    text = f"Project {code(project_id())}: autosaved in the workspace; reload or share this page's URL to " \
+           "come back to it."
+    if p is not None:
+        d = draft(p)
+        text += f" {len(d.undo)} edit(s) to undo, {len(d.redo)} to redo."
+    return text, False
 
 
 @st.cache_resource(show_spinner="Opening the model (the first MiniLM load exports it: ~20 s)…", max_entries=8)
@@ -148,14 +267,17 @@ def open_source(model: str, data: str | None = None, eval_data: str | None = Non
 
 
 def project() -> Project:
-    """The session's project, or an error with the way out (and the page stops)."""
+    """The session's project, or an error with the way out (and the page stops). Its model's
+    display name is saved with the project."""
     src = source()
     try:
-        return open_source(**src)
+        p = open_source(**src)
     except MixprecError as e:
         st.error(md(e))
         st.info("Pick another model or data on the **Model** page.")
         st.stop()
+    save_project(model_name=p.model.name)
+    return p
 
 
 def upload(file, kind: str, model=None) -> str | None:
@@ -194,20 +316,102 @@ def search_result(p: Project, budget: str, smooth: bool):
     return _stored(store.load_search, p.ws, p, budget, smooth)
 
 
-# --- the session's policy ----------------------------------------------------------------------
+# --- the session's policy: the project's draft of this model and data, with undo/redo ----------
 def _policy_key(p: Project) -> str:
     return f"policy:{p.model.sha256}:{p.calib_data.sha256}"
 
 
+def _draft_file(p: Project) -> Path:
+    return drafts.draft_path(workspace(), project_id(), drafts.draft_key(p.model.sha256, p.calib_data.sha256))
+
+
+def draft(p: Project) -> drafts.Draft:
+    """The project's draft for ``p``'s model and data: the saved one (read again when its file
+    changed, e.g. another tab on the same project edited it), else the default policy."""
+    path = _draft_file(p)
+    cache = st.session_state.setdefault("drafts", {})
+    hit = cache.get(str(path))
+    if hit is not None and hit["unsaved"]:
+        return hit["draft"]
+    stamp = drafts.file_stamp(path)
+    if hit is not None and hit["stamp"] == stamp:
+        return hit["draft"]
+    d = None
+    if stamp is not None:
+        try:
+            d = drafts.load_draft(workspace(), project_id(), path.stem)
+        except MixprecError as e:
+            st.session_state["autosave_note"] = f"The saved draft could not be read, so it starts again: {md(e)}"
+    d = d or drafts.Draft(p.default_policy().to_dict())
+    cache[str(path)] = {"stamp": stamp, "draft": d, "unsaved": False}
+    return d
+
+
+def _store_draft(p: Project, d: drafts.Draft) -> None:
+    path = _draft_file(p)
+    saved = _autosave(lambda: drafts.save_draft(workspace(), project_id(), path.stem, d))
+    st.session_state.setdefault("drafts", {})[str(path)] = {"stamp": drafts.file_stamp(path) if saved else None,
+                                                           "draft": d, "unsaved": not saved}
+    if saved:
+        save_project(model_name=p.model.name)
+    st.session_state["editor_version"] = st.session_state.get("editor_version", 0) + 1
+
+
 def policy(p: Project) -> Policy:
-    return st.session_state.get(_policy_key(p)) or p.default_policy()
+    """The session's policy: the draft, validated against the model (the defaults if it no longer fits)."""
+    d, key = draft(p), _policy_key(p)
+    tag = json.dumps(d.policy, sort_keys=True)
+    if key in st.session_state and st.session_state.get(f"{key}:doc") == tag:
+        return st.session_state[key]
+    try:
+        pol = policy_from_dict(d.policy, p.model, p.layers)
+    except MixprecError as e:
+        st.session_state["autosave_note"] = f"The saved draft does not fit the model, so it starts again: {md(e)}"
+        pol = p.default_policy()
+    st.session_state[key], st.session_state[f"{key}:doc"] = pol, tag
+    return pol
 
 
-def set_policy(p: Project, pol: Policy, reset_editor: bool = True) -> None:
-    """Store the session's policy; ``reset_editor`` redraws the precision table from it."""
-    st.session_state[_policy_key(p)] = pol
-    if reset_editor:
-        st.session_state["editor_version"] = st.session_state.get("editor_version", 0) + 1
+def set_policy(p: Project, pol: Policy, reset_editor: bool = True, what: str = "policy edit") -> None:
+    """Make ``pol`` the session's policy: one undoable step described by ``what`` (plain text),
+    autosaved with the project. (``reset_editor`` is kept for callers; the table always redraws.)"""
+    _store_draft(p, draft(p).edited(pol.to_dict(), what))
+
+
+def undo(p: Project) -> str | None:
+    """Undo the last policy edit; returns what it was (None: nothing to undo)."""
+    d = draft(p)
+    if d.undo_what is not None:
+        _store_draft(p, d.undone())
+    return d.undo_what
+
+
+def redo(p: Project) -> str | None:
+    d = draft(p)
+    if d.redo_what is not None:
+        _store_draft(p, d.redone())
+    return d.redo_what
+
+
+def confirmed(key: str, label: str, question: str, confirm_label: str, box=None, **button) -> bool:
+    """A destructive action's button: pressing ``label`` asks ``question`` (Markdown, user text
+    escaped by the caller) with ``confirm_label`` (key ``<key>_confirm``) and Cancel
+    (``<key>_cancel``), in ``box`` (a container; here if None); True in the run where the user confirms."""
+    flag = f"confirm:{key}"
+    if st.button(label, key=key, **button):
+        st.session_state[flag] = True
+    if not st.session_state.get(flag):
+        return False
+    with (box if box is not None else st.container()).container(border=True):
+        st.warning(question)
+        c1, c2, _ = st.columns([1, 1, 3])
+        yes = c1.button(confirm_label, key=f"{key}_confirm", type="primary")
+        no = c2.button("Cancel", key=f"{key}_cancel")
+    if yes or no:
+        st.session_state.pop(flag, None)
+    if no:
+        st.rerun()
+    return yes
 
 
 def flash(message: str, rerun: bool = False) -> None:
@@ -224,9 +428,17 @@ def show_flash() -> None:
 
 
 # --- jobs --------------------------------------------------------------------------------------
+def owner_token() -> str:
+    """This browser session's token: the jobs it submits are its own, and only it may cancel them
+    (``core.jobs``; a reload is a new session, so ``?job=`` re-attaches read-only)."""
+    if "owner_token" not in st.session_state:
+        st.session_state["owner_token"] = secrets.token_hex(16)
+    return st.session_state["owner_token"]
+
+
 def submit(kind: str, params: dict, label: str) -> Job | None:
     try:
-        job = manager().submit(kind, params, label=label)
+        job = manager().submit(kind, params, label=label, owner=owner_token())
     except MixprecError as e:
         st.error(md(e))
         return None
@@ -260,9 +472,38 @@ def job_row(job: Job) -> None:
         text = f"queued{f' (#{pos + 1} in {job.queue})' if pos is not None else ''} · waiting {job.elapsed:.0f} s"
     mid.progress(min(max(job.progress, 0.0), 1.0), text=text)
     if job.active:
-        right.button("Cancel", key=f"cancel-{job.id}", on_click=mgr.cancel, args=(job.id,))
+        _cancel_button(right, job)
     if job.error and job.status in ("failed", "interrupted"):
         st.error(f"{md(job.label)}: {md(job.error)}")
+
+
+def _ask_cancel(job_id: str, ask: bool) -> None:
+    st.session_state[f"confirm:cancel-{job_id}"] = ask
+
+
+def _cancel(job_id: str) -> None:
+    st.session_state.pop(f"confirm:cancel-{job_id}", None)
+    try:
+        manager().cancel(job_id, owner_token())
+    except MixprecError as e:
+        st.session_state["cancel_error"] = md(e)
+
+
+def _cancel_button(where, job: Job) -> None:
+    """Cancel, for this session's own jobs (any job with MIXPREC_ADMIN=1), after a second click."""
+    if not can_cancel(job, owner_token()):
+        where.button("Cancel", key=f"cancel-{job.id}", disabled=True,
+                     help="Another session's job: only the session that started it can cancel it (or anyone, when "
+                          "the server runs with MIXPREC_ADMIN=1).")
+    elif st.session_state.get(f"confirm:cancel-{job.id}"):
+        where.button("Stop it", key=f"cancel-{job.id}-confirm", type="primary", on_click=_cancel, args=(job.id,),
+                     help="The job's work so far is lost.")
+        where.button("Keep", key=f"cancel-{job.id}-keep", on_click=_ask_cancel, args=(job.id, False))
+    else:
+        where.button("Cancel", key=f"cancel-{job.id}", on_click=_ask_cancel, args=(job.id, True),
+                     help="Stop this job (asks first)")
+    if st.session_state.get("cancel_error"):
+        st.error(st.session_state.pop("cancel_error"))
 
 
 @st.fragment(run_every=1.0)

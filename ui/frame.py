@@ -1,5 +1,6 @@
-"""The frame around every page (``app.py``): the page list's entries, the sidebar (model, jobs,
-backend) and each page's title and caption. Pages then hold only their own content."""
+"""The frame around every page (``app.py``): the page list's entries, the state every run keeps
+(the saved project in the URL, kept settings), the sidebar (model, project, jobs, backend) and
+each page's title and caption. Pages then hold only their own content."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,10 +34,26 @@ def _pick_target() -> None:
     ui.set_target(st.session_state["target_pick"])
 
 
+def keep_state() -> None:
+    """Before any page draws: restore the saved project (first run of a session), keep the
+    settings widgets hold across pages, and keep the project id and source in the URL."""
+    ui.source()
+    ui.keep_settings()
+    ui.sync_url()
+
+
+def _new_project() -> None:
+    ui.new_project()
+
+
 def sidebar() -> None:
     src = ui.source()
     with st.sidebar:
-        st.markdown(f"**Model:** {ui.code(src['model'])}")
+        saved = ui.saved_project()
+        name = saved.model_name if saved is not None and saved.model == src["model"] and saved.model_name else None
+        st.markdown(f"**Model:** {ui.code(name or src['model'])}")
+        if name and name != src["model"]:
+            st.caption(f"from {ui.code(src['model'])}")
         target = ui.target()
         st.selectbox("Deployment target", DEPLOY_TARGETS, index=DEPLOY_TARGETS.index(target), key="target_pick",
                      format_func=TARGET_LABELS.get, on_change=_pick_target,
@@ -49,6 +66,13 @@ def sidebar() -> None:
         if ui.shapes():
             st.caption("Input shapes: " + ", ".join(f"{ui.md(n)}={'x'.join(map(str, dims))}"
                                                     for n, dims in ui.shapes().items()))
+        text, failed = ui.autosave_status()
+        (st.warning if failed else st.caption)(text)
+        if st.session_state.get("autosave_note"):
+            st.warning(st.session_state.pop("autosave_note"))
+        st.button("New project", key="new_project", on_click=_new_project,
+                  help="Start again from the default model and policy. This project stays saved: its URL brings it "
+                       "back.")
         active = [j for j in ui.manager().jobs(limit=50) if j.active]
         st.caption(f"{len(active)} job(s) queued or running" if active else "No job running")
         st.caption(f"Workspace: {ui.code(ui.workspace().root)}")

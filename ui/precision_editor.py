@@ -1,42 +1,136 @@
-"""Precision page, the per-layer table: one row per layer with a FP32/FP16/INT8 select (filtered
-by op type), and the policy's summary metrics."""
+"""Precision page, the per-layer table: filters (op type, name, precision), row selection synced
+with the working selection (ui.layer_picker), one click to set the selection to FP32 / FP16 /
+INT8, undo / redo of policy edits, the boundaries each layer's neighbours force, and the
+policy's summary metrics."""
 from __future__ import annotations
+
+import hashlib
+from functools import partial
 
 import pandas as pd
 import streamlit as st
 
 from core.inventory import PRECISIONS
+from core.layer_select import filter_table
+from core.placement import boundaries
 from core.policy import Policy
-from core.policy_edit import editor_table, policy_summary, set_precision
+from core.policy_edit import editor_table, policy_summary
 from core.project import Project
+from ui import bulk_actions
 from ui import common as ui
+from ui.layer_picker import SEL, RankingChoice, selection, set_selection
+
+ROW_PX, HEADER_PX, ROWS_SHOWN = 35, 38, 20
 
 
-def section(p: Project, ranking: pd.DataFrame | None) -> Policy:
-    """The editor over the session's policy; edits are applied to it. Returns the policy."""
-    pol = ui.policy(p)
-    table = editor_table(p, pol, ranking)
-    view_ops = st.multiselect("Show op types", sorted(table["op_type"].unique()), key="view_ops")
-    view = table[table["op_type"].isin(view_ops)] if view_ops else table
-    edited = st.data_editor(
-        view, hide_index=True, height=420,
-        key=f"editor-{st.session_state.get('editor_version', 0)}-{'|'.join(view_ops)}",
-        disabled=[c for c in view.columns if c != "precision"],
-        column_config={"precision": st.column_config.SelectboxColumn("precision", options=list(PRECISIONS),
-                                                                     required=True),
-                       "sensitivity": st.column_config.NumberColumn("sensitivity (cos drop)", format="%.5f"),
-                       "macs": st.column_config.NumberColumn("MACs", format="compact")})
-    changes = {n: v for n, v in zip(edited["name"], edited["precision"]) if pol.layers.get(n) != v}
-    if not changes:
-        return pol
-    new = pol
-    for precision in set(changes.values()):
-        new, skipped = set_precision(new, p.layers, [n for n, v in changes.items() if v == precision], precision)
-        if skipped:
-            st.warning(f"INT8 is not available for {ui.md(', '.join(skipped))} (not MatMul/Gemm/Conv): "
-                       "kept as before.")
-    ui.set_policy(p, new, reset_editor=False)
-    return new
+# --- undo / redo -----------------------------------------------------------------------------
+def _undo(p: Project) -> None:
+    what = ui.undo(p)
+    if what:
+        ui.flash(f"Undone: {ui.md(what)}")
+
+
+def _redo(p: Project) -> None:
+    what = ui.redo(p)
+    if what:
+        ui.flash(f"Redone: {ui.md(what)}")
+
+
+def history(p: Project) -> None:
+    """Undo and Redo of policy edits (each names the edit), and what the autosave did."""
+    d = ui.draft(p)
+    c1, c2, c3 = st.columns([1, 1, 6])
+    c1.button("Undo", key="undo", icon=":material/undo:", disabled=d.undo_what is None, on_click=_undo, args=(p,),
+              help=f"Undo: {d.undo_what}" if d.undo_what else "Nothing to undo")
+    c2.button("Redo", key="redo", icon=":material/redo:", disabled=d.redo_what is None, on_click=_redo, args=(p,),
+              help=f"Redo: {d.redo_what}" if d.redo_what else "Nothing to redo")
+    text, failed = ui.autosave_status(p)
+    if failed:
+        c3.warning(text)
+    else:
+        c3.caption(text)
+
+
+# --- the table ---------------------------------------------------------------------------------
+def _picked_in_table(key: str) -> None:
+    rows = (st.session_state.get(key) or {}).get("selection", {}).get("rows", [])
+    names = st.session_state.get(f"{key}:names", [])
+    set_selection([names[i] for i in rows if 0 <= i < len(names)])
+
+
+def _select_shown(key: str) -> None:
+    set_selection(st.session_state.get(f"{key}:names", []))
+
+
+def _to_selection(p: Project, precision: str) -> None:
+    names = selection(p)
+    if names:
+        bulk_actions.apply(p, names, precision, f"{len(names)} selected layer(s)")
+
+
+def _boundary_counts(p: Project, pol: Policy) -> tuple[pd.DataFrame, dict[str, int]]:
+    """``core.placement.boundaries`` of the draft, and how many each layer has."""
+    df = boundaries(p.model, p.layers, pol)
+    return df, df.groupby("layer").size().to_dict() if not df.empty else {}
+
+
+def section(p: Project, pol: Policy, rank: RankingChoice | None) -> Policy:
+    """Filters, the selectable table of every layer, the selection's precision buttons and the
+    boundaries of the selected layers. Returns the policy (edits apply through callbacks)."""
+    table = editor_table(p, pol, None)
+    scores = dict(zip(rank.ranked["name"], rank.ranked["score"])) if rank is not None else {}
+    table["sensitivity"] = table["name"].map(scores)
+    bounds, counts = _boundary_counts(p, pol)
+    table["boundaries"] = table["name"].map(counts).fillna(0).astype(int)
+    f1, f2, f3 = st.columns([2, 2, 1])
+    ops = f1.multiselect("Op type", sorted(table["op_type"].unique()), key="view_ops")
+    name = f2.text_input("Name contains", key="view_name", placeholder="e.g. layer.5/output")
+    precs = f3.multiselect("Precision", list(PRECISIONS), key="view_prec")
+    view = filter_table(table, ops, name.strip(), precs).reset_index(drop=True)
+    sel = selection(p)
+    key = "layer_table-" + hashlib.sha1(repr((ops, name.strip(), precs, len(table))).encode()).hexdigest()[:10]
+    st.session_state[f"{key}:names"] = view["name"].tolist()
+    st.session_state[key] = {"selection": {"rows": [i for i, n in enumerate(view["name"]) if n in set(sel)],
+                                           "columns": [], "cells": []}}
+    hidden = len(set(sel) - set(view["name"]))
+    st.caption(f"{len(view)} of {len(table)} layers shown · {len(sel)} selected"
+               + (f" ({hidden} hidden by the filters)" if hidden else "")
+               + (f" · sensitivity: the {rank.label}" if rank is not None else "")
+               + " · boundaries: neighbours whose precision forces a conversion")
+    _actions(p, key, sel, bool(len(view)))
+    st.dataframe(view, key=key, on_select=partial(_picked_in_table, key), selection_mode="multi-row", hide_index=True,
+                 height=HEADER_PX + ROW_PX * max(1, min(ROWS_SHOWN, len(view))),
+                 column_config={"sensitivity": st.column_config.NumberColumn(
+                                    "sensitivity", format="%.5f",
+                                    help=f"The {rank.label}" if rank is not None else "No ranking yet"),
+                                "macs": st.column_config.NumberColumn("MACs", format="compact"),
+                                "eligible": st.column_config.CheckboxColumn("INT8-eligible")})
+    if st.session_state.get(SEL) is not None and st.session_state[SEL] != sel:
+        st.session_state[SEL] = sel  # names of another model dropped before the widget reads them
+    with st.expander("Edit the selection by name"):
+        st.multiselect("Selected layers", [l.name for l in p.layers], key=SEL, default=None)
+    _boundaries(bounds, sel)
+    return pol
+
+
+def _actions(p: Project, key: str, sel: list[str], any_shown: bool) -> None:
+    c = st.columns([1.2, 1, 0.9, 0.9, 0.9, 2])
+    c[0].button("Select all shown", key="sel_all", on_click=_select_shown, args=(key,), disabled=not any_shown)
+    c[1].button("Clear selection", key="sel_clear", on_click=set_selection, args=([],), disabled=not sel)
+    for col, prec in zip(c[2:5], PRECISIONS):
+        col.button(f"→ {prec.upper()}", key=f"sel_{prec}", type="primary", disabled=not sel,
+                   on_click=_to_selection, args=(p, prec), help=f"Set the {len(sel)} selected layer(s) to {prec.upper()}"
+                   + (" (INT8-eligible ones only)" if prec == "int8" else ""))
+
+
+def _boundaries(bounds: pd.DataFrame, sel: list[str]) -> None:
+    shown = bounds[bounds["layer"].isin(sel)] if sel else bounds
+    title = (f"Boundaries of the {len(sel)} selected layer(s): {len(shown)}" if sel
+             else f"Boundaries: {len(bounds)} neighbour pair(s) whose precisions force a conversion")
+    with st.expander(title, expanded=bool(sel) and 0 < len(shown) <= 30):
+        st.caption("Per layer, each neighbour whose precision differs in a way TensorRT must convert (INT8 ↔ float, "
+                   "FP16 ↔ FP32), with the tensor between them.")
+        st.dataframe(shown, hide_index=True)
 
 
 def summary(p: Project, pol: Policy) -> dict:

@@ -1,16 +1,20 @@
 """Precision page, search under a quality budget: the budget, the search job, its Pareto front
-and "Use this policy" for a front point."""
+(points failing the budget marked) and "Use this policy" for a front point: the chosen point
+preselected, applied after a confirmation, as one undoable edit."""
 from __future__ import annotations
 
+import plotly.graph_objects as go
 import streamlit as st
 
 from core.errors import MixprecError
 from core.jobs import search_params
 from core.plots import plot_pareto
+from core.policy_edit import policy_diff
 from core.project import Project
 from core.runs import GENERATED_NOTE
 from core.search import BUDGET_METRICS
-from core.search.searcher import MAC_SHARE_NOTE, search_objective
+from core.estimate.gpus import FIXTURE_GPU, gpu
+from core.search.searcher import MAC_SHARE_NOTE, TRT_ESTIMATE_NOTE, search_objective
 from ui import common as ui
 
 
@@ -31,6 +35,9 @@ def section(p: Project) -> None:
         objective = search_objective("auto", ui.target(), ui.auto_backend_name())
         if objective == "mac_share":
             st.info(MAC_SHARE_NOTE)
+        elif objective == "trt_estimate":
+            st.info(TRT_ESTIMATE_NOTE.format(label=f"estimated TensorRT ms on the {gpu(FIXTURE_GPU).name} (an "
+                                                   "estimate from the cost model, not a measurement)"))
         else:
             st.caption(f"Objective: the estimated latency on {ui.auto_backend_name()} (the latency model fitted on its "
                        "profiles), then the fewest INT8/float boundaries.")
@@ -49,22 +56,54 @@ def _result(p: Project, result, objective: str) -> None:
     (st.success if met else st.warning)(ui.md(result.message))
     if result.run is not None and result.run.data_generated and GENERATED_NOTE not in result.message:
         st.caption(f"The search's quality numbers are {GENERATED_NOTE}.")  # a search stored before it said so
-    basis = "estimate from " + (result.run.latency_source.replace(", measured", "") if result.run else "the backend's") \
-        + " profiles" + (", not the objective" if MAC_SHARE_NOTE in result.message else "")
-    st.plotly_chart(plot_pareto(result.candidates, result.chosen, result.budget, basis), key="pareto_chart")
+    if result.objective == "trt_estimate" and result.latency_label:
+        basis = result.latency_label
+    else:
+        basis = "estimate from " + (result.run.latency_source.replace(", measured", "") if result.run
+                                    else "the backend's") \
+            + " profiles" + (", not the objective" if MAC_SHARE_NOTE in result.message else "")
+    fig = plot_pareto(result.candidates, result.chosen, result.budget, basis)
+    _mark_failing(fig, result.candidates)
+    st.plotly_chart(fig, key="pareto_chart")
     front = result.front
-    st.dataframe(front, hide_index=True)
-    f1, f2 = st.columns([3, 1])
-    points = {r.candidate: f"#{r.candidate}{' (chosen)' if r.candidate == result.chosen else ''}: "
+    st.dataframe(front, hide_index=True, column_config={
+        "meets_budget": st.column_config.CheckboxColumn("meets budget", help="on the dev half")})
+    fails = {int(r.candidate) for r in front.itertuples() if not bool(r.meets_budget)}
+    points = {int(r.candidate): f"#{r.candidate}{' (chosen)' if r.candidate == result.chosen else ''}: "
               f"{r.n_int8} layers INT8, {r.method}, {r.est_ms:.3f} ms est., {100 * r.int8_mac_share:.0f}% MACs INT8, "
-              f"{r.quality:.4f}" for r in front.itertuples()}
+              f"{r.quality:.4f}{' — fails the budget' if int(r.candidate) in fails else ''}" for r in front.itertuples()}
     if result.chosen is not None and result.chosen not in points:  # chosen by MAC share: not on the latency front
         points[result.chosen] = f"#{result.chosen} (chosen, by INT8 MAC share; not on the latency front)"
-    pick = f1.selectbox("Front point", list(points), format_func=points.get, key="front_pick")
+    keys = list(points)
+    default = keys.index(result.chosen) if result.chosen in points else \
+        next((i for i, c in enumerate(keys) if c not in fails), 0)
+    if st.session_state.get("front_pick") not in points:
+        st.session_state.pop("front_pick", None)
+    f1, f2 = st.columns([3, 1])
+    below = st.container()  # the confirmation, full width under the picker
+    pick = f1.selectbox("Front point", keys, index=default, format_func=points.get, key="front_pick",
+                        help="Preselected: the chosen point, the search's answer. Points that fail the budget are marked.")
     f2.write("")
-    if f2.button("Use this policy", type="primary", key="use_front"):
-        try:
-            ui.set_policy(p, result.policy if pick == result.chosen else result.front_policy(int(pick)))
-            ui.flash(f"Front point #{pick} is now the current policy: Rebuild to measure it.", rerun=True)
-        except MixprecError as e:
-            st.error(ui.md(e))
+    try:
+        new = result.policy if pick == result.chosen else result.front_policy(int(pick))
+    except MixprecError as e:
+        st.error(ui.md(e))
+        return
+    differ = len(policy_diff(ui.policy(p), new, p.layers))
+    question = (f"Replace your draft with front point #{pick}? {differ} layer(s) change"
+                + (" and **it fails the budget** on the dev half" if pick in fails else "") + ". You can undo it.")
+    with f2:
+        use = ui.confirmed("use_front", "Use this policy", question, "Yes, use it", box=below, type="primary")
+    if use:
+        ui.set_policy(p, new, what=f"front point #{pick} of the search {result.budget}")
+        ui.flash(f"Front point #{pick} is now the current policy: Rebuild to measure it.", rerun=True)
+
+
+def _mark_failing(fig, candidates) -> None:
+    """Circle the candidates that fail the budget on the Pareto chart (their own legend entry)."""
+    bad = candidates[~candidates["meets_budget"].astype(bool)]
+    if bad.empty:
+        return
+    fig.add_trace(go.Scatter(x=bad["est_ms"].tolist(), y=bad["quality"].tolist(), mode="markers",
+                             name="fails the budget", hoverinfo="skip",
+                             marker={"symbol": "x-thin-open", "size": 12, "color": "#E45756", "line": {"width": 2}}))

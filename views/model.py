@@ -1,5 +1,6 @@
 """Model page: pick a sample, upload an ONNX file or give a server path; optional calibration/eval data;
-what loading changed, the input shapes (editable) and which data is generated."""
+what loading changed, the input shapes (editable) and which data is generated. Every choice is saved
+with the project (ui.common.set_source); each model keeps its own draft policy."""
 import pandas as pd
 import streamlit as st
 
@@ -17,18 +18,21 @@ if how == "Bundled sample":
     sample = st.selectbox("Sample", ui.SAMPLES, index=ui.SAMPLES.index(current), key="sample_pick")
     if sample != src["model"]:
         ui.set_source(sample)
+        st.rerun()  # the sidebar, drawn before this page, shows the new model at once
 elif how == "Upload an ONNX file":
     st.caption(f"Uploads are limited to {limit} MB (server.maxUploadSize in .streamlit/config.toml). "
                "Larger models: give their path on the server.")
     path = ui.upload(st.file_uploader("ONNX model", type=["onnx"], key="model_file"), "model")
     if path and path != src["model"]:
         ui.set_source(path)
+        st.rerun()
 else:
     with st.form("path_form"):
         typed = st.text_input("Path of an .onnx file on the server", value="" if src["model"].startswith("sample:")
                               else src["model"], key="model_path")
-        if st.form_submit_button("Load", key="load_path") and typed.strip():
+        if st.form_submit_button("Load", key="load_path") and typed.strip() and typed.strip() != src["model"]:
             ui.set_source(typed.strip())
+            st.rerun()
 
 with st.expander("Calibration and evaluation data (.npz, optional)", expanded=bool(src["data"] or src["eval_data"])):
     st.caption(f"One array per model input, keyed by input name (numpy.savez). Up to {limit} MB. Without them, "
@@ -43,6 +47,7 @@ with st.expander("Calibration and evaluation data (.npz, optional)", expanded=bo
     evald = ui.upload(c2.file_uploader("Evaluation .npz", type=["npz"], key="eval_file"), "data", model)
     if (calib or evald) and (calib, evald) != (src["data"], src["eval_data"]):
         ui.set_source(src["model"], calib or src["data"], evald or src["eval_data"], ui.shapes())
+        st.rerun()
     if (src["data"] or src["eval_data"]) and st.button("Use the default data", key="clear_data"):
         ui.set_source(src["model"], shapes=ui.shapes())
         st.rerun()

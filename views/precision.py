@@ -1,18 +1,25 @@
-"""Precision: bulk actions, a search under a budget, one row per layer with a FP32/FP16/INT8
-select and the policy's summary, then the diff and Rebuild (each a component in ui/)."""
+"""Precision: undo/redo, the ranking the page uses, bulk actions, a search under a budget, the
+charts to select layers on, the table of every layer (filters, row selection, one click to set
+the selection's precision, boundaries) and the policy's summary, then the diff and Rebuild (each
+a component in ui/). Every edit is one undoable step of the project's draft, autosaved."""
 import streamlit as st
 
-from ui import bulk_actions, precision_editor, rebuild, search_panel
+from ui import bulk_actions, layer_picker, precision_editor, rebuild, search_panel
 from ui import common as ui
 
 p = ui.project()
-ranking = ui.ranking(p)
-table = ranking.table if ranking is not None else None
-summary = st.container()  # drawn above the actions, filled once the table's edits are in
-bulk_actions.section(p, table)
+summary = st.container()  # drawn above the actions, filled once the page's edits are in
+history = st.container()  # undo / redo, likewise: they name the edits made further down
+rank = layer_picker.pick_ranking(p)
+bulk_actions.section(p, rank)
 search_panel.section(p)
 ui.show_flash()
-pol = precision_editor.section(p, table)
+pol = ui.policy(p)
+layer_picker.charts(p, pol, rank)
+st.subheader("Layers")
+pol = precision_editor.section(p, pol, rank)
 with summary:
     counts = precision_editor.summary(p, pol)
+with history:
+    precision_editor.history(p)
 rebuild.section(p, pol, counts)

@@ -8,6 +8,7 @@ from core.policy import CALIB_METHODS
 from core.runs import GENERATED_NOTE
 from core.sensitivity import MODES, RANK_METRICS, ranking_comparison
 from ui import common as ui
+from ui import tables
 
 p = ui.project()
 src = ui.source()
@@ -29,7 +30,7 @@ if table is not None:
                                    "snr_db": "SNR", "max_abs": "max abs"}.get)
     top = c2.number_input("Top N", 1, max(1, len(table)), min(20, max(1, len(table))), key="rank_top")
     st.plotly_chart(plot_ranking(table, metric, top), key="ranking_chart")
-    st.dataframe(table, hide_index=True, height=400)
+    tables.show(table, hide_index=True, height=400)
 
 st.subheader("Isolated (one layer at a time)")
 labels = {"isolated": "Isolated (one layer at a time)", "leave-one-out": "Leave-one-out (all but one layer INT8)"}
@@ -45,6 +46,6 @@ if sens is not None:
     st.caption("delta: cosine drop with only this layer INT8 (isolated), or cosine gain when only this layer "
                "leaves INT8 (leave-one-out). Next to it: the layer's rank and drop in the cumulative ranking"
                + ("." if table is not None else " (run the cumulative ranking above to fill them in)."))
-    n = st.number_input("Top N", 1, len(iso), min(20, len(iso)), key="iso_top")
+    n = st.number_input("Top N", 1, max(1, len(iso)), min(20, max(1, len(iso))), key="iso_top")
     st.plotly_chart(plot_sensitivity_compare(table, iso, n), key="compare_chart")
-    st.dataframe(ranking_comparison(table, iso), hide_index=True, height=400)
+    tables.show(ranking_comparison(table, iso), hide_index=True, height=400)
