@@ -17,9 +17,11 @@ import numpy as np
 from .errors import MixprecError
 from .model import LoadedModel
 from .shapes import batch_axes, fixed_batch, resolve_input_shapes
+from .workspace import env_bytes, read_user_file
 
 
 LABEL_KEYS = ("labels", "label")
+MAX_DATA_BYTES = 4 << 30  # the largest .npz read from a server path ($MIXPREC_MAX_DATA_BYTES)
 
 
 def _cut(a: np.ndarray, axis: int, start, stop) -> np.ndarray:
@@ -95,13 +97,13 @@ class MissingData(Dataset):
         raise self.problem
 
 
-def load_npz(source, model: LoadedModel | None = None, name: str | None = None) -> Dataset:
-    """Load a user ``.npz`` from a path or bytes. Pickled (object) arrays are refused."""
+def load_npz(source, model: LoadedModel | None = None, name: str | None = None, ws_root=None) -> Dataset:
+    """Load a user ``.npz`` from a path or bytes. Pickled (object) arrays are refused. A path must be a
+    regular file of at most ``$MIXPREC_MAX_DATA_BYTES`` (4 GiB), under ``$MIXPREC_MODEL_ROOT`` or the
+    workspace ``ws_root`` when that is set (``core.workspace.read_user_file``)."""
     label = name or (Path(source).name if isinstance(source, (str, Path)) else "upload.npz")
     if isinstance(source, (str, Path)):
-        if not Path(source).is_file():
-            raise MixprecError(f"the data file {source} does not exist", "check the path of the .npz file")
-        raw = Path(source).read_bytes()
+        raw = read_user_file(source, "data file", env_bytes("MIXPREC_MAX_DATA_BYTES", MAX_DATA_BYTES), ws_root)
     else:
         raw = bytes(source)
     if not raw.startswith(b"PK"):
@@ -134,8 +136,9 @@ def _take_labels(ds: Dataset, names: list[str], problems: list[str]) -> None:
     for key in LABEL_KEYS:
         if key in ds.arrays and key not in names:
             labels = ds.arrays.pop(key)
-            if labels.ndim != 1 or labels.dtype.kind not in "iu":
-                problems.append(f"{key}: want one integer class index per sample, got {labels.dtype} {labels.shape}")
+            if labels.ndim not in (1, 2) or labels.dtype.kind not in "iu":  # 2: next-token ids per position (LLM)
+                problems.append(f"{key}: want one integer class index per sample, or next-token ids "
+                                f"[samples, seq] for a language model, got {labels.dtype} {labels.shape}")
             else:
                 ds.labels = labels.astype(np.int64)
 
@@ -213,6 +216,13 @@ def _vocab_size(model: LoadedModel, input_name: str) -> int | None:
     return None
 
 
+def _mask(shape: tuple, dtype) -> np.ndarray:
+    """Masks of ones; a [.., seq, seq] mask (a decoder's explicit causal mask) is lower triangular."""
+    if len(shape) >= 3 and shape[-1] == shape[-2]:
+        return np.broadcast_to(np.tril(np.ones(shape[-2:], dtype)), shape).copy()
+    return np.ones(shape, dtype)
+
+
 def _invented(model: LoadedModel, spec, shape: tuple, rng) -> np.ndarray | None:
     """Values for one input, or None when mixprec cannot invent any (an integer/bool input that is
     neither token ids, a mask nor token types)."""
@@ -220,7 +230,9 @@ def _invented(model: LoadedModel, spec, shape: tuple, rng) -> np.ndarray | None:
     dtype = np.dtype("float32" if spec.dtype == "bfloat16" else spec.dtype)
     if dtype.kind in "iub":
         if "mask" in lname:
-            return np.ones(shape, dtype)
+            return _mask(shape, dtype)
+        if "position" in lname and dtype.kind in "iu" and shape:  # position_ids, cache_position: 0..seq-1
+            return np.broadcast_to(np.arange(shape[-1], dtype=dtype), shape).copy()
         if dtype.kind == "b":
             return None
         if "token_type" in lname or "segment" in lname or lname in ("type_ids", "token_types"):
@@ -232,12 +244,29 @@ def _invented(model: LoadedModel, spec, shape: tuple, rng) -> np.ndarray | None:
     return None
 
 
+def generated_bytes(model: LoadedModel, num_samples: int, shapes: dict[str, tuple[int, ...]]) -> int:
+    """Bytes :func:`generate_dataset` would allocate for ``num_samples`` at ``shapes`` (before it does)."""
+    axes, fb = batch_axes(model), fixed_batch(model)
+    if fb:
+        num_samples = -(-num_samples // fb) * fb
+    total = 0
+    for spec in model.inputs:
+        shape = [int(d) for d in shapes[spec.name]]
+        if axes[spec.name] is not None:
+            shape[axes[spec.name]] = int(num_samples)
+        item = np.dtype("float32" if spec.dtype == "bfloat16" else spec.dtype).itemsize
+        total += int(np.prod(shape, dtype=np.float64)) * item
+    return total
+
+
 def generate_dataset(model: LoadedModel, num_samples: int = 32, seed: int = 0,
                      shapes: dict | None = None) -> Dataset:
     """Synthetic data fitting the input specs at ``shapes``, ``num_samples`` along each input's batch
     axis (rounded up to a multiple of a fixed batch); inputs without one keep their shape. Token ids
-    within the embedding's vocabulary, masks of ones, token types zero, floats ~ N(0, 1) clipped to
-    [-3, 3]. Any other integer or bool input is refused (MixprecError): give an .npz."""
+    within the embedding's vocabulary, masks of ones (a square [.., seq, seq] mask: causal, lower
+    triangular), position ids 0..seq-1 (``position_ids``, ``cache_position``), token types zero,
+    floats ~ N(0, 1) clipped to [-3, 3]. Any other integer or bool input is refused (MixprecError):
+    give an .npz."""
     rng = np.random.default_rng(seed)
     shapes = shapes or resolve_input_shapes(model)
     axes, fb = batch_axes(model), fixed_batch(model)

@@ -1,4 +1,13 @@
-"""Quality of a candidate against FP32 on held-out evaluation data."""
+"""Quality of a candidate against FP32 on held-out evaluation data.
+
+Every output gets cosine, SNR and max abs error (one row per sample). Logits get top-1 agreement
+with FP32 and the mean KL divergence of their softmax, ``KL(p_fp32 || p_candidate)`` in nats;
+embeddings get the overlap of their 5 nearest neighbours. *Vocabulary logits* of a language model
+(:func:`looks_like_vocab_logits`: ``[batch, seq, vocab]``) are scored per position: ``top1_agreement``
+is next-token top-1 agreement with FP32 over all positions, ``kl_div`` the mean over positions,
+and with labels (``[batch, seq]`` next-token ids, negative = not scored) ``perplexity`` and
+``fp32_perplexity`` are exp(mean negative log-likelihood of the labels) and ``top1_accuracy`` the
+next-token accuracy. These are computed batch by batch (float64 per batch, never all at once)."""
 from __future__ import annotations
 
 import math
@@ -18,6 +27,9 @@ class Quality:
     samples: int
     top1_accuracy: float | None = None       # with labelled evaluation data
     fp32_top1_accuracy: float | None = None  # FP32's accuracy on the same labels
+    kl_div: float | None = None              # logits: mean KL(softmax FP32 || softmax candidate), nats
+    perplexity: float | None = None          # vocabulary logits with next-token labels
+    fp32_perplexity: float | None = None     # FP32's perplexity on the same labels
 
     def to_dict(self) -> dict:
         """JSON-safe: an infinite SNR (no noise) is stored as "inf", NaN as None."""
@@ -103,18 +115,107 @@ def looks_like_embeddings(ref: np.ndarray, k: int = 5) -> bool:
     return ref.ndim == 2 and ref.shape[0] > k and ref.shape[1] >= 8
 
 
+VOCAB_MIN = 1000  # a [batch, seq, N] output not named like logits counts as vocabulary logits from this N
+
+
+def looks_like_vocab_logits(ref: np.ndarray, name: str = "") -> bool:
+    """Per-position logits of a language model: ``[batch, seq, vocab]`` named like ``logits``, or
+    (unnamed) at least :data:`VOCAB_MIN` wide; never an output named like hidden states or embeddings."""
+    lname = name.lower()
+    if ref.ndim != 3 or ref.shape[-1] < 2 or any(w in lname for w in ("hidden", "embed", "state")):
+        return False
+    return "logit" in lname or ref.shape[-1] >= VOCAB_MIN
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    """log softmax over the last axis, in float64."""
+    x = np.asarray(x, np.float64)
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def kl_rows(ref_logits: np.ndarray, cand_logits: np.ndarray) -> np.ndarray:
+    """KL(softmax(ref) || softmax(cand)) in nats over the last axis, one value per row/position."""
+    lp, lq = log_softmax(ref_logits), log_softmax(cand_logits)
+    return np.sum(np.exp(lp) * (lp - lq), axis=-1)
+
+
+def _nll(logp: np.ndarray, labels: np.ndarray, scored: np.ndarray) -> np.ndarray:
+    """Negative log-likelihood of the scored labels."""
+    return -np.take_along_axis(logp, np.where(scored, labels, 0)[..., None], axis=-1)[..., 0][scored]
+
+
+def _ppl(mean_nll: float) -> float:
+    """exp(mean NLL); inf past float64's range, NaN stays NaN."""
+    return math.exp(mean_nll) if mean_nll < 709.0 else (mean_nll if math.isnan(mean_nll) else float("inf"))
+
+
+class TokenMetrics:
+    """Next-token metrics of vocabulary logits, accumulated batch by batch (module docstring)."""
+
+    def __init__(self):
+        self.kl, self.agree, self.tokens = 0.0, 0, 0
+        self.nll_ref, self.nll_cand, self.right_ref, self.right_cand, self.scored = 0.0, 0.0, 0, 0, 0
+
+    def add(self, ref: np.ndarray, cand: np.ndarray, labels: np.ndarray | None = None):
+        lp, lq = log_softmax(ref), log_softmax(cand)
+        self.kl += float(np.sum(np.exp(lp) * (lp - lq)))
+        top_ref, top_cand = lp.argmax(-1), lq.argmax(-1)
+        self.agree += int(np.sum(top_ref == top_cand))
+        self.tokens += int(top_ref.size)
+        if labels is not None:
+            labels = np.asarray(labels, np.int64)
+            scored = (labels >= 0) & (labels < lp.shape[-1])
+            self.nll_ref += float(_nll(lp, labels, scored).sum())
+            self.nll_cand += float(_nll(lq, labels, scored).sum())
+            self.right_ref += int(np.sum((top_ref == labels) & scored))
+            self.right_cand += int(np.sum((top_cand == labels) & scored))
+            self.scored += int(scored.sum())
+
+    def fields(self) -> dict:
+        """The Quality fields these metrics fill."""
+        out = {"top1_agreement": self.agree / max(self.tokens, 1), "kl_div": self.kl / max(self.tokens, 1)}
+        if self.scored:
+            out.update(perplexity=_ppl(self.nll_cand / self.scored), fp32_perplexity=_ppl(self.nll_ref / self.scored),
+                       top1_accuracy=self.right_cand / self.scored, fp32_top1_accuracy=self.right_ref / self.scored)
+        return out
+
+
+def token_metrics(ref_outputs: list[np.ndarray], cand_outputs: list[np.ndarray],
+                  labels: np.ndarray | None = None) -> dict:
+    """:class:`TokenMetrics` over per-batch ``[batch, seq, vocab]`` outputs; ``labels`` [samples, seq]
+    next-token ids (negative: not scored) are used when they fit the outputs, else ignored."""
+    acc, start = TokenMetrics(), 0
+    n = sum(len(r) for r in ref_outputs)
+    fits = labels is not None and np.ndim(labels) == 2 and len(labels) >= n \
+        and all(np.shape(labels)[1] == np.shape(r)[1] for r in ref_outputs)
+    for r, c in zip(ref_outputs, cand_outputs):
+        acc.add(r, c, np.asarray(labels)[start:start + len(r)] if fits else None)
+        start += len(r)
+    return acc.fields()
+
+
 def quality(ref_outputs: list[np.ndarray], cand_outputs: list[np.ndarray], output_name: str = "",
             labels: np.ndarray | None = None) -> Quality:
     """Compare the primary output batch by batch (lists of arrays with the sample axis first);
-    with ``labels`` (one class index per sample) also top-1 accuracy of both."""
+    with ``labels`` (one class index per sample; for vocabulary logits, next-token ids per
+    position) also top-1 accuracy of both, and perplexity of both for vocabulary logits."""
     ref, cand = _rows(ref_outputs), _rows(cand_outputs)
     cos = cosine_rows(ref, cand)
+    extra: dict = {}
+    vocab = bool(ref_outputs) and looks_like_vocab_logits(np.asarray(ref_outputs[0]), output_name)
     logits = looks_like_logits(ref, output_name)
     top1 = float(np.mean(ref.argmax(1) == cand.argmax(1))) if logits else None
-    knn = knn_overlap(ref, cand) if looks_like_embeddings(ref) and not logits else None
+    knn = knn_overlap(ref, cand) if looks_like_embeddings(ref) and not (logits or vocab) else None
     acc = ref_acc = None
-    if labels is not None and ref.ndim == 2 and ref.shape[1] >= 2:
+    if vocab:
+        extra = token_metrics(ref_outputs, cand_outputs, labels)
+        top1, acc, ref_acc = extra.pop("top1_agreement"), extra.pop("top1_accuracy", None), \
+            extra.pop("fp32_top1_accuracy", None)
+    elif logits and np.ndim(ref_outputs[0]) == 2:  # classifier logits [batch, classes]
+        extra = {"kl_div": float(kl_rows(ref, cand).mean())}
+    if labels is not None and not vocab and ref.ndim == 2 and ref.shape[1] >= 2 and np.ndim(labels) == 1:
         labels = np.asarray(labels)[: ref.shape[0]]
         acc, ref_acc = float(np.mean(cand.argmax(1) == labels)), float(np.mean(ref.argmax(1) == labels))
     return Quality(float(cos.mean()), float(cos.min()), snr_db(ref, cand), float(np.max(np.abs(ref - cand))),
-                   top1, knn, int(ref.shape[0]), acc, ref_acc)
+                   top1, knn, int(ref.shape[0]), acc, ref_acc, **extra)

@@ -11,6 +11,14 @@
   [batch, seq] -> ``embedding`` [batch, 32]; data is random token ids. Every node is named except
   the FFN down-projection MatMul (input ``/ffn/Mul_1_output_0``, weight ``ffn.down.weight``), which
   is left unnamed on purpose so the tool's naming of empty-named nodes gets exercised.
+* ``tiny-decoder`` -- a Qwen2-architecture causal LM built in code from a ``transformers`` config
+  (:data:`TINY_DECODER_CONFIG`: 2 layers, width 64, 4 query / 2 key-value heads, vocabulary 256;
+  seeded random weights, no download), exported by torch (TorchScript exporter, opset 17, eager
+  attention). Inputs ``input_ids``, ``attention_mask``, ``position_ids`` [batch, seq]; output
+  ``logits`` [batch, seq, 256]. Its RMSNorms are the decomposed Pow/ReduceMean/Add/Sqrt/Div/Mul
+  form; their scales have two outlier channels (×4), as trained LLMs do, so INT8 costs quality. Data: 16-token sequences sampled from the FP32 model itself (seeded), 32 for calibration
+  and 16 for evaluation; ``eval.npz`` also holds ``labels`` [16, 16], the next token of every
+  position (-100 on the last, which has none), so perplexity is measured.
 
 The tiny models are written with ``onnx.helper`` from seeded numpy weights. Every npz holds one
 array per model input, keyed by input name, samples along axis 0; integer inputs are int64.
@@ -36,7 +44,7 @@ import numpy as np
 from .errors import MixprecError
 from .workspace import Workspace, atomic_save_npz, atomic_write_bytes, atomic_write_text
 
-SAMPLES = ("minilm", "tiny-cnn", "tiny-transformer")
+SAMPLES = ("minilm", "tiny-cnn", "tiny-transformer", "tiny-decoder")
 FORMAT_VERSION = 1
 OPSET = 17
 Progress = Callable[[float, str], None]
@@ -428,4 +436,127 @@ def _build_tiny_transformer(out_dir: Path, say: Progress) -> None:
     say(1.0, "tiny-transformer: done")
 
 
-_BUILDERS = {"minilm": _build_minilm, "tiny-cnn": _build_tiny_cnn, "tiny-transformer": _build_tiny_transformer}
+# ---------------------------------------------------------------------------------------------- tiny decoder
+
+DECODER_INPUTS = ("input_ids", "attention_mask", "position_ids")
+IGNORE_LABEL = -100  # a label that is not scored (the last position has no next token)
+TINY_DECODER_CONFIG = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, vocab_size=256, max_position_embeddings=128,
+                           tie_word_embeddings=False)
+QWEN2_05B_CONFIG = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                        num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
+                        tie_word_embeddings=False)  # the shape of issue 14's bench decoder
+TINY_DECODER_SEQ = 16
+TINY_DECODER_OUTLIER_GAIN = 4.0  # all-INT8 then costs kl_div ~0.02, so a kl_div<=0.01 search has to choose
+
+
+def decoder_module(config: dict, seed: int = 0, head_gain: float = 2.5, outlier_gain: float = 1.0,
+                   outliers: int = 2):
+    """A Qwen2 causal LM from ``config`` (``Qwen2Config`` keywords) with seeded random weights, as a
+    torch module ``(input_ids, attention_mask, position_ids) -> logits``. Linear weights are
+    N(0, 1/fan_in) (``head_gain``² for the LM head, so the next-token distribution is peaked, not
+    flat), the embedding N(0, 1), RMSNorm scales 1 + N(0, 0.1²) with the first ``outliers``
+    channels times ``outlier_gain`` (the outlier features of trained LLMs, which set per-tensor
+    INT8 activation ranges), biases N(0, 0.02²). The LM's children are registered on the wrapper,
+    so torch's node names read ``/model/layers.0/...`` and ``/lm_head/MatMul``."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(**config, use_cache=False, attn_implementation="eager")
+    lm = Qwen2ForCausalLM(cfg).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in lm.named_parameters():  # in a fixed order, so the weights depend on the seed only
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+                p[:outliers] *= outlier_gain  # LLM-style outlier channels: they set the INT8 activation range
+            elif p.ndim == 2:
+                fan_in = 1.0 if "embed_tokens" in name else p.shape[1]
+                gain = head_gain if name.startswith("lm_head") else 1.0
+                p.copy_(gain * fan_in ** -0.5 * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(0.02 * torch.randn(p.shape, generator=gen))
+
+    class CausalLM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model, self.lm_head = lm.model, lm.lm_head
+
+        def forward(self, input_ids, attention_mask, position_ids):
+            hidden = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                use_cache=False).last_hidden_state
+            return self.lm_head(hidden)
+
+    return CausalLM().eval()
+
+
+def decoder_feeds(ids: np.ndarray) -> dict[str, np.ndarray]:
+    """The decoder's inputs for token ids [batch, seq]: masks of ones and positions 0..seq-1."""
+    ids = np.asarray(ids, np.int64)
+    positions = np.broadcast_to(np.arange(ids.shape[1], dtype=np.int64), ids.shape).copy()
+    return {"input_ids": ids, "attention_mask": np.ones_like(ids), "position_ids": positions}
+
+
+def next_token_labels(ids: np.ndarray) -> np.ndarray:
+    """Labels aligned with the logits: the token after each position, :data:`IGNORE_LABEL` on the last."""
+    labels = np.full(ids.shape, IGNORE_LABEL, np.int64)
+    labels[:, :-1] = ids[:, 1:]
+    return labels
+
+
+def run_decoder_module(module, ids: np.ndarray) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return module(**{k: torch.from_numpy(v) for k, v in decoder_feeds(ids).items()}).numpy()
+
+
+def sample_sequences(module, n: int, length: int, vocab: int, seed: int) -> np.ndarray:
+    """``n`` sequences sampled from the module's own next-token distribution (a seeded uniform first token)."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, vocab, (n, 1), dtype=np.int64)
+    while ids.shape[1] < length:
+        logits = run_decoder_module(module, ids)[:, -1].astype(np.float64)
+        p = np.exp(logits - logits.max(1, keepdims=True))
+        cdf = np.cumsum(p / p.sum(1, keepdims=True), axis=1)
+        nxt = np.minimum((cdf < rng.random((n, 1))).sum(1), vocab - 1)
+        ids = np.concatenate([ids, nxt[:, None].astype(np.int64)], axis=1)
+    return ids
+
+
+def export_decoder(module, example_ids: np.ndarray, path: Path | None = None):
+    """ONNX of the decoder at opset 17 with dynamic batch and sequence: bytes, or (with ``path``) the
+    file written there. torch writes a model over 2 GB with its weights as external data beside it."""
+    import torch
+
+    axes = {k: {0: "batch", 1: "seq"} for k in (*DECODER_INPUTS, "logits")}
+    target = io.BytesIO() if path is None else str(path)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TorchScript-exporter deprecation and tracer warnings
+        torch.onnx.export(module, tuple(torch.from_numpy(v) for v in decoder_feeds(example_ids).values()), target,
+                          dynamo=False, opset_version=OPSET, input_names=list(DECODER_INPUTS),
+                          output_names=["logits"], dynamic_axes=axes)
+    return target.getvalue() if path is None else Path(path)
+
+
+def _build_tiny_decoder(out_dir: Path, say: Progress) -> None:
+    say(0.0, "tiny-decoder: building a Qwen2-architecture decoder from its config")
+    module = decoder_module(TINY_DECODER_CONFIG, seed=0, outlier_gain=TINY_DECODER_OUTLIER_GAIN)
+    vocab = TINY_DECODER_CONFIG["vocab_size"]
+    say(0.2, "tiny-decoder: sampling sequences from the FP32 model")
+    calib_ids, eval_ids = (sample_sequences(module, n, TINY_DECODER_SEQ, vocab, seed) for n, seed in ((32, 1), (16, 2)))
+    say(0.5, "tiny-decoder: exporting to ONNX")
+    model = export_decoder(module, calib_ids[:2])
+    say(0.8, "tiny-decoder: checking ONNX Runtime against torch")
+    diff = float(np.abs(_run_ort(model, decoder_feeds(eval_ids)) - run_decoder_module(module, eval_ids)).max())
+    if diff > 1e-3:
+        raise MixprecError(f"the exported tiny decoder differs from torch by {diff:.2e} (more than 1e-3)",
+                           "check the installed torch / transformers / onnxruntime versions against requirements.txt")
+    _save(out_dir, model, decoder_feeds(calib_ids), {**decoder_feeds(eval_ids), "labels": next_token_labels(eval_ids)})
+    say(1.0, "tiny-decoder: done")
+
+
+_BUILDERS = {"minilm": _build_minilm, "tiny-cnn": _build_tiny_cnn, "tiny-transformer": _build_tiny_transformer,
+             "tiny-decoder": _build_tiny_decoder}

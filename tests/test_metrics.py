@@ -1,12 +1,17 @@
-"""Quality metrics: the streaming accumulator agrees with the one-shot functions, and a
-Quality survives JSON (an infinite SNR included)."""
+"""Quality metrics: the streaming accumulator agrees with the one-shot functions, a Quality
+survives JSON (an infinite SNR included), and the LLM metrics (KL divergence of softmaxed logits,
+next-token agreement, perplexity) match hand computations."""
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
+import pytest
 
-from core.metrics import Quality, StreamingError, cosine_rows, quality, snr_db
+from core.metrics import (Quality, StreamingError, cosine_rows, kl_rows, looks_like_vocab_logits, quality, snr_db,
+                          token_metrics)
+from core.samples import IGNORE_LABEL
 
 
 def test_streaming_error_matches_the_one_shot_metrics():
@@ -33,3 +38,54 @@ def test_quality_round_trips_through_json():
     q = Quality(1.0, 1.0, float("inf"), 0.0, None, 0.8, 4, 0.5, 0.75)
     doc = json.loads(json.dumps(q.to_dict(), allow_nan=False))
     assert doc["snr_db"] == "inf" and Quality.from_dict(doc) == q
+
+
+def test_kl_by_hand():
+    ref = np.log(np.array([[0.5, 0.25, 0.25]]))
+    cand = np.log(np.array([[0.25, 0.5, 0.25]]))
+    expected = 0.5 * math.log(2) + 0.25 * math.log(0.5)
+    assert kl_rows(ref, cand)[0] == pytest.approx(expected, rel=1e-12)
+    assert kl_rows(ref + 7.0, cand - 3.0)[0] == pytest.approx(expected, rel=1e-12)  # shift-invariant
+    assert kl_rows(ref, ref)[0] == pytest.approx(0.0, abs=1e-15)
+
+
+def test_token_metrics_by_hand():
+    # one sample, 3 positions, vocabulary 4
+    ref = np.log(np.array([[[0.7, 0.1, 0.1, 0.1], [0.1, 0.7, 0.1, 0.1], [0.25, 0.25, 0.25, 0.25]]]))
+    cand = np.log(np.array([[[0.7, 0.1, 0.1, 0.1], [0.4, 0.3, 0.2, 0.1], [0.25, 0.25, 0.25, 0.25]]]))
+    labels = np.array([[0, 2, IGNORE_LABEL]])
+    m = token_metrics([ref], [cand], labels)
+    assert m["top1_agreement"] == pytest.approx(2 / 3)  # position 1: argmax 1 vs 0
+    assert m["kl_div"] == pytest.approx(kl_rows(ref[0], cand[0]).sum() / 3, rel=1e-12)
+    assert m["perplexity"] == pytest.approx(math.exp(-(math.log(0.7) + math.log(0.2)) / 2), rel=1e-12)
+    assert m["fp32_perplexity"] == pytest.approx(math.exp(-(math.log(0.7) + math.log(0.1)) / 2), rel=1e-12)
+    assert (m["top1_accuracy"], m["fp32_top1_accuracy"]) == (0.5, 0.5)
+    assert "perplexity" not in token_metrics([ref], [cand], None)
+    uniform = np.zeros((2, 5, 32))
+    assert token_metrics([uniform], [uniform], np.ones((2, 5), np.int64))["perplexity"] == pytest.approx(32.0)
+
+
+def test_quality_picks_llm_metrics_for_vocabulary_logits():
+    rng = np.random.default_rng(0)
+    ref = [rng.normal(size=(4, 6, 50)) for _ in range(2)]  # two batches of [batch, seq, vocab]
+    cand = [r + 0.3 * rng.normal(size=r.shape) for r in ref]
+    labels = rng.integers(0, 50, (8, 6))
+    q = quality(ref, cand, "logits", labels)
+    whole_ref, whole_cand = np.concatenate(ref), np.concatenate(cand)
+    assert q.top1_agreement == pytest.approx(np.mean(whole_ref.argmax(-1) == whole_cand.argmax(-1)))
+    assert q.kl_div == pytest.approx(kl_rows(whole_ref, whole_cand).mean(), rel=1e-10)
+    assert q.perplexity > 0 and q.fp32_perplexity > 0 and q.knn5_overlap is None
+    assert q.top1_accuracy == pytest.approx(np.mean(whole_cand.argmax(-1) == labels))
+    assert quality(ref, ref, "logits", labels).kl_div == pytest.approx(0.0, abs=1e-12)
+    hidden = quality(ref, cand, "last_hidden_state")  # hidden states are not logits
+    assert hidden.kl_div is None and hidden.perplexity is None
+    assert looks_like_vocab_logits(np.zeros((1, 2, 5000))) and not looks_like_vocab_logits(np.zeros((1, 2, 50)))
+    two_d = quality([ref[0][:, 0]], [cand[0][:, 0]], "logits")  # classifier logits get kl_div too
+    assert two_d.kl_div == pytest.approx(kl_rows(ref[0][:, 0], cand[0][:, 0]).mean()) and two_d.perplexity is None
+
+
+def test_quality_with_llm_fields_round_trips_through_json():
+    q = Quality(1.0, 1.0, float("inf"), 0.0, 0.9, None, 4, 0.5, 0.75, 0.004, 21.5, 20.4)
+    doc = json.loads(json.dumps(q.to_dict(), allow_nan=False))
+    assert Quality.from_dict(doc) == q
+    assert Quality.from_dict({k: v for k, v in doc.items() if k not in ("kl_div", "perplexity")}).kl_div is None

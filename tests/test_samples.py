@@ -241,4 +241,53 @@ def test_tiny_transformer_respects_mask_and_dynamic_seq(tiny_transformer_sample)
 
 
 def test_all_samples_listed():
-    assert SAMPLES == ("minilm", "tiny-cnn", "tiny-transformer")
+    assert SAMPLES == ("minilm", "tiny-cnn", "tiny-transformer", "tiny-decoder")
+
+
+# ---------------------------------------------------------------------------------------------- tiny decoder
+
+@pytest.fixture(scope="module")
+def tiny_decoder_sample(samples_workspace):
+    return materialize_sample("tiny-decoder", samples_workspace)
+
+
+def test_tiny_decoder_graph(tiny_decoder_sample):
+    model = onnx.load(str(tiny_decoder_sample.model))
+    onnx.checker.check_model(model, full_check=True)
+    assert model.opset_import[0].version == 17
+    g = model.graph
+    assert [i.name for i in g.input] == ["input_ids", "attention_mask", "position_ids"]
+    assert [_dims(i) for i in g.input] == [["batch", "seq"]] * 3
+    assert [o.name for o in g.output] == ["logits"] and _dims(g.output[0]) == ["batch", "seq", 256]
+    ops = Counter(n.op_type for n in g.node)
+    # 2 layers x (q, k, v, o, gate, up, down, QK^T, AV) + the LM head; 5 RMSNorms written out; no LayerNormalization
+    assert ops["MatMul"] == 19 and ops["Softmax"] == 2 and ops["Pow"] == 5 and ops["Sqrt"] == 5
+    assert ops["LayerNormalization"] == 0 and "/lm_head/MatMul" in {n.name for n in g.node}
+    inits = {i.name: list(i.dims) for i in g.initializer}
+    assert inits["model.embed_tokens.weight"] == [256, 64]
+
+
+def test_tiny_decoder_data_and_causality(tiny_decoder_sample):
+    calib, eval_ = _npz(tiny_decoder_sample.calib), _npz(tiny_decoder_sample.eval)
+    assert {k: v.shape for k, v in calib.items()} == {k: (32, 16) for k in ("input_ids", "attention_mask", "position_ids")}
+    assert set(eval_) == {"input_ids", "attention_mask", "position_ids", "labels"}
+    ids = eval_["input_ids"]
+    assert ids.min() >= 0 and ids.max() < 256 and (eval_["position_ids"] == np.arange(16)).all()
+    assert (eval_["labels"][:, :-1] == ids[:, 1:]).all() and (eval_["labels"][:, -1] == -100).all()
+    sess = _session(tiny_decoder_sample.model)
+    feeds = {k: v for k, v in eval_.items() if k != "labels"}
+    logits = sess.run(None, feeds)[0]
+    assert logits.shape == (16, 16, 256) and np.isfinite(logits).all()
+    changed = dict(feeds, input_ids=np.where(np.arange(16) >= 10, (ids + 1) % 256, ids))
+    later = sess.run(None, changed)[0]
+    assert np.abs(later[:, :10] - logits[:, :10]).max() < 1e-4  # causal: later tokens do not change earlier logits
+    assert np.abs(later[:, 10:] - logits[:, 10:]).max() > 1e-2
+    # the sequences were sampled from the model: its own perplexity on them is far below uniform (256)
+    lp = logits - logits.max(-1, keepdims=True)
+    lp = lp - np.log(np.exp(lp).sum(-1, keepdims=True))
+    nll = -np.take_along_axis(lp[:, :-1], ids[:, 1:, None], -1).mean()
+    assert np.exp(nll) < 64
+
+
+def test_tiny_decoder_is_deterministic(tiny_decoder_sample, tmp_path):
+    assert _content(write_sample("tiny-decoder", tmp_path / "again")) == _content(tiny_decoder_sample)

@@ -8,7 +8,8 @@ from ..errors import MixprecError
 from ..metrics import Quality
 
 BUDGET_METRICS = {"cosine_mean": "max", "cosine_min": "max", "snr_db": "max", "knn5_overlap": "max",
-                  "top1_agreement": "max", "top1_drop": "min"}
+                  "top1_agreement": "max", "top1_drop": "min", "kl_div": "min", "perplexity": "min"}
+# kl_div: mean KL(FP32 || candidate) of softmaxed logits, nats; perplexity: with next-token labels (core.metrics)
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,10 @@ class Budget:
 
 
 def default_margin(budget: Budget) -> float:
-    """0.5 dB for SNR; a tenth of the distance to perfect for the bounded metrics."""
+    """0.5 dB for SNR; 1 % of a perplexity bound; a tenth of the distance to perfect for the others
+    (perfect is 0 for top1_drop and kl_div, 1 for the rest)."""
     if budget.metric == "snr_db":
         return 0.5
-    return 0.1 * (budget.value if budget.metric == "top1_drop" else 1.0 - budget.value)
+    if budget.metric == "perplexity":
+        return 0.01 * budget.value
+    return 0.1 * (budget.value if budget.metric in ("top1_drop", "kl_div") else 1.0 - budget.value)

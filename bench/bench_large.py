@@ -1,0 +1,127 @@
+"""Large-model benchmark (issue 14): the Qwen2-0.5B-shaped decoder, exported with torch, then
+inspect, build, rank and isolated sensitivity of all its MatMuls (locally and on a Ray cluster).
+
+    .venv/bin/python bench/bench_large.py [--out /tmp/qwen2-05b] [--stages export,...] [--seq 32]
+
+Every stage runs in its own child process, so its seconds and peak RSS are its own; the script
+prints one markdown row per stage (recorded in docs/benchmarks.md).
+
+Stages:
+
+* ``export`` -- ``Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+  num_attention_heads=14, num_key_value_heads=2, vocab_size=151936)`` (issue 14's config, untied
+  LM head: 630 M parameters, ~2.5 GB in FP32) with seeded random weights (``core.samples.decoder_module``),
+  exported by torch's TorchScript exporter at opset 17 with dynamic batch and sequence. torch writes
+  a model over 2 GB with one external file per tensor (in a temp folder); they are gathered into
+  one ``model.onnx.data`` beside ``model.onnx``, which is checked by path (``onnx.checker``). Also writes ``calib.npz`` (32 sequences) and
+  ``eval.npz`` (16 sequences, with next-token ``labels``) of ``--seq`` uniform random token ids.
+  No download: the config and the weights are made here.
+
+The other stages (inspect, build, rank, sensitivity, Ray) are added with the large-model support
+(issue 14 §1, §3, §4); each is a function ``stage(out_dir, args) -> dict`` in ``STAGES``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from core.samples import (QWEN2_05B_CONFIG, decoder_feeds, decoder_module, export_decoder,  # noqa: E402
+                          next_token_labels)
+from core.workspace import atomic_save_npz  # noqa: E402
+
+DATA_FILE = "model.onnx.data"
+
+
+def _gather_external_data(exported: Path, model_path: Path) -> None:
+    """Write the model torch exported (one external file per tensor, in a temp folder) to
+    ``model_path`` with all its tensors in one file beside it, ``model.onnx.data``."""
+    import onnx
+
+    model = onnx.load(str(exported), load_external_data=True)
+    onnx.save_model(model, str(model_path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=DATA_FILE, size_threshold=1024)
+
+
+def stage_export(out: Path, args) -> dict:
+    import onnx
+
+    t0 = time.perf_counter()
+    module = decoder_module(QWEN2_05B_CONFIG, seed=0)
+    params = sum(p.numel() for p in module.parameters())
+    built = time.perf_counter()
+    rng = np.random.default_rng(0)
+    vocab = QWEN2_05B_CONFIG["vocab_size"]
+    calib, eval_ = (rng.integers(0, vocab, (n, args.seq), dtype=np.int64) for n in (32, 16))
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in (out / "model.onnx", out / DATA_FILE):
+        stale.unlink(missing_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
+    try:
+        export_decoder(module, calib[:1, :8], tmp / "model.onnx")
+        exported = time.perf_counter()
+        del module
+        _gather_external_data(tmp / "model.onnx", out / "model.onnx")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    atomic_save_npz(out / "calib.npz", decoder_feeds(calib))
+    atomic_save_npz(out / "eval.npz", {**decoder_feeds(eval_), "labels": next_token_labels(eval_)})
+    onnx.checker.check_model(str(out / "model.onnx"))  # by path: works past 2 GB
+    return {"parameters": params, "model_bytes": (out / "model.onnx").stat().st_size,
+            "data_bytes": (out / DATA_FILE).stat().st_size, "build_s": built - t0, "export_s": exported - built,
+            "gather_s": time.perf_counter() - exported, "seq": args.seq}
+
+
+STAGES = {"export": stage_export}
+
+
+def _run_child(stage: str, args) -> dict:
+    """Run one stage in a child process; its result plus the child's seconds and peak RSS."""
+    t0 = time.perf_counter()
+    cmd = [sys.executable, __file__, "--child", stage, "--out", str(args.out), "--seq", str(args.seq)]
+    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if p.returncode != 0:
+        return {"stage": stage, "error": p.stderr.strip().splitlines()[-1] if p.stderr.strip() else "failed"}
+    doc = json.loads(p.stdout.strip().splitlines()[-1])
+    return {"stage": stage, "seconds": time.perf_counter() - t0, **doc}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, default=Path("/tmp/mixprec-qwen2-05b"))
+    ap.add_argument("--stages", default=",".join(STAGES))
+    ap.add_argument("--seq", type=int, default=32, help="tokens per calibration / evaluation sequence")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        doc = STAGES[args.child](args.out, args)
+        doc["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        print(json.dumps(doc))
+        return
+    print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; model in {args.out}\n")
+    print("| stage | seconds | peak RSS (GiB) | details |\n|---|---|---|---|")
+    for stage in args.stages.split(","):
+        r = _run_child(stage, args)
+        if "error" in r:
+            print(f"| {stage} | failed | | {r['error']} |")
+            continue
+        details = ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items()
+                            if k not in ("stage", "seconds", "peak_rss_bytes"))
+        print(f"| {stage} | {r['seconds']:.1f} | {r['peak_rss_bytes'] / 2**30:.2f} | {details} |")
+
+
+if __name__ == "__main__":
+    main()
