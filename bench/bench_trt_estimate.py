@@ -46,6 +46,7 @@ def _table(rows: list[dict], title: str) -> bool:
 def _params_line(p: cost.CostParams) -> str:
     keys = ("conv_gemm", "pooling", "reformat")
     return ("compute_eff " + ", ".join(f"{k} {p.compute_eff[k]:.3f}" for k in keys[:1])
+            + "; math_eff " + ", ".join(f"{m} {v:.3f}" for m, v in p.math_eff.items())
             + f"; simt_eff {p.simt_eff:.3f}; lowc_channels {p.lowc_channels:.2f}; knee p {p.knee:.2f}; "
             f"int8_linear_out {p.int8_linear_out:.3f}; memory_eff "
             + ", ".join(f"{k} {p.memory_eff[k]:.3f}" for k in keys)

@@ -15,6 +15,7 @@ from pathlib import Path
 from .backends import BACKENDS
 from .errors import MixprecError
 from .estimate import command as estimate_command
+from .estimate.gpus import FIXTURE_GPU, GPUS
 from .compile import TARGETS
 from .export import DEFAULT_TRT_VERSION, EXPORT_FORMATS, export_policy
 from .policy import CALIB_METHODS, NETWORK_DEFAULTS, load_policy
@@ -23,10 +24,9 @@ from .reports import load_engine_report
 from .runs import GENERATED_NOTE, WARN_BELOW, build_and_measure, speedup_text
 from .samples import SAMPLES, write_sample
 from .search import SearchConfig, search
-from .search.searcher import search_objective
 from .shapes import parse_shape, shape_text
 from .sensitivity import MODES, RANK_METRICS, rank_layers, sensitivity
-from .store import cached_ranking
+from .store import cached_ranking, load_gpu_calibration
 from .workspace import atomic_write_text, default_root, is_space_error, space_error, take_notes
 
 
@@ -207,6 +207,8 @@ def cmd_build(args):
             f"reformat {r.reformat.count} nodes  {r.reformat.ms:.3f} ms  {r.reformat.pct:.1f}%\n"
             f"quality cosine mean {q.cosine_mean:.4f} min {q.cosine_min:.4f}  SNR {q.snr_db:.1f} dB  "
             f"max abs {q.max_abs:.3g}" + (f"  top1 {q.top1_agreement:.3f}" if q.top1_agreement is not None else "")
+            + (f"  KL {q.kl_div:.3g}" if q.kl_div is not None else "")
+            + (f"  perplexity {q.perplexity:.3f} (FP32 {q.fp32_perplexity:.3f})" if q.perplexity is not None else "")
             + (f"  knn5 {q.knn5_overlap:.3f}" if q.knn5_overlap is not None else "") + _on_generated(r) + "\n"
             f"precision {r.precision_counts}  INT8 MAC share {100 * r.int8_mac_fraction:.1f}%\n"
             f"run dir {r.run_dir}" + "".join(f"\nwarning: {w}" for w in r.warnings))
@@ -246,6 +248,12 @@ def _warn_arg(sp):
                     help=f"warn when the build's cosine_mean falls below this (default {WARN_BELOW})")
 
 
+def _gpu_arg(sp):
+    sp.add_argument("--gpu", default=FIXTURE_GPU, choices=list(GPUS),
+                    help=f"GPU of the estimated TensorRT time (target tensorrt without TensorRT here; default "
+                         f"{FIXTURE_GPU}); a calibration stored for it is used")
+
+
 def _trt_args(sp):
     sp.add_argument("--trt-profile", action="append", metavar="INPUT=MIN:OPT:MAX",
                     help="TensorRT optimisation profile of a dynamic input, shapes like 1x64 (default: the "
@@ -257,15 +265,15 @@ def cmd_search(args):
     bar = Progress("search")
     p = _project(args, bar)
     config = SearchConfig(budget=args.budget, workers=args.workers, smooth=args.smooth, backend=args.backend,
-                          trt_options=trt_options(args), warn_below=args.warn_below)
+                          trt_options=trt_options(args), warn_below=args.warn_below, gpu=args.gpu,
+                          cost_params=load_gpu_calibration(p.ws, args.gpu))
     r = search(p, config, progress=bar)
     bar.done()
     out = Path(args.out) if args.out else p.ws.sub("policies") / f"search-{r.policy.sha256[:12]}.json"
     atomic_write_text(out, r.policy.to_json())
     doc = r.to_json() | {"policy_path": str(out), "warnings": list(r.run.warnings) if r.run else [],
                          "data_generated": bool(r.run and r.run.data_generated), "target": p.target,
-                         "objective": search_objective(config.objective, p.target, r.run.backend if r.run else
-                                                       ("tensorrt" if args.backend == "tensorrt" else "onnxruntime"))}
+                         "gpu": args.gpu}  # "objective" is r's: what ranked the candidates, a fallback included
     text = [r.message, f"policy written to {out}  ({r.seconds:.0f} s)"]
     if r.run is not None:
         q, lat = r.run.quality, r.run.latency
@@ -352,6 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also try SmoothQuant-style smoothing (alpha 0.75) of every MatMul with weights (kept only if it pays)")
     sp.add_argument("--backend", default="auto", choices=BACKENDS,
                     help="backend of the latency model and the verifying build (quality trials run on ONNX Runtime)")
+    _gpu_arg(sp)
     _warn_arg(sp)
     _trt_args(sp)
     sp = sub.add_parser("sample", help="write a bundled sample: model.onnx, calib.npz, eval.npz")

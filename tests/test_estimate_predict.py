@@ -222,3 +222,75 @@ def test_search_falls_back_to_the_mac_share_when_the_estimate_fails(tiny_cnn, mo
                SearchConfig("cosine_mean>=0.9", methods=("minmax",), workers=1, verify=False))
     assert r.objective == "mac_share" and searcher.MAC_SHARE_NOTE in r.message
     assert "the TensorRT estimate could not be made (shape inference failed" in r.message
+
+
+# ------------------------------------------------------------------- the search's GPU (CLI and job)
+
+def _t4_calibration():
+    return cost.FITTED.with_values(basis=cost.CALIBRATION_BASIS, gpu="t4", n_layers=21, median_err=0.07)
+
+
+def test_cli_search_estimates_on_the_chosen_gpu_with_its_stored_calibration(capsys, tmp_path, monkeypatch):
+    import core.cli as cli
+    from core.store import save_gpu_calibration
+    from core.workspace import Workspace
+
+    monkeypatch.setenv("MIXPREC_WORKSPACE", str(tmp_path / "ws"))
+    save_gpu_calibration(Workspace(tmp_path / "ws"), "t4", _t4_calibration())
+    seen = []
+    real_search = cli.search
+
+    def spy(project, config, **kw):
+        seen.append(config)
+        return real_search(project, config, **kw)
+
+    monkeypatch.setattr(cli, "search", spy)
+    argv = ["search", "sample:tiny-cnn", "--budget", "cosine_mean>=0.9", "--workers", "1", "--gpu", "t4", "--json"]
+    assert cli_main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert seen[0].gpu == "t4" and seen[0].cost_params == _t4_calibration()
+    assert doc["objective"] == "trt_estimate" and doc["gpu"] == "t4"
+    assert "NVIDIA T4" in doc["latency_label"] and "calibrated on 21 layers of your engine" in doc["latency_label"]
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(argv[:-3] + ["--gpu", "no-such-gpu"])
+
+
+def test_cli_search_json_reports_the_mac_share_fallback_as_its_objective(capsys, tmp_path, monkeypatch):
+    """The estimate fails → the search ranks by the MAC share; the CLI's JSON must say so (it used to
+    relabel every TensorRT-target search without TensorRT as ``trt_estimate``)."""
+    import core.search.searcher as searcher
+    from core.errors import MixprecError
+
+    def fail(*a, **k):
+        raise MixprecError("shape inference failed on the compiled model", "give every dim a value")
+
+    monkeypatch.setenv("MIXPREC_WORKSPACE", str(tmp_path / "ws"))
+    monkeypatch.setattr(searcher, "estimated_latency", fail)
+    assert cli_main(["search", "sample:tiny-cnn", "--budget", "cosine_mean>=0.9", "--workers", "1", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["objective"] == "mac_share" and searcher.MAC_SHARE_NOTE in doc["message"]
+
+
+def test_search_job_carries_the_gpu_and_its_stored_calibration(tmp_path, monkeypatch, tiny_cnn_sample):
+    import core.jobs.kinds as kinds
+    from core.errors import MixprecError
+    from core.jobs import search_params
+    from core.store import save_gpu_calibration
+    from core.workspace import Workspace
+
+    params = search_params("sample:tiny-cnn", budget="cosine_mean>=0.9", gpu="Tesla T4")
+    assert params["gpu"] == "t4" and search_params("sample:tiny-cnn")["gpu"] == "a100"
+    with pytest.raises(MixprecError, match="No GPU named"):
+        search_params("sample:tiny-cnn", gpu="no-such-gpu")
+    ws = Workspace(tmp_path / "ws")
+    seen = []
+    monkeypatch.setattr(kinds, "search", lambda project, config, **kw: seen.append(config) or "result")
+    monkeypatch.setattr(kinds, "save_search", lambda ws, project, result, smooth: tmp_path / "search.json")
+    kinds.run_search(params, ws, lambda f, t="": None)
+    assert seen[-1].gpu == "t4" and seen[-1].cost_params is None  # nothing stored: the fixture fit
+    save_gpu_calibration(ws, "t4", _t4_calibration())
+    kinds.run_search(params, ws, lambda f, t="": None)
+    assert seen[-1].cost_params == _t4_calibration()
+    old = {k: v for k, v in params.items() if k != "gpu"}  # a job submitted before the field existed
+    kinds.run_search(old, ws, lambda f, t="": None)
+    assert seen[-1].gpu == "a100"

@@ -11,6 +11,7 @@ from pathlib import Path
 import streamlit as st
 
 from core import drafts, store
+from core import samples as core_samples
 from core.backends import select_backend
 from core.errors import MixprecError
 from core.jobs import Job, JobManager, can_cancel
@@ -19,7 +20,7 @@ from core.project import DEFAULT_TARGET, DEPLOY_TARGETS, Project, open_project
 from core.runs import speedup_text
 from core.workspace import Workspace
 
-SAMPLES = ["sample:minilm", "sample:tiny-cnn", "sample:tiny-transformer"]
+SAMPLES = [f"sample:{name}" for name in core_samples.SAMPLES]
 DEFAULT_MODEL = SAMPLES[0]
 SOURCE_KEYS = ("model", "data", "eval_data")  # and "shapes" (the input shapes the user set), "target" (sidebar)
 # widget values kept across pages and saved with the project (a page's widgets forget their value

@@ -45,10 +45,12 @@ import pandas as pd
 from ..compile import compile_policy
 from ..errors import MixprecError
 from ..evaluation import EVAL_BATCH
+from ..external import saved_sha256
 from ..reports import _ONNX_LAYER, metadata_nodes, parse_layers  # one metadata parser (issue 11, bug 9)
 from ..shapes import batch_axes
 from ..trt_rules import MIN_OPSET
-from ..workspace import Workspace, atomic_write_bytes, atomic_write_json, sha256_bytes
+from ..workspace import (Workspace, atomic_write_bytes, atomic_write_json, cache_note, file_stamp, sha256_bytes,
+                         stamps_match)
 from .base import Backend, Engine, Latency, ProfileRow, Runner, latency_from_pairs, per_layer_frame
 
 MODES = ("auto", "strongly-typed", "legacy")
@@ -218,6 +220,31 @@ def engine_cache_key(parts: dict) -> str:
     version, GPU, profiles, build settings); ``parts`` must be JSON-serialisable."""
     doc = json.dumps({"format": CACHE_FORMAT, **parts}, sort_keys=True, default=list)
     return sha256_bytes(doc.encode())[:32]
+
+
+def cached_engine(cache: Path, key: str) -> bool:
+    """Whether the cached engine ``cache`` (``<key>.plan``) can be used: the record beside it
+    (``<key>.json``, written after the plan) names ``key`` and the stamp (size, mtime) the plan had
+    when it was written, and the plan still has it. A plan without its record (a write cut short, a
+    cache from before the records had stamps) or truncated, rewritten or replaced since is not used:
+    it is noted and built again (the new build replaces it atomically)."""
+    if not cache.exists():
+        return False
+    try:
+        record = json.loads(cache.with_suffix(".json").read_text())
+    except (OSError, ValueError):
+        record = None
+    if isinstance(record, dict) and record.get("key") == key and stamps_match(record.get("stamps"), cache.parent):
+        return True
+    cache_note(f"the cached TensorRT engine {cache.name} does not match the record written with it (missing, "
+               "partial or changed since); it is built again")
+    return False
+
+
+def store_engine(cache: Path, key: str, parts: dict, data) -> None:
+    """Write the engine ``data`` to ``cache``, then its record with the plan's stamp (:func:`cached_engine`)."""
+    atomic_write_bytes(cache, memoryview(data))
+    atomic_write_json(cache.with_suffix(".json"), {"key": key, **parts, "stamps": {cache.name: file_stamp(cache)}})
 
 
 def layer_node(layer_name: str, metadata: str | None = None) -> str:
@@ -916,10 +943,9 @@ class TensorRTBackend(Backend):
         out_dir = Path(out_dir)
         if policy is not None and mode == "strongly-typed":
             require_trt_opset(model)
-            onnx_bytes, onnx_name = compile_policy(model, policy, calib, target="trt").serialized(), "compiled.onnx"
-        else:
-            onnx_bytes, onnx_name = model.serialized(), f"{stem}.onnx" if policy is None else "model.onnx"
-        onnx_path = atomic_write_bytes(out_dir / onnx_name, onnx_bytes)
+            onnx_path = compile_policy(model, policy, calib, target="trt").save(out_dir / "compiled.onnx")
+        else:  # a model whose weights stay external is written with its data files beside it (core.external)
+            onnx_path = model.save(out_dir / (f"{stem}.onnx" if policy is None else "model.onnx"))
         with _polygraphy_log(out_dir / f"{stem}.tensorrt-build.log") as log:
             # the legacy constraints depend on the parsed network, so it is parsed before the cache lookup
             network = self._parse(onnx_path, mode, log) if mode == "legacy" and policy is not None else None
@@ -927,14 +953,14 @@ class TensorRTBackend(Backend):
             # the key covers what is parsed and how it is constrained: a compiler change is a new engine
             parts = {"model_sha256": model.sha256, "policy_sha256": policy.sha256 if policy else "reference-fp32",
                      "calibration": calib.key if int8 and calib is not None else None, "mode": mode,
-                     "onnx_sha256": sha256_bytes(onnx_bytes),
+                     "onnx_sha256": saved_sha256(onnx_path, model.weights),
                      "legacy_constraints": None if constraints is None else constraints_digest(*constraints),
                      "tf32": self.tf32, "tensorrt": trt.__version__, "polygraphy": polygraphy.__version__,
                      "gpu": gpu[0], "compute_capability": gpu[1], "profiles": shapes,
                      "workspace_bytes": self.workspace_bytes}
             key = engine_cache_key(parts)
             cache = self.ws.sub("engines", "tensorrt") / f"{key}.plan"
-            hit = cache.is_file()
+            hit = cached_engine(cache, key)
             if not hit:
                 network, fp16, use_int8 = self._network(trt, network or self._parse(onnx_path, mode, log),
                                                         constraints)
@@ -946,8 +972,7 @@ class TensorRTBackend(Backend):
                     "policy obeys (set it to fp16/fp32) or the builder workspace is too small "
                     "(TensorRTBackend(workspace_bytes=...))", log)
         if not hit:
-            atomic_write_bytes(cache, memoryview(data))
-            atomic_write_json(cache.with_suffix(".json"), {"key": key, **parts})
+            store_engine(cache, key, parts, data)
         plan = _place(cache, out_dir / f"{stem}.plan")
         atomic_write_json(out_dir / f"{stem}.tensorrt.json", {"key": key, "cache_hit": hit, "engine_cache": str(cache),
                                                               **parts})

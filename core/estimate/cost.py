@@ -1,7 +1,7 @@
 """The engine-layer cost model: FLOPs and bytes of one TensorRT engine layer, and its time on a
 GPU of the table (:mod:`core.estimate.gpus`), roofline style::
 
-    compute_ms = flops / (peak(precision, math) · compute_eff[class] · channel_factor)
+    compute_ms = flops / (peak(precision, math) · compute_eff[class] · math_eff[math] · channel_factor)
     memory_ms  = bytes / (bandwidth · memory_eff[class])
     layer_ms   = (compute_ms^p + memory_ms^p)^(1/p) + overhead_us[class] / 1000
 
@@ -16,6 +16,12 @@ GPU of the table (:mod:`core.estimate.gpus`), roofline style::
   engines do (``tf32=True``, the default); ``tf32=False`` is ``--noTF32``. A layer whose precision
   is plain ``fp32`` and whose tactic is unknown (a predicted layer) costs what the faster of the
   TF32 and the SIMT kernel costs, as TensorRT times both and keeps the faster.
+* ``math_eff`` is a per-math-precision factor on the tensor-core efficiency of the convolution/GEMM
+  and transformer classes (the classes whose compute runs on tensor cores): ``int8`` is the
+  reference (1) and ``tf32`` is tied to it; ``fp16`` is fitted on its own, as TensorRT's FP16
+  kernels reach a different share of their peak than its INT8 and TF32 ones (on the A100 fixtures
+  the FP16 engine's convolutions run closer to peak: one shared efficiency overestimated that
+  engine by 7 % and put all-FP16 behind INT8-without-residual, against the measured order).
 * ``channel_factor`` = min(1, C / ``lowc_channels``) for tensor-core convolutions with few input
   channels per group C (a network's first 3-channel convolution): tensor-core tiles are
   ``lowc_channels`` deep along C, so with C = 3 most of each tile is padding. A reformat of a
@@ -41,7 +47,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ..records import check_format
 from .engine import DTYPE_BYTES, LAYER_CLASSES, EngineLayer, Tensor
@@ -54,6 +60,14 @@ CALIBRATION_BASIS = "your calibration"
 _SIMT_TACTIC = re.compile(r"scudnn|sgemm|int8x4|icudnn|_f32f32_f32f32_")
 _ACC32_TACTIC = re.compile(r"f16f16f32|f16f16_f16f32|f16f16_f32")
 TF32_CHANNEL_ALIGN = 4
+# the math precisions with their own tensor-core factor (math_eff); others map onto these
+MATH_KEYS = ("tf32", "fp16", "int8")
+_MATH_OF = {"bf16": "fp16", "fp8": "int8"}
+_TENSOR_CORE_CLASSES = ("conv_gemm", "transformer")
+
+
+def _unit_math() -> dict[str, float]:
+    return {m: 1.0 for m in MATH_KEYS}
 _CONV_TYPES = re.compile(r"conv|gemm|matrixmultiply|fullyconnected", re.I)
 
 
@@ -68,6 +82,7 @@ class CostParams:
     lowc_channels: float = 8.0
     knee: float = 4.0                   # p of the soft roofline (p → ∞: max(compute, memory))
     int8_linear_out: float = 1.0        # INT8 tensor-core math writing a linear float output
+    math_eff: dict[str, float] = field(default_factory=_unit_math)  # tensor-core factor per math precision
     gpu: str = FIXTURE_GPU              # the GPU the parameters were fitted on
     basis: str = FIXTURE_BASIS          # "fit on A100 fixtures" or "your calibration"
     n_layers: int = 0                   # layers the fit used
@@ -80,7 +95,7 @@ class CostParams:
                 "compute_eff": dict(self.compute_eff), "memory_eff": dict(self.memory_eff),
                 "overhead_us": dict(self.overhead_us), "simt_eff": self.simt_eff,
                 "lowc_channels": self.lowc_channels, "knee": self.knee,
-                "int8_linear_out": self.int8_linear_out, "gpu": self.gpu, "basis": self.basis,
+                "int8_linear_out": self.int8_linear_out, "math_eff": dict(self.math_eff), "gpu": self.gpu, "basis": self.basis,
                 "n_layers": self.n_layers,
                 "median_err": None if math.isnan(self.median_err) else self.median_err,
                 "fitted_on": list(self.fitted_on), "fitted": list(self.fitted)}
@@ -91,7 +106,9 @@ class CostParams:
         per_class = {k: {c: float(v) for c, v in dict(doc[k]).items()}
                      for k in ("compute_eff", "memory_eff", "overhead_us")}
         err = doc.get("median_err")
-        return cls(**per_class, simt_eff=float(doc["simt_eff"]), lowc_channels=float(doc["lowc_channels"]),
+        # documents written before math_eff existed were fitted with one efficiency for every math
+        math = {**_unit_math(), **{m: float(v) for m, v in dict(doc.get("math_eff") or {}).items()}}
+        return cls(**per_class, math_eff=math, simt_eff=float(doc["simt_eff"]), lowc_channels=float(doc["lowc_channels"]),
                    knee=float(doc["knee"]), int8_linear_out=float(doc["int8_linear_out"]),
                    gpu=str(doc["gpu"]), basis=str(doc["basis"]), n_layers=int(doc.get("n_layers", 0)),
                    median_err=math.nan if err is None else float(err),
@@ -197,6 +214,11 @@ def _is_simt(layer: EngineLayer, precision: str) -> bool:
     return precision == "fp32" or bool(_SIMT_TACTIC.search(tactic))
 
 
+def math_factor(params: CostParams, precision: str) -> float:
+    """The tensor-core efficiency factor of ``precision``'s math (``math_eff``; 1 when absent)."""
+    return float(params.math_eff.get(_MATH_OF.get(precision, precision), 1.0))
+
+
 def _compute_ms(layer: EngineLayer, gpu: GPU, params: CostParams, precision: str) -> float:
     ops = flops(layer)
     if ops <= 0:
@@ -210,6 +232,8 @@ def _compute_ms(layer: EngineLayer, gpu: GPU, params: CostParams, precision: str
         eff = params.compute_eff.get(layer.layer_class, PRIOR.compute_eff["other"])
         if is_conv(layer) and params.lowc_channels > 0:
             eff *= min(1.0, input_channels(layer) / params.lowc_channels)
+        if layer.layer_class in _TENSOR_CORE_CLASSES:
+            eff *= math_factor(params, precision)
         if precision == "int8" and linear_float_output(layer):
             eff *= params.int8_linear_out
     return ops / (peak * 1e12 * max(eff, 1e-6)) * 1e3
@@ -287,40 +311,45 @@ FITTED = CostParams.from_json({
     "kind": "mixprec.cost_params",
     "format_version": 1,
     "compute_eff": {
-        "conv_gemm": 0.6813,
+        "conv_gemm": 0.6543,
         "pooling": 0.4,
         "elementwise": 0.4,
         "reformat": 0.4,
         "softmax_norm": 0.4,
-        "transformer": 0.6813,
+        "transformer": 0.6543,
         "other": 0.4
     },
     "memory_eff": {
-        "conv_gemm": 1.511,
-        "pooling": 0.7456,
-        "elementwise": 0.4648,
-        "reformat": 0.4648,
-        "softmax_norm": 0.4648,
-        "transformer": 1.511,
-        "other": 0.4648
+        "conv_gemm": 1.464,
+        "pooling": 0.7399,
+        "elementwise": 0.4645,
+        "reformat": 0.4645,
+        "softmax_norm": 0.4645,
+        "transformer": 1.464,
+        "other": 0.4645
     },
     "overhead_us": {
-        "conv_gemm": 10.05,
-        "pooling": 8.301,
-        "elementwise": 7.342,
-        "reformat": 7.342,
-        "softmax_norm": 7.342,
-        "transformer": 10.05,
-        "other": 7.342
+        "conv_gemm": 9.511,
+        "pooling": 8.318,
+        "elementwise": 7.336,
+        "reformat": 7.336,
+        "softmax_norm": 7.336,
+        "transformer": 9.511,
+        "other": 7.336
     },
-    "simt_eff": 0.6799,
-    "lowc_channels": 9.256,
-    "knee": 1.185,
-    "int8_linear_out": 0.3012,
+    "simt_eff": 0.7657,
+    "lowc_channels": 9.506,
+    "knee": 1.096,
+    "int8_linear_out": 0.3203,
+    "math_eff": {
+        "tf32": 1.0,
+        "fp16": 1.196,
+        "int8": 1.0
+    },
     "gpu": "a100",
     "basis": "fit on A100 fixtures",
     "n_layers": 132,
-    "median_err": 0.06865,
+    "median_err": 0.05486,
     "fitted_on": [
         "a100-resnet-fp32",
         "a100-resnet-fp16",
@@ -339,6 +368,7 @@ FITTED = CostParams.from_json({
         "overhead_us[reformat]",
         "simt_eff",
         "lowc_channels",
-        "int8_linear_out"
+        "int8_linear_out",
+        "math_eff[fp16]"
     ]
 })

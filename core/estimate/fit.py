@@ -1,6 +1,8 @@
 """Fitting the cost model's parameters (:class:`~core.estimate.cost.CostParams`) on real trtexec
 engine reports (layer info + profile pairs), jointly over all the reports given: one set of
-efficiencies per layer class, never a constant per model or per engine.
+efficiencies per layer class and a tensor-core factor per math precision (FP16's is fitted when the
+reports hold FP16 tensor-core convolutions; INT8 is the reference and TF32 is tied to it), never a
+constant per model or per engine.
 
 * :func:`fit` — the fit on the five A100 ResNet-18 fixture engines (what :data:`~core.estimate.cost.FITTED`
   holds) or on any reports of one GPU;
@@ -38,8 +40,13 @@ _TOTAL_WEIGHT = 4.0
 _PRIOR_WEIGHT = 0.02
 _BOUNDS = {"compute_eff": (0.02, 1.5), "memory_eff": (0.02, 3.0), "overhead_us": (0.05, 50.0),
            "simt_eff": (0.05, 1.5), "lowc_channels": (1.0, 64.0), "knee": (1.0, 60.0),
-           "int8_linear_out": (0.05, 2.0)}
+           "int8_linear_out": (0.05, 2.0), "math_eff": (0.2, 3.0)}
+# the math precisions whose tensor-core factor is fitted when the data has such layers (int8 is the
+# reference, 1; tf32 stays tied to it)
+FITTED_MATH = ("fp16",)
+_DICT_FIELDS = ("compute_eff", "memory_eff", "overhead_us", "math_eff")
 MIN_CALIBRATION_LAYERS = 5
+_MATH_PRECISIONS = {"fp16": ("fp16", "bf16"), "tf32": ("tf32",), "int8": ("int8", "fp8")}
 
 
 @dataclass(frozen=True, eq=False)
@@ -96,6 +103,9 @@ def _free(samples: Sequence[Sample]) -> list[tuple[str, str | None]]:
     if any(is_conv(l) and l.precision == "int8" and not _is_simt(l, "int8") and linear_float_output(l)
            for l in layers):
         free.append(("int8_linear_out", None))
+    tensor_core = [l for l in layers if l.layer_class in ("conv_gemm", "transformer") and is_conv(l)
+                   and not _is_simt(l, l.precision)]
+    free += [("math_eff", m) for m in FITTED_MATH if any(l.precision in _MATH_PRECISIONS[m] for l in tensor_core)]
     return free
 
 
@@ -106,7 +116,7 @@ def _get(params: CostParams, key: tuple[str, str | None]) -> float:
 
 
 def _with(params: CostParams, free, values) -> CostParams:
-    changes: dict = {f: dict(getattr(params, f)) for f in ("compute_eff", "memory_eff", "overhead_us")}
+    changes: dict = {f: dict(getattr(params, f)) for f in _DICT_FIELDS}
     for (field, cls), v in zip(free, values):
         lo, hi = _BOUNDS[field]
         v = float(min(max(v, lo), hi))
@@ -119,7 +129,7 @@ def _with(params: CostParams, free, values) -> CostParams:
 
 def tie_unfitted(params: CostParams, free) -> CostParams:
     """Classes the data had no layer of take their sibling's fitted values (:data:`TIED`)."""
-    fitted = {cls for _, cls in free if cls}
+    fitted = {cls for fld, cls in free if cls and fld != "math_eff"}
     changes = {f: dict(getattr(params, f)) for f in ("compute_eff", "memory_eff", "overhead_us")}
     for cls, sibling in TIED.items():
         if cls not in fitted and sibling in fitted:

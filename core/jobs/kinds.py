@@ -13,7 +13,7 @@ from ..project import DEFAULT_TARGET, open_project
 from ..runs import METRICS_FILE, build_and_measure
 from ..search import SearchConfig, search
 from ..sensitivity import rank_layers, sensitivity
-from ..store import cached_ranking, save_ranking, save_search, save_sensitivity
+from ..store import cached_ranking, load_gpu_calibration, save_ranking, save_search, save_sensitivity
 from ..workspace import Workspace, atomic_write_json
 from .params import BuildParams, IsolatedParams, RankParams, SearchParams
 
@@ -52,8 +52,9 @@ def run_isolated(params: dict, ws: Workspace, progress) -> str:
 def run_search(params: dict, ws: Workspace, progress) -> str:
     p = SearchParams.from_params(params)
     project = _open(p, ws, progress)
-    result = search(project, SearchConfig(budget=p.budget, smooth=bool(p.smooth), workers=int(p.workers)),
-                    progress=progress)
+    config = SearchConfig(budget=p.budget, smooth=bool(p.smooth), workers=int(p.workers), gpu=p.gpu,
+                          cost_params=load_gpu_calibration(ws, p.gpu))
+    result = search(project, config, progress=progress)
     return str(save_search(ws, project, result, bool(p.smooth)))
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
+from ..estimate.gpus import FIXTURE_GPU, gpu as gpu_entry
 from ..project import DEFAULT_TARGET
 from ..search import Budget
 
@@ -56,6 +57,7 @@ class SearchParams(_Params):
     budget: str = "cosine_mean>=0.99"  # normalised, str(Budget)
     smooth: bool = False
     workers: int = 2
+    gpu: str = FIXTURE_GPU  # the GPU of the estimated TensorRT time (core.estimate.gpus key)
 
 
 def shape_params(shapes: dict | None = None, dims: dict | None = None, batch: int = 1) -> dict:
@@ -92,7 +94,8 @@ def isolated_params(model: str, data: str | None = None, eval_data: str | None =
 def search_params(model: str, data: str | None = None, eval_data: str | None = None,
                   budget: str = SearchParams.budget, smooth: bool = SearchParams.smooth,
                   shapes: dict | None = None, dims: dict | None = None, batch: int = 1,
-                  target: str = DEFAULT_TARGET) -> dict:
-    """The parameters of a ``search`` job; the budget is checked (MixprecError) and normalised here."""
+                  target: str = DEFAULT_TARGET, gpu: str = SearchParams.gpu) -> dict:
+    """The parameters of a ``search`` job; the budget and the GPU are checked (MixprecError) and
+    normalised here (the GPU to its table key: ``NVIDIA A100-SXM4-80GB`` → ``a100``)."""
     return SearchParams(str(model), data, eval_data, **shape_params(shapes, dims, batch), target=target,
-                        budget=str(Budget.parse(budget)), smooth=bool(smooth)).to_params()
+                        budget=str(Budget.parse(budget)), smooth=bool(smooth), gpu=gpu_entry(gpu).key).to_params()
