@@ -42,7 +42,7 @@ RUN_COLUMNS = [
     "run_id", "created", "model_name", "model_sha256", "label", "backend", "target", "latency_source", "policy_sha256",
     "latency_median_ms", "latency_p95_ms", "fp32_median_ms", "speedup",
     "reformat_count", "reformat_ms", "reformat_pct",
-    "cosine_mean", "cosine_min", "snr_db", "max_abs", "top1_agreement", "knn5_overlap",
+    "cosine_mean", "cosine_min", "snr_db", "max_abs", "top1_agreement", "kl_div", "perplexity", "knn5_overlap",
     "n_fp32", "n_fp16", "n_int8", "int8_mac_fraction", "build_seconds", "data_generated", "warnings",
 ]
 WARN_BELOW = 0.98  # default threshold of the quality warning (cosine_mean)
@@ -204,7 +204,8 @@ class RunResult:
                "reformat_count": rf.count, "reformat_ms": rf.ms, "reformat_pct": rf.pct,
                "cosine_mean": q.cosine_mean, "cosine_min": q.cosine_min,
                "snr_db": None if q.snr_db == float("inf") else q.snr_db, "max_abs": q.max_abs,
-               "top1_agreement": q.top1_agreement, "knn5_overlap": q.knn5_overlap,
+               "top1_agreement": q.top1_agreement, "kl_div": q.kl_div, "perplexity": q.perplexity,
+               "knn5_overlap": q.knn5_overlap,
                "n_fp32": pc.get("fp32", 0), "n_fp16": pc.get("fp16", 0), "n_int8": pc.get("int8", 0),
                "int8_mac_fraction": self.int8_mac_fraction, "build_seconds": self.build_seconds,
                "data_generated": self.data_generated, "warnings": " ".join(self.warnings)}
