@@ -4,6 +4,8 @@ TensorRT calibration cache and the trtexec / Polygraphy command lines. One imple
 from __future__ import annotations
 
 import io
+import json
+import math
 import re
 import shlex
 import zipfile
@@ -15,8 +17,9 @@ import numpy as np
 from .backends.tensorrt import STRONG_TYPING_FROM, legacy_postprocess_script, parse_version, require_trt_opset
 from .calibration import DEFAULT_CACHE_TRT_VERSION, CalibrationResult, calibrate_policy, trt_calibration_cache, \
     trt_version_number
-from .compile import compile_policy
+from .compile import CompiledModel, compile_policy
 from .errors import MixprecError
+from .estimate.predict import Prediction
 from .evaluation import timing_feed
 from .model import LoadedModel
 from .policy import Policy
@@ -167,11 +170,43 @@ def compiled_onnx(project: Project, policy: Policy, target: str = "trt",
                   calib: CalibrationResult | None = None) -> bytes:
     """The explicit-precision ONNX (``target="trt"``: for TensorRT ≥ 10.12), calibrating first
     when the policy has INT8 layers and ``calib`` is not given."""
+    return _compiled(project, policy, target, calib).serialized()
+
+
+def _compiled(project: Project, policy: Policy, target: str = "trt",
+              calib: CalibrationResult | None = None) -> CompiledModel:
     if target == "trt":
         require_trt_opset(project.model)
     if calib is None:
         calib = policy_calibration(project, policy)
-    return compile_policy(project.model, policy, calib, target=target).serialized()
+    return compile_policy(project.model, policy, calib, target=target)
+
+
+def _onnx_file(model: LoadedModel | CompiledModel):
+    """A model as an export entry: its bytes, or, when its weights stay external (``core.external``),
+    a writer of the model with copies of its data files beside it (``_write_files`` calls it)."""
+    if model.weights is None:
+        return model.serialized()
+    return lambda path: model.save(path, copy=True)
+
+
+def _in_memory(files: dict) -> dict:
+    """``files`` if every entry is text or bytes (a bundle zips them in memory); else a MixprecError."""
+    if any(callable(d) for d in files.values()):
+        raise MixprecError("the model keeps its weights as external data, too big for a bundle made in memory",
+                           "export to files instead: python -m core export MODEL --policy P --format "
+                           "trtexec-typed|polygraphy|trtexec --out DIR/model.sh (the ONNX with its data files)")
+    return files
+
+
+def _tolerance(project: Project, compiled: bytes | CompiledModel, feeds: list[dict]) -> tuple[float, float]:
+    """:func:`measured_tolerance` of ``compiled``; with external weights on files in a temp folder."""
+    if isinstance(compiled, bytes) or compiled.weights is None:
+        data = compiled if isinstance(compiled, bytes) else compiled.serialized()
+        return measured_tolerance(project.model.serialized(), data, feeds)
+    with project.model.scratch("mixprec-tolerance-") as tmp:
+        return measured_tolerance(project.model.save(Path(tmp) / "fp32.onnx"),
+                                  compiled.save(Path(tmp) / "compiled.onnx"), feeds)
 
 
 def measured_tolerance(original: bytes, compiled: bytes, feeds: list[dict]) -> tuple[float, float]:
@@ -182,7 +217,8 @@ def measured_tolerance(original: bytes, compiled: bytes, feeds: list[dict]) -> t
 
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    ref, cand = (ort.InferenceSession(m, so, providers=["CPUExecutionProvider"]) for m in (original, compiled))
+    ref, cand = (ort.InferenceSession(m if isinstance(m, bytes) else str(m), so, providers=["CPUExecutionProvider"])
+                 for m in (original, compiled))  # bytes, or files (a model whose weights stay external)
     err, mag = 0.0, 0.0
     for feed in feeds:
         for r, c in zip(ref.run(None, feed), cand.run(None, feed)):
@@ -243,7 +279,7 @@ def legacy_files(project: Project, policy: Policy, calib, stem: str, trt_version
     """The TensorRT ≤ 10.11 export: the script (key ""), the named original ONNX, and the
     calibration cache (INT8 convolutions) or the Polygraphy post-process script (INT8 Gemm/MatMul)."""
     files: dict[str, str | bytes] = {"": legacy_script(project, policy, stem, trt_version, tf32),
-                                     f"{stem}.named.onnx": project.model.serialized()}
+                                     f"{stem}.named.onnx": _onnx_file(project.model)}
     if _constant_int8(project, policy):
         files[f"{stem}.postprocess.py"] = legacy_postprocess_script(policy, calib)
     elif calib is not None:
@@ -257,7 +293,7 @@ def typed_script(project: Project, stem: str, tf32: bool = False) -> str:
     return f"{SCRIPT_HEAD}{TYPED_HEADER}\n{cmd}\n"
 
 
-def polygraphy_files(project: Project, compiled: bytes, stem: str, atol: float | None = None,
+def polygraphy_files(project: Project, compiled: bytes | CompiledModel, stem: str, atol: float | None = None,
                      tf32: bool = False) -> dict[str, str | bytes]:
     """The Polygraphy comparison against FP32: the script (key ""), the named original ONNX and the
     inputs it compares on; the tolerance measured with ONNX Runtime unless ``atol`` is given. The
@@ -266,7 +302,7 @@ def polygraphy_files(project: Project, compiled: bytes, stem: str, atol: float |
 
     feeds = [timing_feed(project)]
     inputs = f"{stem}.inputs.json"
-    measured_atol, err = measured_tolerance(project.model.serialized(), compiled, feeds)
+    measured_atol, err = _tolerance(project, compiled, feeds)
     basis = (f"given (--atol); ONNX Runtime measures max abs error {err:.3g} for this policy" if atol is not None
              else f"{TOLERANCE_FACTOR:g} x the max abs error ONNX Runtime measures for this policy on "
                   f"{inputs} ({err:.3g}) + {TOLERANCE_FLOOR:g} x max |FP32 output|")
@@ -274,15 +310,19 @@ def polygraphy_files(project: Project, compiled: bytes, stem: str, atol: float |
                              reference_onnx=f"{stem}.named.onnx", inputs=inputs, outputs=f"{stem}.fp32-outputs.json",
                              atol=measured_atol if atol is None else atol, tf32=tf32)
     return {"": f"{SCRIPT_HEAD}{TYPED_HEADER}\n# compared with FP32 ONNX Runtime outputs; tolerance: {basis}\n{cmd}\n",
-            f"{stem}.named.onnx": project.model.serialized(),
+            f"{stem}.named.onnx": _onnx_file(project.model),
             inputs: to_json(feeds)}  # what `polygraphy run --save-inputs` writes
 
 
-def _write_files(out: Path, files: dict[str, str | bytes]) -> Path:
-    """The side files beside ``out``, then ``out`` itself (key "")."""
+def _write_files(out: Path, files: dict) -> Path:
+    """The side files beside ``out``, then ``out`` itself (key ""); an entry is text, bytes, or a writer
+    of the file at a path (:func:`_onnx_file`)."""
     for name, data in [*((n, d) for n, d in files.items() if n), ("", files[""])]:
         path = out.with_name(name) if name else out
-        (atomic_write_bytes if isinstance(data, bytes) else atomic_write_text)(path, data)
+        if callable(data):
+            data(path)
+        else:
+            (atomic_write_bytes if isinstance(data, bytes) else atomic_write_text)(path, data)
     return out
 
 
@@ -302,8 +342,8 @@ def export_policy(project: Project, policy: Policy, fmt: str, out: str | Path, t
     if fmt == "trtexec":
         _check_legacy_version(trt_version)
     calib = policy_calibration(project, policy)
-    if fmt == "onnx":
-        return atomic_write_bytes(out, compiled_onnx(project, policy, target, calib))
+    if fmt == "onnx":  # with external weights, their data files beside it
+        return _write_files(out, {"": _onnx_file(_compiled(project, policy, target, calib))})
     if fmt == "calib-cache":
         if calib is None:
             raise MixprecError("the policy has no INT8 layer, so there is no calibration cache to export",
@@ -311,8 +351,8 @@ def export_policy(project: Project, policy: Policy, fmt: str, out: str | Path, t
         return atomic_write_text(out, trt_calibration_cache(calib, trt_version))
     if fmt == "trtexec":
         return _write_files(out, legacy_files(project, policy, calib, out.stem, trt_version, tf32))
-    data = compiled_onnx(project, policy, "trt", calib)
-    files: dict[str, str | bytes] = {f"{out.stem}.mixprec.onnx": data}
+    data = _compiled(project, policy, "trt", calib)
+    files: dict = {f"{out.stem}.mixprec.onnx": _onnx_file(data)}
     if fmt == "trtexec-typed":
         files[""] = typed_script(project, out.stem, tf32)
     else:
@@ -323,7 +363,7 @@ def export_policy(project: Project, policy: Policy, fmt: str, out: str | Path, t
 # --- the bundle: everything a GPU user needs, in one zip --------------------------------------------
 BUNDLE_STEM = "model"
 BUNDLE_SCRIPTS = {"typed": "build-trt-10.12.sh", "legacy": "build-trt-10.11.sh", "polygraphy": "check-polygraphy.sh"}
-README_NAME, POLICY_NAME = "README.md", "policy.json"
+README_NAME, POLICY_NAME, ESTIMATE_NAME = "README.md", "policy.json", "estimate.json"
 _ZIP_TIME = (2020, 1, 1, 0, 0, 0)  # fixed entry times: the same export gives the same zip
 
 
@@ -360,16 +400,20 @@ def _attempt(left_out: list[str], what: str, make):
 
 
 def export_bundle(project: Project, policy: Policy, *, trt_version: str = DEFAULT_TRT_VERSION, tf32: bool = False,
-                  atol: float | None = None, source: str = "") -> ExportBundle:
+                  atol: float | None = None, source: str = "", estimate: Prediction | None = None) -> ExportBundle:
     """Every export of ``policy`` in one bundle (:data:`BUNDLE_SCRIPTS` and ``model.*`` files, see
     :func:`bundle_readme`): calibrated and compiled once. A part that cannot be made for this
     model (e.g. names trtexec cannot express, an opset below 13) is left out and the README says
-    why; the rest is still there. ``source`` says where the policy comes from (a run, the session)."""
+    why; the rest is still there. ``source`` says where the policy comes from (a run, the session).
+    ``estimate``: the policy's TensorRT estimate, written as ``estimate.json`` and in the README,
+    labelled as an estimate with its GPU and basis."""
     stem, left_out = BUNDLE_STEM, []
     calib = policy_calibration(project, policy)
     compiled = _attempt(left_out, "the compiled ONNX and the TensorRT >= 10.12 scripts",
                         lambda: compiled_onnx(project, policy, "trt", calib))
     files: dict[str, str | bytes] = {POLICY_NAME: policy.to_json()}
+    if estimate is not None:
+        files[ESTIMATE_NAME] = estimate_json(estimate)
     cache = None if calib is None else _attempt(left_out, f"{stem}.calib.cache",
                                                 lambda: trt_calibration_cache(calib, trt_version))
     if cache is not None:
@@ -384,10 +428,11 @@ def export_bundle(project: Project, policy: Policy, *, trt_version: str = DEFAUL
         if poly:
             files.update({BUNDLE_SCRIPTS["polygraphy"] if n == "" else n: d for n, d in poly.items()})
     legacy = _attempt(left_out, BUNDLE_SCRIPTS["legacy"],
-                      lambda: legacy_files(project, policy, calib, stem, trt_version, tf32))
+                      lambda: _in_memory(legacy_files(project, policy, calib, stem, trt_version, tf32)))
     if legacy:
         files.update({BUNDLE_SCRIPTS["legacy"] if n == "" else n: d for n, d in legacy.items()})
-    readme = bundle_readme(project, policy, files, left_out, trt_version=trt_version, source=source)
+    readme = bundle_readme(project, policy, files, left_out, trt_version=trt_version, source=source,
+                           estimate=estimate)
     ordered = {README_NAME: readme, **files}
     return ExportBundle({n: d.encode() if isinstance(d, str) else d for n, d in ordered.items()}, tuple(left_out))
 
@@ -400,11 +445,29 @@ def _md(text) -> str:
     return _MARKDOWN.sub(r"\\\1", str(text))
 
 
+def estimate_json(estimate: Prediction) -> str:
+    """The estimate as the bundle stores it: ``Prediction.to_json`` (label "estimate", GPU, basis), NaN as null."""
+    doc = estimate.to_json()
+    if not math.isfinite(doc["reformats"]["pct"]):
+        doc["reformats"]["pct"] = None
+    return json.dumps(doc, indent=2, default=str) + "\n"
+
+
+def _estimate_lines(estimate: Prediction | None) -> list[str]:
+    if estimate is None:
+        return []
+    return ["## Estimated TensorRT time (an estimate, not measured)", "",
+            f"{_md(estimate.caption())}. Made by mixprec without a GPU (`{ESTIMATE_NAME}` has it per predicted "
+            "engine layer); the profile of step 3 measures the real engine.", ""]
+
+
 def _file_notes(files: dict, trt_version: str) -> dict[str, str]:
     """What each file of a bundle is for (README's list)."""
     post = f"{BUNDLE_STEM}.postprocess.py" in files
     return {
         README_NAME: "this file",
+        ESTIMATE_NAME: "mixprec's estimate of this policy's TensorRT engine time (label \"estimate\", its GPU and "
+                       "basis), per predicted engine layer: not measured",
         POLICY_NAME: "the precision policy (mixprec.policy JSON): import it on mixprec's Export page, or pass it to "
                      "`python -m core build|export --policy policy.json`",
         f"{BUNDLE_STEM}.mixprec.onnx": "the explicit-precision ONNX (Q/DQ on INT8 layers, float16 FP16 layers) that "
@@ -425,7 +488,7 @@ def _file_notes(files: dict, trt_version: str) -> dict[str, str]:
 
 
 def bundle_readme(project: Project, policy: Policy, files: dict, left_out: list[str], *,
-                  trt_version: str = DEFAULT_TRT_VERSION, source: str = "") -> str:
+                  trt_version: str = DEFAULT_TRT_VERSION, source: str = "", estimate: Prediction | None = None) -> str:
     """The bundle's README.md: what each file is, then how to build, check, profile and import the
     reports back into mixprec."""
     c = policy.precision_counts()
@@ -436,6 +499,7 @@ def bundle_readme(project: Project, policy: Policy, files: dict, left_out: list[
              f"`{policy.model_sha256[:16]}`: fp32 {c['fp32']} · fp16 {c['fp16']} · int8 {c['int8']} layers. "
              f"Input shapes: {_md(shapes) or 'static'}.", "", "## Files", ""]
     lines += [f"- `{n}`: {notes.get(n, '')}" for n in [README_NAME, *files]]
+    lines += ["", *_estimate_lines(estimate)] if estimate is not None else []
     lines += ["", "## 1. Build the engine (on the GPU machine)", "",
               "Copy this folder to the machine with TensorRT and run the script for its version:", ""]
     if BUNDLE_SCRIPTS["typed"] in files:

@@ -17,6 +17,7 @@ from plotly.subplots import make_subplots
 
 from .compile import ORT_CPU_FP16_KERNELS
 from .errors import MixprecError
+from .estimate.predict import PREDICTION_COLUMNS
 from .present import LAYER_COMPARE_COLUMNS, local_time
 from .reports import LAYER_COLUMNS, PCT_LABEL, PRECISION_COLUMNS, REFORMAT_COLUMNS, TYPE_COLUMNS
 from .sensitivity import ranking_comparison
@@ -476,3 +477,34 @@ def plot_layer_comparison(df: pd.DataFrame, label_a: str = "A", label_b: str = "
     return _titled(fig, f"Per layer, A against B: top {len(rows)} layers by time"
                    f"<br><sup>{changed} layer(s) change precision (diamonds); a layer's time includes its "
                    "precision conversions</sup>", "", "", barmode="group", height=max(420, 30 * len(rows)))
+
+
+ESTIMATE_NOTE = "estimate, not measured"
+
+
+def plot_estimate_layers(layers: pd.DataFrame, gpu_name: str = "", basis: str = "", top: int = 30) -> go.Figure:
+    """The ``top`` slowest engine layers of a TensorRT estimate (``core.estimate.predict``'s
+    PREDICTION_COLUMNS table), estimated ms each, one trace per precision; predicted reformat
+    layers hatched. The title says it is an estimate, on which GPU and on what basis.
+    ``customdata[0]`` is the engine layer's name as it is, ``customdata[1]`` its ONNX nodes."""
+    _check(layers, PREDICTION_COLUMNS, "TensorRT estimate")
+    df = layers.sort_values("est_ms", ascending=False, kind="stable").head(top).iloc[::-1]
+    total = float(layers["est_ms"].sum())
+    fig = go.Figure()
+    prec = df["precision"].astype(str).replace("", "other").str.upper()
+    for p in dict.fromkeys(prec):
+        rows = df[prec == p]
+        nodes = [", ".join(map(str, n)) if isinstance(n, (list, tuple)) else str(n) for n in rows["onnx_nodes"]]
+        pct = [100.0 * v / total if total > 0 else 0.0 for v in rows["est_ms"]]
+        fig.add_trace(go.Bar(
+            y=_texts(rows["engine_layer"]), x=rows["est_ms"].tolist(), orientation="h", name=plot_text(p),
+            marker={"color": precision_color(p), "pattern": {"shape": ["/" if r else "" for r in rows["is_reformat"]]}},
+            customdata=list(zip(rows["engine_layer"], nodes, _texts(rows["layer_class"]), pct)),
+            hovertemplate=f"%{{y}}<br>%{{customdata[2]}} · %{{x:.4f}} ms estimated (%{{customdata[3]:.1f}} % of "
+                          f"the estimate)<extra>{plot_text(p)}</extra>"))
+    on = f" on {plot_text(gpu_name)}" if gpu_name else ""
+    title = (f"Estimated TensorRT time per engine layer{on}: top {len(df)} of {len(layers)} "
+             f"(hatched: predicted reformats)<br><sup>{ESTIMATE_NOTE}"
+             + (f"; basis: {plot_text(basis)}" if basis else "") + "</sup>")
+    return _titled(fig, title, "Estimated time per inference (ms)", "", height=max(400, 22 * len(df)),
+                   legend_title_text="Precision", xaxis_range=fit_range(df["est_ms"], lo=0.0))

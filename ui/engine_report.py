@@ -10,10 +10,10 @@ from core.plots import plot_latency_by_type, plot_layer_latency, plot_precision_
 from core.present import ms_text
 from core.reports import PCT_LABEL, load_engine_report, reformat_table
 from ui import common as ui
-from ui import tables
+from ui import estimate_panel, tables
 
 
-def section(layer_names: list[str]) -> None:
+def section(layer_names: list[str], p=None) -> None:
     with st.expander("Import TensorRT engine reports (from trtexec on any GPU machine)", icon=":material/upload_file:"):
         st.caption("Build with `trtexec --onnx=… --profilingVerbosity=detailed --exportLayerInfo=layers.json "
                    "--exportProfile=profile.json` (the Export page's scripts and bundle do), then load both files.")
@@ -37,6 +37,8 @@ def section(layer_names: list[str]) -> None:
                        else " (no profile loaded: no times)"))
         if rep.has_profile:
             st.caption("Latency: TensorRT on the GPU that ran trtexec, measured (the imported profile).")
+            if p is not None:
+                estimate_panel.calibration_offer(p, graph, profile)
         if rep.has_profile:
             c1, c2 = st.columns(2)
             c1.plotly_chart(plot_layer_latency(rep.layers), key="trt_layers_chart")

@@ -17,6 +17,7 @@ from core.present import local_time, run_title
 from core.project import Project
 from core.store import list_runs, run_dir, run_policy
 from ui import common as ui
+from ui import estimate_panel
 
 SESSION = "session"  # the picker's entry for the session's own policy
 PICK_KEY = "export_pick"  # another page asks for a run to be preselected (``choose_run``)
@@ -133,7 +134,7 @@ def _bundle(p: Project, choice: Choice, version: str, tf32: bool):
     """The calibrated and compiled files of this policy and options (kept for the session), or None
     with the button that makes them."""
     key = (choice.policy.sha256, choice.source, version, tf32, p.model.sha256, p.calib_data.sha256,
-           str(p.input_shapes))
+           str(p.input_shapes), estimate_panel.gpu_key())
     have = st.session_state.get("export_bundle")
     if have is not None and have[0] == key:
         return have[1]
@@ -149,7 +150,8 @@ def _bundle(p: Project, choice: Choice, version: str, tf32: bool):
             return None
     try:
         with st.spinner("Calibrating and compiling…"):
-            bundle = export_bundle(p, choice.policy, trt_version=version, tf32=tf32, source=choice.source)
+            bundle = export_bundle(p, choice.policy, trt_version=version, tf32=tf32, source=choice.source,
+                                   estimate=estimate_panel.quiet_estimate(p, choice.policy))
     except MixprecError as e:
         st.error(ui.md(e))
         return None

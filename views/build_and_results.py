@@ -10,7 +10,7 @@ from core.project import TARGET_LABELS
 from core.runs import GENERATED_NOTE, latency_caveat
 from core.store import list_runs, load_run_per_layer, run_dir
 from ui import common as ui
-from ui import engine_report, export_panel, run_compare, run_notes, tables
+from ui import engine_report, estimate_panel, export_panel, run_compare, run_notes, tables
 
 p = ui.project()
 src = ui.source()
@@ -22,7 +22,7 @@ if st.button("Build the all-FP16 baseline", key="fp16_baseline", icon=":material
               "all-FP16 baseline")
     st.rerun()
 
-engine_report.section([l.name for l in p.layers])
+engine_report.section([l.name for l in p.layers], p)
 
 runs = list_runs(p.ws, p.model.sha256)
 st.subheader(f"Runs of {ui.md(p.model.name)}")
@@ -44,6 +44,7 @@ c[4].metric("Reformats", f"{int(last['reformat_count'])}", f"{last['reformat_pct
             delta_color="off", delta_arrow="off", help=f"{ms_text(last['reformat_ms'])} in precision conversions")
 st.caption(f"Latency of {ui.md(last['label'])}: {ui.md(last['latency_source'])} · deployment target "
            f"{TARGET_LABELS.get(p.target, p.target)}")
+estimate_panel.beside_run(p, last["run_id"], ms_text(last["latency_median_ms"]), last["latency_source"])
 caveat = latency_caveat(p.target, last["backend"])
 if caveat:
     st.info(caveat, icon=":material/info:")

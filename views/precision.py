@@ -4,7 +4,7 @@ the selection's precision, boundaries) and the policy's summary, then the diff a
 a component in ui/). Every edit is one undoable step of the project's draft, autosaved."""
 import streamlit as st
 
-from ui import bulk_actions, layer_picker, precision_editor, rebuild, search_panel
+from ui import bulk_actions, estimate_panel, layer_picker, precision_editor, rebuild, search_panel
 from ui import common as ui
 
 p = ui.project()
@@ -22,4 +22,5 @@ with summary:
     counts = precision_editor.summary(p, pol)
 with history:
     precision_editor.history(p)
+estimate_panel.section(p, pol)
 rebuild.section(p, pol, counts)

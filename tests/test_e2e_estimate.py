@@ -1,0 +1,56 @@
+"""Real browser (issue 12 §5): on the Precision page, set one layer of tiny-cnn to FP16 and see the
+"Estimated TensorRT latency" panel change without a build (no job is started), labelled as an
+estimate with its GPU and basis; pick another GPU and see its name. Uses the server and browser
+fixtures of test_e2e_browser.py; run it alone (it starts its own dashboard)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from core.estimate.predict import predict
+from core.jobs import JobManager
+from core.present import ms_text
+from core.project import open_project
+from test_e2e_browser import CHROMIUM, _idle, _new_page, _shot, browser, server  # noqa: F401 (fixtures)
+from test_e2e_state import _metrics
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="apt-get install -y chromium")
+MODEL = "sample:tiny-cnn"
+LAYER = "/conv2/Conv"  # INT8 by default
+
+
+def _estimate(page) -> tuple[str, str]:
+    page.get_by_text("Estimated TensorRT latency on", exact=False).first.wait_for()
+    _idle(page)
+    m = _metrics(page)
+    return m["Estimated TensorRT time"], m["Predicted reformats"]
+
+
+def test_toggle_a_layer_and_the_estimate_changes_without_a_build(server, browser, tmp_path):  # noqa: F811
+    url, ws = server
+    p = open_project(MODEL, ws=ws)
+    default = predict(p.model, p.default_policy(), p.input_shapes, "a100")
+    changed = predict(p.model, p.default_policy().with_layers({LAYER: "fp16"}), p.input_shapes, "a100")
+    assert (ms_text(default.total_ms), default.reformat_count) != (ms_text(changed.total_ms), changed.reformat_count)
+
+    page = _new_page(browser, url, f"/Precision?model={MODEL}")
+    _idle(page)
+    assert _estimate(page) == (ms_text(default.total_ms), str(default.reformat_count))
+    panel = page.get_by_text("Estimate, not measured", exact=False).first
+    assert "NVIDIA A100" in panel.inner_text() and "basis: fit on A100 fixtures" in panel.inner_text()
+
+    page.get_by_label("Layer name (regular expression)").fill(LAYER + "$")
+    page.get_by_role("button", name="Set by name").click()  # the form's precision is FP16 by default
+    _idle(page)
+    assert _estimate(page) == (ms_text(changed.total_ms), str(changed.reformat_count))
+    assert not JobManager.for_workspace(ws).jobs()  # no build, no job of any kind
+    _shot(page, tmp_path, "estimate-after-toggle")
+
+    box = page.get_by_role("combobox", name="GPU to estimate for")  # another GPU: its name in the title and label
+    box.click()
+    box.fill("NVIDIA T4")
+    box.press("Enter")
+    _idle(page)
+    page.get_by_role("heading", name="Estimated TensorRT latency on NVIDIA T4").wait_for()
+    assert "NVIDIA T4" in page.get_by_text("Estimate, not measured", exact=False).first.inner_text()

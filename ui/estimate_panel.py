@@ -1,0 +1,182 @@
+"""The estimated TensorRT engine time of a policy on a GPU (core.estimate), without TensorRT or a
+GPU: the Precision page's live panel for the draft, the estimate beside a run's measured latency,
+and the calibration of the estimator on an imported engine report. Every number is labelled as an
+estimate, with its GPU and its basis (the fit on the A100 fixtures, or the user's calibration)."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import streamlit as st
+
+from core.errors import MixprecError
+from core.estimate.cost import FITTED, CostParams
+from core.estimate.fit import calibrate
+from core.estimate.gpus import FIXTURE_GPU, GPUS
+from core.estimate.predict import Prediction, predict
+from core.plots import plot_estimate_layers
+from core.policy import Policy
+from core.present import ms_text
+from core.project import Project
+from core.store import load_gpu_calibration, run_dir, run_policy, save_gpu_calibration
+from ui import common as ui
+
+GPU_WIDGET = "estimate_gpu"      # the picker (its value is lost on pages that do not draw it)
+GPU_STATE = "estimate_gpu:value"  # the session's choice, kept across pages
+GPU_SETTING = "estimate_gpu"     # saved with the project's settings (a reload brings it back)
+LIVE_NODES = 3000                # larger models are estimated on demand (a button), not at every rerun
+ESTIMATE = "Estimate, not measured"
+CHART_ON = "estimate_chart_on"   # the per-layer chart, drawn when asked for
+
+
+# --- the GPU: picked once, kept for the session and saved with the project --------------------
+def gpu_key() -> str:
+    """The session's GPU for estimates: the picker's last value, else the project's saved setting, else the A100."""
+    v = st.session_state.get(GPU_STATE)
+    if v is None:
+        saved = ui.saved_project()
+        v = saved.settings.get(GPU_SETTING) if saved is not None else None
+    return v if v in GPUS else FIXTURE_GPU
+
+
+def _picked() -> None:
+    v = st.session_state.get(GPU_WIDGET)
+    if v not in GPUS:
+        return
+    st.session_state[GPU_STATE] = v
+    saved = ui.saved_project()
+    old = dict(saved.settings) if saved is not None else {}
+    if old.get(GPU_SETTING) != v:
+        ui.save_project(settings={**old, GPU_SETTING: v})
+
+
+def gpu_picker(where=st, key: str = GPU_WIDGET) -> str:
+    """A selectbox of the GPU table; returns the chosen key."""
+    keys = list(GPUS)
+    where.selectbox("GPU to estimate for", keys, index=keys.index(gpu_key()), key=key,
+                    format_func=lambda k: GPUS[k].name, on_change=_picked if key == GPU_WIDGET else None,
+                    help="The estimate prices the engine TensorRT would build on this GPU (from its datasheet "
+                         "figures); no GPU or TensorRT is needed here.")
+    return st.session_state.get(key) if st.session_state.get(key) in GPUS else gpu_key()
+
+
+# --- the prediction, cached per model, policy, shapes, GPU and cost-model parameters ----------
+def params_for(p: Project, gpu: str) -> CostParams:
+    """The user's calibration stored for ``gpu``, else the shipped fit on the A100 fixtures."""
+    return load_gpu_calibration(p.ws, gpu) or FITTED
+
+
+def _tag(params: CostParams) -> str:
+    return hashlib.sha256(json.dumps(params.to_json(), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@st.cache_resource(max_entries=64, show_spinner=False)
+def _predicted(model_sha: str, policy_sha: str, shapes: str, gpu: str, params_tag: str,
+               _p: Project, _pol: Policy, _params: CostParams) -> Prediction:
+    return predict(_p.model, _pol, _p.input_shapes, gpu, _params)
+
+
+def estimate(p: Project, pol: Policy, gpu: str) -> Prediction:
+    """The (cached) prediction of ``pol`` on ``gpu``; raises MixprecError."""
+    params = params_for(p, gpu)
+    shapes = json.dumps({k: list(v) for k, v in p.input_shapes.items()}, sort_keys=True)
+    return _predicted(p.model.sha256, pol.sha256, shapes, gpu, _tag(params), p, pol, params)
+
+
+def quiet_estimate(p: Project, pol: Policy) -> Prediction | None:
+    """The estimate on the session's GPU for an export, or None (too large to estimate now, or no estimate)."""
+    if len(p.model.proto.graph.node) > LIVE_NODES and not st.session_state.get(f"estimate_on:{p.model.sha256}"):
+        return None
+    try:
+        return estimate(p, pol, gpu_key())
+    except Exception:  # noqa: BLE001 - the export goes on without an estimate
+        return None
+
+
+def _label(r: Prediction) -> str:
+    return f"{ESTIMATE}: {ui.md(r.caption())}"
+
+
+# --- the Precision page's panel ------------------------------------------------------------------
+def _on_demand(p: Project) -> bool:
+    """True when the estimate may be computed now: small models always, large ones once asked for."""
+    if len(p.model.proto.graph.node) <= LIVE_NODES:
+        return True
+    key = f"estimate_on:{p.model.sha256}"
+    if st.session_state.get(key):
+        return True
+    st.caption(f"The model has {len(p.model.proto.graph.node)} nodes: the estimate is computed on demand.")
+    if st.button("Estimate the TensorRT time", key="estimate_now", icon=":material/speed:"):
+        st.session_state[key] = True
+        return True
+    return False
+
+
+def section(p: Project, pol: Policy) -> Prediction | None:
+    """"Estimated TensorRT latency on <GPU>" for the draft: total, predicted reformats, the basis
+    and the per-layer chart; redrawn at every edit (cached), no build needed."""
+    gpu = gpu_key()
+    st.subheader(f"Estimated TensorRT latency on {ui.md(GPUS[gpu].name)}")
+    c = st.columns([1.6, 1, 1])
+    gpu = gpu_picker(c[0])
+    if not _on_demand(p):
+        return None
+    try:
+        with st.spinner("Estimating the TensorRT engine…"):
+            r = estimate(p, pol, gpu)
+    except Exception as e:  # noqa: BLE001 - an estimate that fails must not break the page
+        st.warning(f"No estimate for this policy: {ui.md(e)}", icon=":material/warning:")
+        return None
+    c[1].metric("Estimated TensorRT time", ms_text(r.total_ms), "estimate", delta_color="off", delta_arrow="off",
+                help=f"{_label(r)}")
+    c[2].metric("Predicted reformats", f"{r.reformat_count}", f"{r.reformat_pct:.1f}% of the estimated time",
+                delta_color="off", delta_arrow="off",
+                help="Precision/format conversions TensorRT would insert at the policy's boundaries")
+    st.caption(_label(r))
+    if st.toggle(f"Show the estimated time per engine layer ({len(r.layers)} predicted layers)", key=CHART_ON):
+        st.plotly_chart(plot_estimate_layers(r.layers, r.gpu_name, r.basis_detail), key="estimate_chart")
+    return r
+
+
+# --- beside a run's measured latency (Build and results) -------------------------------------------
+def beside_run(p: Project, run_id: str, measured_ms: str, source: str) -> None:
+    """The estimate of a run's policy on the session's GPU next to the run's measured latency, each labelled."""
+    if len(p.model.proto.graph.node) > LIVE_NODES:
+        return
+    try:
+        r = estimate(p, run_policy(p, run_dir(p.ws, run_id)), gpu_key())
+    except Exception as e:  # noqa: BLE001 - an estimate that fails must not break the page
+        st.caption(f"No TensorRT estimate for this run: {ui.md(e)}")
+        return
+    c = st.columns([1, 1.3, 2])
+    c[0].metric("Measured latency", measured_ms, "measured", delta_color="off", delta_arrow="off",
+                help=f"Measured: {ui.md(source)}")
+    c[1].metric(f"Estimated TensorRT time on {ui.md(r.gpu_name)}", ms_text(r.total_ms), "estimate",
+                delta_color="off", delta_arrow="off", help=_label(r))
+    c[2].caption(f"Measured: {ui.md(source)}. {_label(r)}. The GPU is picked on the Precision page.")
+
+
+# --- calibration on an imported engine report (Build and results) -----------------------------------
+def calibration_offer(p: Project, graph, profile) -> None:
+    """Offer to refit the estimator on the imported layer-info + profile pair, for the GPU it was built on."""
+    if profile is None:
+        return
+    st.markdown("**Calibrate the estimator for this GPU**")
+    c = st.columns([2, 1])
+    gpu = c[0].selectbox("GPU the engine was built on", list(GPUS), index=list(GPUS).index(gpu_key()),
+                         key="calib_gpu", format_func=lambda k: GPUS[k].name)
+    have = load_gpu_calibration(p.ws, gpu)
+    if have is not None:
+        st.caption(f"Stored for the {ui.md(GPUS[gpu].name)}: {ui.md(have.label())}.")
+    c[1].write("")
+    if not c[1].button("Calibrate the estimator for this GPU", key="calibrate_gpu", icon=":material/tune:"):
+        return
+    try:
+        with st.spinner("Fitting the cost model on your engine…"):
+            params = calibrate((graph, profile), gpu)
+            save_gpu_calibration(p.ws, gpu, params)
+    except (MixprecError, OSError) as e:
+        st.error(ui.md(e))
+        return
+    st.success(f"Estimates on the {ui.md(GPUS[gpu].name)} now use your calibration: {ui.md(params.label())}.",
+               icon=":material/check:")
