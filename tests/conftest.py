@@ -8,6 +8,13 @@ import pytest
 
 
 @pytest.fixture(autouse=True)
+def _estimates_in_the_page_run(monkeypatch):
+    """AppTest does not run timed fragments: let its page runs wait for a new TensorRT estimate
+    instead of drawing "estimating…" (the browser tests' servers keep the short default and poll)."""
+    monkeypatch.setenv("MIXPREC_ESTIMATE_WAIT", "120")
+
+
+@pytest.fixture(autouse=True)
 def _keep_main_module():
     """Streamlit's AppTest leaves the script it ran (app.py) as ``sys.modules['__main__']``;
     multiprocessing's spawn would then run app.py in every worker of a later test. Restore it."""

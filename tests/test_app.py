@@ -104,7 +104,7 @@ def test_sensitivity_rank_job_and_stored_result(ws):
     at.radio(key="rank_metric").set_value("snr_db").run()
     ok(at)
     again = ok(page("sensitivity"))  # a new session: the stored ranking, no recomputation
-    assert [b.key for b in again.button] == ["run_isolated"] and len(JobManager.for_workspace(ws).jobs()) == 1
+    assert [b.key for b in again.main.button] == ["run_isolated"] and len(JobManager.for_workspace(ws).jobs()) == 1
 
 
 def test_isolated_ranking_next_to_cumulative(ws):
@@ -116,7 +116,7 @@ def test_isolated_ranking_next_to_cumulative(ws):
     at.run()
     ok(at)
     charts = at.get("plotly_chart")
-    assert len(charts) == 2 and len(at.dataframe) == 2 and not at.button
+    assert len(charts) == 2 and len(at.dataframe) == 2 and not at.main.button  # the sidebar keeps "New project"
     both = at.dataframe[1].value
     assert list(both.columns[:5]) == ["name", "op_type", "macs", "isolated_rank", "isolated_delta"]
     assert both["isolated_rank"].tolist() == list(range(1, 9)) and sorted(both["cumulative_rank"]) == list(range(1, 9))
@@ -126,7 +126,7 @@ def test_isolated_ranking_next_to_cumulative(ws):
     ok(at)
     assert at.button(key="run_isolated").label.startswith("Leave-one-out")
     again = ok(page("sensitivity", model="sample:tiny-transformer"))  # stored: nothing to recompute
-    assert not again.button and len(again.get("plotly_chart")) == 2
+    assert not again.main.button and len(again.get("plotly_chart")) == 2
 
 
 def policy_key(ws, model: str) -> str:

@@ -43,7 +43,7 @@ def server(tmp_path_factory):
     """A fresh dashboard per test on a free localhost port with its own workspace; yields (url, workspace)."""
     ws = tmp_path_factory.mktemp("e2e-ws")
     port = _free_port()
-    env = {**os.environ, "MIXPREC_WORKSPACE": str(ws)}
+    env = {**os.environ, "MIXPREC_WORKSPACE": str(ws), "MIXPREC_ESTIMATE_WAIT": "0.25"}
     log = open(ws / "streamlit.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),

@@ -197,3 +197,23 @@ def test_a_job_records_the_notes_of_its_child(ws, mgr):
                                                       backend="onnxruntime")).id, 120)
     assert again.status == "done", again.error
     assert any("cached calibration" in n and "computed again" in n for n in again.notes), again.notes
+
+
+def test_children_are_niced_from_spawn():
+    """Issue 13 §10: the supervisor lowers a child's priority right after spawning it (its imports
+    run niced too), and never raises it."""
+    import os
+    import subprocess as sp
+    import sys
+
+    from core.jobs.manager import CHILD_NICENESS, lower_priority
+
+    child = sp.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        lower_priority(child.pid)
+        assert os.getpriority(os.PRIO_PROCESS, child.pid) == CHILD_NICENESS >= 10
+        lower_priority(child.pid)  # idempotent: not cumulative like os.nice
+        assert os.getpriority(os.PRIO_PROCESS, child.pid) == CHILD_NICENESS
+    finally:
+        child.kill()
+        child.wait()

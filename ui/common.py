@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -302,19 +303,44 @@ def _stored(load, *args):
         return None
 
 
+def _stamp(path: Path) -> tuple[int, int] | None:
+    """(mtime_ns, size) of a file, or None if it is missing: results are written atomically (rename),
+    so a new document always has a new stamp."""
+    try:
+        st_ = path.stat()
+    except OSError:
+        return None
+    return st_.st_mtime_ns, st_.st_size
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _load_cached(kind: str, path: str, stamp, model_sha256: str, calib_sha256: str, _p: Project, *args):
+    """A stored result read once per file version (``stamp``) and model/data sha256, not per page run."""
+    load = {"ranking": store.load_ranking, "sensitivity": store.load_sensitivity, "search": store.load_search}[kind]
+    return load(_p.ws, _p, *args)
+
+
+def _stored_file(kind: str, path: Path, p: Project, *args):
+    stamp = _stamp(path)
+    if stamp is None:
+        return None
+    return _stored(_load_cached, kind, str(path), stamp, p.model.sha256, p.calib_data.sha256, p, *args)
+
+
 def ranking(p: Project, method: str = "minmax"):
     """The stored cumulative ``Ranking`` of this model, data and method, or None."""
-    return _stored(store.load_ranking, p.ws, p, method)
+    return _stored_file("ranking", store.ranking_path(p.ws, store.project_ranking_key(p, method)), p, method)
 
 
 def sensitivity(p: Project, method: str = "minmax", mode: str = "isolated"):
     """The stored isolated / leave-one-out ``Sensitivity``, or None."""
-    return _stored(store.load_sensitivity, p.ws, p, method, mode)
+    path = store.ranking_path(p.ws, store.project_ranking_key(p, method, mode))
+    return _stored_file("sensitivity", path, p, method, mode)
 
 
 def search_result(p: Project, budget: str, smooth: bool):
     """The stored ``SearchResult`` of this budget and smoothing, or None."""
-    return _stored(store.load_search, p.ws, p, budget, smooth)
+    return _stored_file("search", store.search_path(p.ws, p, budget, smooth), p, budget, smooth)
 
 
 # --- the session's policy: the project's draft of this model and data, with undo/redo ----------
@@ -451,7 +477,7 @@ def submit(kind: str, params: dict, label: str) -> Job | None:
 def job_button(kind: str, params: dict, label: str, button: str, key: str, stored: bool, missing: str) -> None:
     """The job behind a stored result: its live row while it runs; else, if the result is not
     ``stored`` yet, ``missing``, the last failure and a button that starts it."""
-    mine = [j for j in manager().jobs(kind=kind) if all(j.params.get(k) == v for k, v in params.items())]
+    mine = [j for j in jobs(kind=kind) if all(j.params.get(k) == v for k, v in params.items())]
     if any(j.active for j in mine):
         job_panel(kind=kind, only=[j.id for j in mine], limit=1)
     elif not stored:
@@ -507,21 +533,69 @@ def _cancel_button(where, job: Job) -> None:
         st.error(st.session_state.pop("cancel_error"))
 
 
-@st.fragment(run_every=1.0)
-def job_panel(kind: str | None = None, only: list[str] | None = None, limit: int = 10) -> None:
-    """Live job list; reruns the whole page once a job this session saw running has ended."""
-    jobs = manager().jobs(kind=kind)
+JOBS_REREAD_SECONDS = 3.0
+
+
+def _dir_stamp(folder: Path) -> int:
+    try:
+        return folder.stat().st_mtime_ns
+    except OSError:
+        return 0
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _job_list(root: str, stamp: int, tick: int) -> list[Job]:
+    return manager().jobs()
+
+
+def jobs(kind: str | None = None, limit: int | None = None) -> list[Job]:
+    """The job records, newest first, read once per change of the jobs folder (every record write
+    is an atomic rename, which changes the folder's mtime) instead of once per page run and poll:
+    eight polling sessions read them once a change, not eight times a second."""
+    mgr = manager()
+    tick = int(time.monotonic() // JOBS_REREAD_SECONDS)  # bounds staleness if two writes share an mtime tick
+    out = [j for j in _job_list(str(mgr.dir), _dir_stamp(mgr.dir), tick) if kind is None or j.kind == kind]
+    return out[:limit] if limit else out
+
+
+ACTIVE_POLL_SECONDS = 1.0  # a job list with a queued/running job
+IDLE_POLL_SECONDS = 5.0  # a job list without one: only new jobs of other sessions can appear
+
+
+def _panel(kind: str | None, only: list[str] | None, limit: int) -> None:
+    """Draw the job list. Reruns the whole page (not only the
+    fragment) once a job *this session submitted* and saw running has ended, so its results show;
+    other sessions' jobs ending rerun nothing but the fragment: no rerun storms."""
+    shown = jobs(kind=kind)
     if only is not None:
-        jobs = [j for j in jobs if j.id in only]
-    jobs = jobs[:limit]
+        shown = [j for j in shown if j.id in only]
+    shown = shown[:limit]
     seen = st.session_state.setdefault("active_seen", set())
-    mine = set(st.session_state.get("my_jobs", []))  # only this session's jobs rerun its page: no rerun storms
-    ended = [j.id for j in jobs if not j.active and j.id in seen]
-    seen.update(j.id for j in jobs if j.active and j.id in mine)
-    if not jobs:
+    mine = set(st.session_state.get("my_jobs", []))
+    ended = [j.id for j in shown if not j.active and j.id in seen]
+    seen.update(j.id for j in shown if j.active and j.id in mine)
+    if not shown:
         st.caption("No jobs yet.")
-    for job in jobs:
+    for job in shown:
         job_row(job)
     if ended:
         seen.difference_update(ended)
         st.rerun(scope="app")
+
+
+@st.fragment(run_every=ACTIVE_POLL_SECONDS)
+def _job_panel_fast(kind: str | None, only: list[str] | None, limit: int) -> None:
+    _panel(kind, only, limit)
+
+
+@st.fragment(run_every=IDLE_POLL_SECONDS)
+def _job_panel_slow(kind: str | None, only: list[str] | None, limit: int) -> None:
+    _panel(kind, only, limit)
+
+
+def job_panel(kind: str | None = None, only: list[str] | None = None, limit: int = 10) -> None:
+    """Live job list: polls every second if it showed a queued/running job when the page ran, every
+    5 s otherwise (a page run, e.g. after this session's Rebuild or once its job ended, picks again;
+    switching never reruns the page by itself)."""
+    shown = [j for j in jobs(kind=kind) if only is None or j.id in only][:limit]
+    (_job_panel_fast if any(j.active for j in shown) else _job_panel_slow)(kind, only, limit)

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as NotReady
 
 import streamlit as st
 
@@ -70,17 +73,38 @@ def _tag(params: CostParams) -> str:
     return hashlib.sha256(json.dumps(params.to_json(), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+@st.cache_resource(show_spinner=False)
+def _pool() -> ThreadPoolExecutor:
+    """One worker thread per server for estimates: pure core code (never ``st.*``), off the page run."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="mixprec-estimate")
+
+
 @st.cache_resource(max_entries=64, show_spinner=False)
 def _predicted(model_sha: str, policy_sha: str, shapes: str, gpu: str, params_tag: str,
-               _p: Project, _pol: Policy, _params: CostParams) -> Prediction:
-    return predict(_p.model, _pol, _p.input_shapes, gpu, _params)
+               _p: Project, _pol: Policy, _params: CostParams) -> Future:
+    return _pool().submit(predict, _p.model, _pol, _p.input_shapes, gpu, _params)
 
 
-def estimate(p: Project, pol: Policy, gpu: str) -> Prediction:
-    """The (cached) prediction of ``pol`` on ``gpu``; raises MixprecError."""
+def _wait() -> float:
+    """How long a page run waits for a new estimate before drawing "estimating…" and polling for it
+    (``MIXPREC_ESTIMATE_WAIT`` seconds; AppTests set it long, since their fragments do not poll)."""
+    try:
+        return max(0.0, float(os.environ.get("MIXPREC_ESTIMATE_WAIT", "0.25")))
+    except ValueError:
+        return 0.25
+
+
+def pending(p: Project, pol: Policy, gpu: str) -> Future:
+    """The (cached) prediction of ``pol`` on ``gpu`` as a future, computed in the background."""
     params = params_for(p, gpu)
     shapes = json.dumps({k: list(v) for k, v in p.input_shapes.items()}, sort_keys=True)
     return _predicted(p.model.sha256, pol.sha256, shapes, gpu, _tag(params), p, pol, params)
+
+
+def estimate(p: Project, pol: Policy, gpu: str, timeout: float | None = None) -> Prediction:
+    """The prediction of ``pol`` on ``gpu`` (waits up to ``timeout`` s, None: until done); raises
+    MixprecError, or TimeoutError when it is not ready in time."""
+    return pending(p, pol, gpu).result(timeout=timeout)
 
 
 def quiet_estimate(p: Project, pol: Policy) -> Prediction | None:
@@ -121,12 +145,29 @@ def section(p: Project, pol: Policy) -> Prediction | None:
     gpu = gpu_picker(c[0])
     if not _on_demand(p):
         return None
+    fut = pending(p, pol, gpu)
     try:
-        with st.spinner("Estimating the TensorRT engine…"):
-            r = estimate(p, pol, gpu)
+        r = fut.result(timeout=_wait())
+    except NotReady:
+        _poll(fut)
+        return None
     except Exception as e:  # noqa: BLE001 - an estimate that fails must not break the page
         st.warning(f"No estimate for this policy: {ui.md(e)}", icon=":material/warning:")
         return None
+    _show(r, c)
+    return r
+
+
+@st.fragment(run_every=0.5)
+def _poll(fut: Future) -> None:
+    """While the estimate of a new policy is computed in the background: a note, then the page again."""
+    if not fut.done():
+        st.caption("Estimating the TensorRT engine for this policy… (the page stays usable)")
+        return
+    st.rerun(scope="app")
+
+
+def _show(r: Prediction, c) -> None:
     c[1].metric("Estimated TensorRT time", ms_text(r.total_ms), "estimate", delta_color="off", delta_arrow="off",
                 help=f"{_label(r)}")
     c[2].metric("Predicted reformats", f"{r.reformat_count}", f"{r.reformat_pct:.1f}% of the estimated time",
@@ -135,7 +176,6 @@ def section(p: Project, pol: Policy) -> Prediction | None:
     st.caption(_label(r))
     if st.toggle(f"Show the estimated time per engine layer ({len(r.layers)} predicted layers)", key=CHART_ON):
         st.plotly_chart(plot_estimate_layers(r.layers, r.gpu_name, r.basis_detail), key="estimate_chart")
-    return r
 
 
 # --- beside a run's measured latency (Build and results) -------------------------------------------
@@ -144,7 +184,10 @@ def beside_run(p: Project, run_id: str, measured_ms: str, source: str) -> None:
     if len(p.model.proto.graph.node) > LIVE_NODES:
         return
     try:
-        r = estimate(p, run_policy(p, run_dir(p.ws, run_id)), gpu_key())
+        r = estimate(p, run_policy(p, run_dir(p.ws, run_id)), gpu_key(), timeout=_wait())
+    except NotReady:
+        st.caption("The TensorRT estimate of this run is being computed; it shows on the next refresh.")
+        return
     except Exception as e:  # noqa: BLE001 - an estimate that fails must not break the page
         st.caption(f"No TensorRT estimate for this run: {ui.md(e)}")
         return

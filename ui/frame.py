@@ -73,7 +73,7 @@ def sidebar() -> None:
         st.button("New project", key="new_project", on_click=_new_project,
                   help="Start again from the default model and policy. This project stays saved: its URL brings it "
                        "back.")
-        active = [j for j in ui.manager().jobs(limit=50) if j.active]
+        active = [j for j in ui.jobs(limit=50) if j.active]
         st.caption(f"{len(active)} job(s) queued or running" if active else "No job running")
         st.caption(f"Workspace: {ui.code(ui.workspace().root)}")
         st.caption(f"Backend (auto): {ui.auto_backend()}")

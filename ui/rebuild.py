@@ -2,6 +2,8 @@
 the Rebuild button and this session's builds."""
 from __future__ import annotations
 
+import time
+
 import streamlit as st
 
 from core.backends import BACKENDS
@@ -33,8 +35,23 @@ def section(p: Project, pol: Policy, counts: dict) -> None:
         ui.job_panel(kind="build", only=mine, limit=3)
 
 
+@st.cache_data(show_spinner=False, max_entries=32)
+def _last_built(model_sha256: str, calib_sha256: str, runs_stamp: tuple, _p: Project) -> Policy | None:
+    """The newest run's policy, read once per model sha256 and change of the runs folder (a run is
+    published by renaming its folder in), not at every page run."""
+    return last_built_policy(_p)
+
+
+def _runs_stamp(p: Project) -> tuple:
+    try:
+        s = p.ws.runs.stat()
+    except OSError:
+        return ()
+    return s.st_mtime_ns, s.st_nlink, int(time.monotonic() // 5)  # the tick bounds staleness within one mtime tick
+
+
 def _diff(p: Project, pol: Policy) -> None:
-    built = last_built_policy(p)
+    built = _last_built(p.model.sha256, p.calib_data.sha256, _runs_stamp(p), p)
     diff = policy_diff(built, pol, p.layers)
     title = (f"Diff against the last built policy: {len(diff)} layer(s) differ" if built
              else "Diff against the last built policy: nothing built yet")
