@@ -8,7 +8,7 @@ import contextlib
 import json
 import re
 import sys
-import tempfile
+import threading
 import time
 import zipfile
 from dataclasses import dataclass, field, replace
@@ -81,7 +81,34 @@ class _Reader:
         self.i = 0
 
 
-def _make_calibrator(src: Path, augmented: Path, method: str, options: dict, tensors: set[str]):
+_ORT_LOADER_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _graph_only_loading(ortc):
+    """ORT's calibrators load the model with ``onnx.load``, weights and all: for a model whose weights
+    stay external (``core.external``) a second copy of them. While one is made, it loads the graph
+    only; the augmented model it writes keeps the references, and its session maps the data files."""
+    from onnxruntime.quantization.quant_utils import add_infer_metadata
+
+    def load(model_path):
+        inferred = Path(model_path).with_name(Path(model_path).stem + "-inferred.onnx")
+        onnx.shape_inference.infer_shapes_path(str(model_path), str(inferred))
+        m = onnx.load(str(inferred), load_external_data=False)
+        add_infer_metadata(m)
+        inferred.unlink()
+        return m
+
+    with _ORT_LOADER_LOCK:
+        saved, ortc.load_model_with_shape_infer = ortc.load_model_with_shape_infer, load
+        try:
+            yield
+        finally:
+            ortc.load_model_with_shape_infer = saved
+
+
+def _make_calibrator(src: Path, augmented: Path, method: str, options: dict, tensors: set[str],
+                     external: bool = False):
     """ORT's calibrator for ``method`` (what ``create_calibrator`` builds), collecting the tensors ORT
     selects for the MAC ops (their inputs and outputs) plus ``tensors``: the inputs and outputs of
     the placement Adds, pooling and Concats. Selecting every Add by op type would calibrate each bias
@@ -99,7 +126,8 @@ def _make_calibrator(src: Path, augmented: Path, method: str, options: dict, ten
                     and value_infos[t].type.tensor_type.elem_type in floats}
             return selected | more, value_infos
 
-    cal = _Selecting(src, list(INT8_ELIGIBLE), augmented_model_path=str(augmented), **options)
+    with _graph_only_loading(ortc) if external else contextlib.nullcontext():
+        cal = _Selecting(src, list(INT8_ELIGIBLE), augmented_model_path=str(augmented), **options)
     cal.augment_graph()
     cal.execution_providers = ["CPUExecutionProvider"]
     cal.create_inference_session()
@@ -113,11 +141,10 @@ def _run_calibrator(model: LoadedModel, ds: Dataset, method: str, percentile: fl
     if method == "percentile":
         extra["percentile"] = float(percentile)
     # ORT's calibrators print progress on stdout; keep stdout clean for --json.
-    with tempfile.TemporaryDirectory(prefix="mixprec-calib-") as tmp, contextlib.redirect_stdout(sys.stderr):
-        src = Path(tmp) / "model.onnx"
-        src.write_bytes(model.serialized())
+    with model.scratch("mixprec-calib-") as tmp, contextlib.redirect_stdout(sys.stderr):
+        src = model.save(Path(tmp) / "model.onnx")  # external weights: the graph beside links of the data
         cal = _make_calibrator(src, Path(tmp) / "augmented.onnx", method, extra,
-                               placement_tensors(model.proto, model.tensor_types()))
+                               placement_tensors(model.proto, model.tensor_types()), model.external)
         try:
             cal.collect_data(_Reader(ds, progress, fixed_batch(model) or 1))
             data = cal.compute_data()
@@ -242,12 +269,14 @@ def channel_amax(model: LoadedModel, ds: Dataset, tensors: list[str], ws: Worksp
     m.graph.output.extend(helper.make_empty_tensor_value_info(t) for t in tensors if t not in known)
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
     amax = {t: None for t in tensors}
-    for feed in ds.batches(fixed_batch(model) or 1):
-        for t, v in zip(tensors, sess.run(tensors, feed)):
-            cur = np.abs(v).reshape(-1, v.shape[-1]).max(axis=0)
-            amax[t] = cur if amax[t] is None else np.maximum(amax[t], cur)
+    with model.scratch("mixprec-channels-") as tmp:  # a session from a file (external weights: links)
+        sess = ort.InferenceSession(str(model.save(Path(tmp) / "model.onnx", m)), so, providers=["CPUExecutionProvider"])
+        for feed in ds.batches(fixed_batch(model) or 1):
+            for t, v in zip(tensors, sess.run(tensors, feed)):
+                cur = np.abs(v).reshape(-1, v.shape[-1]).max(axis=0)
+                amax[t] = cur if amax[t] is None else np.maximum(amax[t], cur)
+        del sess
     atomic_save_npz(path, {f"t{i}": amax[t].astype(np.float32) for i, t in enumerate(tensors)})
     return {t: amax[t].astype(np.float32) for t in tensors}
 

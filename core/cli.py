@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from .backends import BACKENDS
+from .distributed import RAY_ENV
 from .errors import MixprecError
 from .estimate import command as estimate_command
 from .estimate.gpus import FIXTURE_GPU, GPUS
@@ -27,7 +28,7 @@ from .search import SearchConfig, search
 from .shapes import parse_shape, shape_text
 from .sensitivity import MODES, RANK_METRICS, rank_layers, sensitivity
 from .store import cached_ranking, load_gpu_calibration
-from .workspace import atomic_write_text, default_root, is_space_error, space_error, take_notes
+from .workspace import atomic_write_text, default_root, human_bytes, is_space_error, space_error, take_notes
 
 
 class Progress:
@@ -177,13 +178,18 @@ def cmd_inspect(args):
 def cmd_rank(args):
     bar = Progress("rank")
     p = _project(args, bar)
-    r = rank_layers(p, method=args.calibration, metric=args.metric, max_samples=args.samples, progress=bar)
+    r = rank_layers(p, method=args.calibration, metric=args.metric, max_samples=args.samples, progress=bar,
+                    max_memory=args.max_memory)
     bar.done()
     table = r.table
     doc = {"metric": r.metric, "samples": r.samples, "seconds": r.seconds,
-           "calibration_cache_hit": r.calibration_cache_hit, "layers": table.to_dict(orient="records")}
+           "calibration_cache_hit": r.calibration_cache_hit, "layers": table.to_dict(orient="records"),
+           "memory": {"peak_bytes": r.peak_bytes, "added_bytes": r.added_bytes, "budget_bytes": r.budget_bytes,
+                      "chunks": r.chunks}}
     shown = table[table.eligible] if not args.all else table
-    _emit(args, doc, shown.head(args.top).to_string(index=False))
+    _emit(args, doc, shown.head(args.top).to_string(index=False) + f"\ncompared in {r.chunks} chunk(s) under a "
+          f"{human_bytes(r.budget_bytes)} budget; peak memory {human_bytes(r.peak_bytes)} "
+          f"(+{human_bytes(r.added_bytes)} for the ranking)")
 
 
 def _on_generated(run) -> str:
@@ -233,14 +239,34 @@ def cmd_sample(args):
 def cmd_sensitivity(args):
     bar = Progress("sensitivity")
     p = _project(args, bar)
-    r = sensitivity(p, args.mode, args.calibration, workers=args.workers, progress=bar)
+    r = sensitivity(p, args.mode, args.calibration, workers=args.workers, progress=bar, ray=args.ray)
     bar.done()
     doc = {"mode": r.mode, "method": r.method, "seconds": r.seconds, "cache_hit": r.cache_hit,
-           "baseline_cosine": r.baseline.cosine_mean, "layers": r.table.to_dict(orient="records")}
+           "trials_on": r.trials_on, "baseline_cosine": r.baseline.cosine_mean,
+           "layers": r.table.to_dict(orient="records")}
     what = "quality drop with only this layer INT8" if r.mode == "isolated" else \
         "quality gain when only this layer leaves INT8"
     _emit(args, doc, f"{r.mode} sensitivity ({what}; cosine_mean delta), {r.seconds:.1f} s"
-                     f"{' (cached)' if r.cache_hit else ''}\n" + r.table.head(args.top).to_string(index=False))
+                     f"{' (cached)' if r.cache_hit else ''}{f' on {r.trials_on}' if r.trials_on else ''}\n"
+                     + r.table.head(args.top).to_string(index=False))
+
+
+def _rank_args(sp):
+    sp.add_argument("--calibration", default="minmax", choices=CALIB_METHODS)
+    sp.add_argument("--metric", default="cos_drop", choices=RANK_METRICS)
+    sp.add_argument("--samples", type=int, default=16, help="evaluation samples to compare (default 16)")
+    sp.add_argument("--top", type=int, default=20)
+    sp.add_argument("--all", action="store_true", help="show all layers, not only INT8-eligible ones")
+    sp.add_argument("--max-memory", metavar="SIZE", help="memory the layer-wise comparison may use, e.g. 4G, 512M "
+                    "or 40%% (default: half of the memory budget, 80%% of free RAM); outputs are compared in chunks")
+
+
+def _trial_args(sp):
+    sp.add_argument("--workers", type=int, default=2,
+                    help="parallel worker processes (default 2; with --ray local: the Ray instance's CPUs)")
+    sp.add_argument("--ray", metavar="ADDRESS", default=None,
+                    help="run the trials as Ray tasks on the cluster at ADDRESS (auto, HOST:6379, ray://HOST:10001, "
+                         f"or local); default ${RAY_ENV}, else local worker processes")
 
 
 def _warn_arg(sp):
@@ -264,7 +290,8 @@ def _trt_args(sp):
 def cmd_search(args):
     bar = Progress("search")
     p = _project(args, bar)
-    config = SearchConfig(budget=args.budget, workers=args.workers, smooth=args.smooth, backend=args.backend,
+    config = SearchConfig(budget=args.budget, workers=args.workers, ray=args.ray, smooth=args.smooth,
+                          backend=args.backend,
                           trt_options=trt_options(args), warn_below=args.warn_below, gpu=args.gpu,
                           cost_params=load_gpu_calibration(p.ws, args.gpu))
     r = search(p, config, progress=bar)
@@ -322,12 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
         return sp
 
     add("inspect", cmd_inspect, "model summary and layer inventory")
-    sp = add("rank", cmd_rank, "Polygraphy layer-wise FP32-vs-INT8 ranking")
-    sp.add_argument("--calibration", default="minmax", choices=CALIB_METHODS)
-    sp.add_argument("--metric", default="cos_drop", choices=RANK_METRICS)
-    sp.add_argument("--samples", type=int, default=16, help="evaluation samples to compare (default 16)")
-    sp.add_argument("--top", type=int, default=20)
-    sp.add_argument("--all", action="store_true", help="show all layers, not only INT8-eligible ones")
+    _rank_args(add("rank", cmd_rank, "Polygraphy layer-wise FP32-vs-INT8 ranking"))
     sp = add("build", cmd_build, "build a policy and measure latency, reformat overhead and quality")
     sp.add_argument("--policy", help="policy JSON (default: the default policy)")
     sp.add_argument("--backend", default="auto", choices=BACKENDS)
@@ -350,11 +372,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("sensitivity", cmd_sensitivity, "isolated or leave-one-out per-layer INT8 sensitivity")
     sp.add_argument("--mode", default="isolated", choices=MODES)
     sp.add_argument("--calibration", default="minmax", choices=CALIB_METHODS)
-    sp.add_argument("--workers", type=int, default=2, help="parallel worker processes (default 2)")
+    _trial_args(sp)
     sp.add_argument("--top", type=int, default=20)
     sp = add("search", cmd_search, "search the policy with the most INT8 benefit that meets a quality budget")
     sp.add_argument("--budget", required=True, help="e.g. 'cosine_mean>=0.99', 'snr_db>=30', 'top1_drop<=0.5%%'")
-    sp.add_argument("--workers", type=int, default=2, help="parallel worker processes (default 2)")
+    _trial_args(sp)
     sp.add_argument("--out", help="where to write the policy JSON (default: workspace/policies/)")
     sp.add_argument("--smooth", action="store_true",
                     help="also try SmoothQuant-style smoothing (alpha 0.75) of every MatMul with weights (kept only if it pays)")

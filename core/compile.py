@@ -33,6 +33,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -40,11 +41,13 @@ import onnx_graphsurgeon as gs
 
 from .calibration import CalibrationResult
 from .errors import MixprecError
+from .external import ExternalWeights, Spill, attach, check_graph, dtype_of, save_compiled, values_of
 from .inventory import CONTROL_FLOW, NON_COMPUTE
 from .model import LoadedModel
 from .placement import PLACEMENT_OPS, PlacementGraph, fused_input
 from .policy import Policy
 from .trt_rules import assert_trt_rules
+from .workspace import atomic_write_bytes
 
 TARGETS = ("ort", "trt")
 FLOAT_DTYPES = (np.float32, np.float16, np.float64)
@@ -63,17 +66,34 @@ class CompiledModel:
     target: str
     op_counts: dict[str, int]
     switch_inputs: dict[str, str] = field(default_factory=dict)  # layer -> boolean input (switchable models)
+    # a model with external weights (core.external): where its data files are, and the new weights' file
+    weights: ExternalWeights | None = None
+    spill: Spill | None = field(default=None, repr=False)
 
     @property
     def conversion_nodes(self) -> int:
         return sum(self.op_counts.get(op, 0) for op in CONVERSION_OPS)
 
     def serialized(self) -> bytes:
+        if self.weights is not None:
+            raise MixprecError("this compiled model keeps its weights as external data: it has no single-file form",
+                               "write it with CompiledModel.save(path)")
         return self.proto.SerializeToString()
+
+    def save(self, path, proto: onnx.ModelProto | None = None, copy: bool = False) -> Path:
+        """Write the model (or ``proto``, a variant of it, e.g. with more outputs) at ``path``; with
+        external weights, its new (quantized, float16) weights go to its own data file ``<name>.data``
+        beside it, and the original model's data files beside it too (links of the workspace's copies;
+        with ``copy``, real copies: an export). Keep this object while a saved file is used: its new
+        weights' temp file goes with it (saved files keep their own link)."""
+        proto = self.proto if proto is None else proto
+        if self.weights is None:
+            return atomic_write_bytes(path, proto.SerializeToString())
+        return save_compiled(proto, Path(path), self.weights, self.spill, copy)
 
 
 def _is_float(t) -> bool:
-    dt = t.values.dtype if isinstance(t, gs.Constant) else t.dtype
+    dt = dtype_of(t) if isinstance(t, gs.Constant) else t.dtype  # an external weight is not read for it
     try:
         return dt is not None and np.dtype(dt) in [np.dtype(d) for d in FLOAT_DTYPES]
     except TypeError:
@@ -140,6 +160,10 @@ class _Compiler:
             raise MixprecError(f"unknown compile target {target!r}", f"use one of {', '.join(TARGETS)}")
         self.model, self.policy, self.calib, self.target = model, policy, calib, target
         self.graph = gs.import_onnx(model.proto)
+        # external weights are read one at a time (core.external); new weights go to a data file as made
+        self.spill = None if model.weights is None else Spill(model.weights.folder / "tmp")
+        if self.spill is not None:
+            attach(self.graph, model.weights)
         self.opset = model.opset
         self.versions: dict[tuple[str, str], gs.Variable] = {}  # (tensor, "fp16"/"fp32"/"r16") -> variable
         self.is16: set[str] = set()  # typed: tensors that are float16 now
@@ -157,6 +181,10 @@ class _Compiler:
         self.fused = {n.name: fused_input(n, g) for n in g.nodes if n.op_type == "Add"}
 
     # --- helpers ------------------------------------------------------------------------
+    def _constant(self, name: str, values: np.ndarray) -> gs.Constant:
+        """A new weight (in the compiled model's own data file when the weights are external)."""
+        return gs.Constant(name, values) if self.spill is None else self.spill.constant(name, values)
+
     def _node(self, op, inputs, name, attrs=None, dtype=np.float32, shape=None):
         out = gs.Variable(f"{name}_output", dtype=dtype, shape=shape)
         self.new_nodes.append(gs.Node(op=op, name=name, inputs=inputs, outputs=[out], attrs=attrs or {}))
@@ -187,8 +215,8 @@ class _Compiler:
         if isinstance(var, gs.Constant):
             key = (var.name, "fp16" if typed else "r16")
             if key not in self.const_copies:
-                vals = var.values.astype(np.float16)
-                self.const_copies[key] = gs.Constant(f"{var.name}__{key[1]}", vals if typed else vals.astype(np.float32))
+                vals = values_of(var).astype(np.float16)
+                self.const_copies[key] = self._constant(f"{var.name}__{key[1]}", vals if typed else vals.astype(np.float32))
             return self.const_copies[key]
         if typed:
             return var if var.name in self.is16 else self._cast(var, np.float16, "fp16")
@@ -267,7 +295,7 @@ class _Compiler:
         x'·W' == x·W in exact arithmetic; the Mul runs before the activation's Q/DQ."""
         alpha = self.smoothing.get(node.name)
         w = node.inputs[1] if len(node.inputs) > 1 else None
-        if alpha is None or node.op != "MatMul" or not isinstance(w, gs.Constant) or w.values.ndim != 2:
+        if alpha is None or node.op != "MatMul" or not isinstance(w, gs.Constant) or len(w.shape) != 2:
             return
         x = node.inputs[0]
         src = self._original_name(x)
@@ -275,7 +303,7 @@ class _Compiler:
         if c is None:
             raise MixprecError(f"no per-channel statistics for {src!r} (input of smoothed layer {node.name})",
                                "calibrate with core.calibration.calibrate_policy, which collects them for smoothed layers")
-        wv = w.values.astype(np.float32)
+        wv = values_of(w).astype(np.float32)
         s = np.clip(np.maximum(c, 1e-5) ** alpha / np.maximum(np.abs(wv).max(axis=1), 1e-5) ** (1 - alpha),
                     1e-4, 1e4).astype(np.float32)
         xs = self._node("Mul", [x, gs.Constant(f"{node.name}/smooth_inv_scale", (1.0 / s).astype(np.float32))],
@@ -283,7 +311,7 @@ class _Compiler:
         self.amax_override[xs.name] = float(np.max(c / s))
         node.inputs[0] = xs
         # per layer: layers sharing one weight (tied weights) smooth it by their own s
-        node.inputs[1] = gs.Constant(f"{node.name}/{w.name}__smoothed", wv * s[:, None])
+        node.inputs[1] = self._constant(f"{node.name}/{w.name}__smoothed", wv * s[:, None])
 
     def _as_int8_placement(self, node):
         """An INT8 Add / pooling / Concat, placed as TensorRT fuses it (module docstring): the
@@ -347,8 +375,10 @@ class _Compiler:
     def _quantize_input(self, node, i, t, u8, w_idx):
         """The dequantized replacement of input ``i`` (None if it is not a float tensor)."""
         if isinstance(t, gs.Constant):
-            axis = _weight_axis(node, t.values) if i == w_idx else None
-            q, scale = _weight_quant(t.values, axis)
+            w = values_of(t)
+            axis = _weight_axis(node, w) if i == w_idx else None
+            q, scale = _weight_quant(w, axis)
+            del w
             zp = np.zeros_like(scale, dtype=np.int8)
             attrs = {"axis": axis} if axis is not None else {}
             # one int8 copy per (weight, axis): a weight shared by layers that quantize it along
@@ -357,7 +387,7 @@ class _Compiler:
             if key not in self.int8_weights:
                 suffix = "" if not any(k[0] == t.name for k in self.int8_weights) else \
                     ("_per_tensor" if axis is None else f"_axis{axis}")
-                self.int8_weights[key] = gs.Constant(f"{t.name}__int8{suffix}", q)
+                self.int8_weights[key] = self._constant(f"{t.name}__int8{suffix}", q)
             return self._node(
                 "DequantizeLinear",
                 [self.int8_weights[key], gs.Constant(f"{node.name}/w{i}_scale", scale),
@@ -440,7 +470,10 @@ class _Compiler:
         del proto.graph.value_info[:]
         proto.doc_string = f"mixprec explicit-precision model (target={self.target}, policy sha256={self.policy.sha256})"
         try:
-            onnx.checker.check_model(proto)
+            if self.spill is None:
+                onnx.checker.check_model(proto)
+            else:  # external weights: the graph, its weights unread (core.external.check_graph)
+                check_graph(proto)
         except onnx.checker.ValidationError as e:
             first = str(e).splitlines()[0]
             node = re.search(r"Name: ?(\S+)", str(e))
@@ -451,7 +484,8 @@ class _Compiler:
         if self.target == "trt":  # what TensorRT gets must follow its explicit-quantization rules
             assert_trt_rules(proto, source_nodes={n.name for n in self.model.proto.graph.node})
         switch_inputs = {layer: v.name for layer, v in (self.switches or {}).items()}
-        return CompiledModel(proto, self.target, dict(Counter(n.op_type for n in proto.graph.node)), switch_inputs)
+        return CompiledModel(proto, self.target, dict(Counter(n.op_type for n in proto.graph.node)), switch_inputs,
+                             self.model.weights, self.spill)
 
 
 def compile_policy(model: LoadedModel, policy: Policy, calib: CalibrationResult | None = None,

@@ -7,10 +7,17 @@ model's folder and gives every node a stable unique name (input shapes: ``core.s
 A path is read only if it is a regular file of at most ``$MIXPREC_MAX_MODEL_BYTES`` (2 GiB,
 protobuf's limit), and, when ``$MIXPREC_MODEL_ROOT`` is set (a team server), only under it or the
 workspace (``core.workspace.read_user_file``): never a FIFO, a device or ``/proc``.
+
+A model whose external data is big (over 2 GB in all, or at least ``$MIXPREC_EXTERNAL_WEIGHTS_FROM``,
+1 GiB) keeps its weights in its data files (``core.external``): it is checked and its shapes inferred
+by path (``onnx.checker.check_model(path)``, ``onnx.shape_inference.infer_shapes_path``), its
+``proto`` is the graph only, and runtimes get files (:meth:`LoadedModel.save`). Smaller external data
+is read into the graph. Either way the hash covers the data files, streamed.
 """
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,13 +28,17 @@ from onnx import TensorProto, helper
 from onnx.external_data_helper import _get_all_tensors, load_external_data_for_model, uses_external_data
 
 from .errors import MixprecError
+from .external import (EXTERNAL_FROM, HASH_CACHE_FROM, ExternalWeights, Spill, check_graph, data_files, externalize,
+                       files_bytes, folder_lock, inline_small, model_sha256, rename_location, save_with_data,
+                       sweep_tmp)
 from .normalize import NormStep, default_opset, normalize_model
-from .samples import materialize_sample
-from .workspace import Workspace, check_confined, env_bytes, read_user_file, sha256_bytes
+from .samples import SAMPLES, materialize_sample
+from .workspace import Workspace, atomic_write_bytes, check_confined, env_bytes, read_user_file
 
 FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
 SAMPLE_PREFIX = "sample:"
 MAX_MODEL_BYTES = 2 << 30  # protobuf's limit for one file (bigger models keep their weights as external data)
+GRAPH_FILE, OWN_DATA = "mixprec.model.onnx", "mixprec.model.data"  # in external/<sha>/: the normalised graph, its data
 
 
 @dataclass(frozen=True)
@@ -52,9 +63,12 @@ class LoadedModel:
     """A validated model. ``proto`` is the *normalised* model (``core.normalize``: IR/opset upgraded,
     constant weights folded into initializers) with stable node names and inferred shapes; it is what
     compile, calibration and every ORT/TensorRT session use (through ``proto``/``serialized()``).
-    ``path`` is the user's file, shown to the user only: never hand it to a runtime. ``sha256`` and
-    ``size_bytes`` are of the user's original bytes (policies reference that hash);
-    ``normalization`` lists what was changed, ``original_opset`` the file's own opset."""
+    ``path`` is the user's file, shown to the user only: never hand it to a runtime. ``sha256`` is of
+    the user's original bytes and data files (policies reference that hash), ``size_bytes`` their
+    size on disk; ``normalization`` lists what was changed, ``original_opset`` the file's own opset.
+    ``weights``: set when the weights stay external (``core.external``): ``proto`` is then the
+    graph only, its big initializers reference data files (where: ``weights.sources``), and a
+    runtime gets a file written by :meth:`save` (``serialized()`` refuses)."""
 
     path: Path
     name: str
@@ -68,6 +82,12 @@ class LoadedModel:
     generated_names: list[str] = field(default_factory=list)
     normalization: list[NormStep] = field(default_factory=list)
     original_opset: int = 0
+    weights: ExternalWeights | None = None
+
+    @property
+    def external(self) -> bool:
+        """Whether the weights stay in external data files (``weights``)."""
+        return self.weights is not None
 
     @property
     def nodes(self):
@@ -88,7 +108,37 @@ class LoadedModel:
         return types
 
     def serialized(self) -> bytes:
+        if self.weights is not None:
+            raise MixprecError(f"{self.name} keeps its weights as external data: it has no single-file form",
+                               "write it with LoadedModel.save(path), which puts links of its data files beside it")
         return self.proto.SerializeToString()
+
+    def save(self, path: str | os.PathLike, proto: onnx.ModelProto | None = None, copy: bool = False) -> Path:
+        """Write the model (or ``proto``, a variant of its graph, e.g. with more outputs) at ``path`` for
+        a runtime: with external weights, the graph beside links of the data files it references (with
+        ``copy``, real copies: an export the user takes away)."""
+        proto = self.proto if proto is None else proto
+        if self.weights is None:
+            return atomic_write_bytes(path, proto.SerializeToString())
+        return save_with_data(proto, Path(path), self.weights, copy=copy)
+
+    def scratch(self, prefix: str = "mixprec-") -> tempfile.TemporaryDirectory:
+        """A temp folder for files made from the model; with external weights on the workspace's disk,
+        so that the data files are hard-linked there, not copied."""
+        where = None
+        if self.weights is not None:
+            where = self.weights.folder / "tmp"
+            where.mkdir(parents=True, exist_ok=True)
+        return tempfile.TemporaryDirectory(prefix=prefix, dir=where)
+
+    def runtime_path(self) -> Path | None:
+        """The normalised model as a file a runtime can open, in the workspace beside copies of its
+        data files (external weights only; else None)."""
+        if self.weights is None:
+            return None
+        for loc in data_files(self.proto):
+            self.weights.runtime_file(loc)
+        return self.weights.folder / GRAPH_FILE
 
 
 def _dtype_name(elem_type: int) -> str:
@@ -187,9 +237,16 @@ def resolve_sample(spec: str, ws: Workspace | None = None, progress=None):
     return materialize_sample(spec[len(SAMPLE_PREFIX):], ws or Workspace.default(), progress=progress)
 
 
-def _check(model: onnx.ModelProto, path: Path, when: str) -> None:
+def _check(model: onnx.ModelProto | Path, path: Path, when: str) -> None:
+    """onnx's checker on a model, on a file by path (its external data stays on disk), or on a graph
+    whose weights stay external without them (``core.external.check_graph``)."""
     try:
-        onnx.checker.check_model(model)
+        if isinstance(model, Path):
+            onnx.checker.check_model(str(model))
+        elif any(uses_external_data(t) for t in model.graph.initializer):
+            check_graph(model)
+        else:
+            onnx.checker.check_model(model)
     except onnx.checker.ValidationError as e:
         first = str(e).strip().splitlines()[0]
         raise MixprecError(
@@ -199,25 +256,30 @@ def _check(model: onnx.ModelProto, path: Path, when: str) -> None:
         ) from e
 
 
-def model_from_bytes(data: bytes, path: Path, name: str | None = None, sample: str | None = None) -> LoadedModel:
-    model = _parse(data, path)
-    _check_external_data(model, path.parent)  # before anything reads external data
-    if any(uses_external_data(t) for t in _get_all_tensors(model)):
-        load_external_data_for_model(model, str(path.parent))
-    _check(model, path, "")
-    original_opset = default_opset(model)
-    model, steps = normalize_model(model, path.parent, name=path.name)
-    if steps:
-        _check(model, path, " after normalisation (" + ", ".join(s.step for s in steps) + ")")
+def _inference_error(e: Exception, path: Path) -> MixprecError:
+    first = str(e).strip().splitlines()[0][:300]
+    return MixprecError(
+        f"shape inference fails on {path.name}: {first}",
+        "fix the offending node's shapes/types (onnx.shape_inference.infer_shapes(model, strict_mode=True) "
+        "reproduces it), or re-export the model",
+    )
+
+
+def _infer_path(graph: Path, path: Path) -> onnx.ModelProto:
+    """Shape inference by path (``infer_shapes_path``): the graph with its inferred shapes, its
+    external data unread."""
+    out = graph.with_name(f".inferred-{os.getpid()}-{graph.name}")
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+        onnx.shape_inference.infer_shapes_path(str(graph), str(out), strict_mode=True)
+        return onnx.load(str(out), load_external_data=False)
     except Exception as e:  # noqa: BLE001 - InferenceError and friends
-        first = str(e).strip().splitlines()[0][:300]
-        raise MixprecError(
-            f"shape inference fails on {path.name}: {first}",
-            "fix the offending node's shapes/types (onnx.shape_inference.infer_shapes(model, strict_mode=True) "
-            "reproduces it), or re-export the model",
-        ) from e
+        raise _inference_error(e, path) from e
+    finally:
+        out.unlink(missing_ok=True)
+
+
+def _finish(inferred: onnx.ModelProto, path: Path, name: str | None, sample: str | None, sha: str, size: int,
+            steps: list[NormStep], original_opset: int, weights: ExternalWeights | None = None) -> LoadedModel:
     generated = assign_stable_names(inferred)
     outputs = [_spec(o) for o in inferred.graph.output]
     if not any(o.is_float for o in outputs):
@@ -228,21 +290,67 @@ def model_from_bytes(data: bytes, path: Path, name: str | None = None, sample: s
         )
     init_names = {i.name for i in inferred.graph.initializer}
     inputs = [_spec(i) for i in inferred.graph.input if i.name not in init_names]
-    opset = default_opset(inferred)
-    return LoadedModel(
-        path=path,
-        name=name or (sample if sample else path.stem),
-        sha256=sha256_bytes(data),
-        proto=inferred,
-        inputs=inputs,
-        outputs=outputs,
-        opset=opset,
-        size_bytes=len(data),
-        sample=sample,
-        generated_names=generated,
-        normalization=steps,
-        original_opset=original_opset,
-    )
+    if weights is not None:  # the file runtimes open is exactly ``proto`` (names included)
+        atomic_write_bytes(weights.folder / GRAPH_FILE, inferred.SerializeToString())
+    return LoadedModel(path=path, name=name or (sample if sample else path.stem), sha256=sha, proto=inferred,
+                       inputs=inputs, outputs=outputs, opset=default_opset(inferred), size_bytes=size, sample=sample,
+                       generated_names=generated, normalization=steps, original_opset=original_opset,
+                       weights=weights)
+
+
+def _load_external(model: onnx.ModelProto, path: Path, sha: str, ws: Workspace):
+    """Normalise a model whose weights stay external: checked by path where it is (its data files are
+    never read, nor linked), normalised (weights it folds go to its own data file), its graph written
+    to ``external/<sha>/`` of the workspace and shape-inferred by path there. Returns (inferred graph,
+    steps, original opset, ExternalWeights)."""
+    _check(path, path, "")
+    folder = ws.sub("external", sha[:32])
+    with folder_lock(folder):
+        sweep_tmp(folder)  # temp files of killed processes
+        inline_small(model, path.parent)
+        original_opset = default_opset(model)
+        model, steps = normalize_model(model, path.parent, name=path.name)
+        files = data_files(model)
+        if {GRAPH_FILE, OWN_DATA} & set(files):
+            raise MixprecError(f"{path.name} names an external data file {GRAPH_FILE} or {OWN_DATA}, names mixprec "
+                               "keeps for itself", "re-save the model with another location for its data")
+        sources = {f: path.parent / f for f in files}
+        spill = Spill(folder / "tmp")  # a new file: one that runs have linked is never rewritten
+        if externalize(model, spill):
+            rename_location(model, spill.location, OWN_DATA)
+            os.replace(spill.path, folder / OWN_DATA)
+            sources[OWN_DATA] = folder / OWN_DATA
+        if steps:
+            _check(model, path, " after normalisation (" + ", ".join(s.step for s in steps) + ")")
+        graph = atomic_write_bytes(folder / GRAPH_FILE, model.SerializeToString())
+        return _infer_path(graph, path), steps, original_opset, ExternalWeights(folder, sources)
+
+
+def model_from_bytes(data: bytes, path: Path, name: str | None = None, sample: str | None = None,
+                     ws: Workspace | None = None) -> LoadedModel:
+    """The model of the bytes of ``path`` (external data files are found beside ``path``)."""
+    model = _parse(data, path)
+    _check_external_data(model, path.parent)  # before anything reads external data
+    files = data_files(model)
+    extra = files_bytes(path.parent, files)
+    if ws is None and extra >= HASH_CACHE_FROM:
+        ws = Workspace.default()
+    sha, size = model_sha256(data, path.parent, files, ws), len(data) + extra
+    if files and (extra >= env_bytes("MIXPREC_EXTERNAL_WEIGHTS_FROM", EXTERNAL_FROM) or size >= MAX_MODEL_BYTES):
+        inferred, steps, original_opset, weights = _load_external(model, path, sha, ws or Workspace.default())
+        return _finish(inferred, path, name, sample, sha, size, steps, original_opset, weights)
+    if files:
+        load_external_data_for_model(model, str(path.parent))
+    _check(model, path, "")
+    original_opset = default_opset(model)
+    model, steps = normalize_model(model, path.parent, name=path.name)
+    if steps:
+        _check(model, path, " after normalisation (" + ", ".join(s.step for s in steps) + ")")
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    except Exception as e:  # noqa: BLE001 - InferenceError and friends
+        raise _inference_error(e, path) from e
+    return _finish(inferred, path, name, sample, sha, size, steps, original_opset)
 
 
 def load_model(spec: str | os.PathLike, ws: Workspace | None = None, progress=None) -> LoadedModel:
@@ -259,7 +367,7 @@ def load_model(spec: str | os.PathLike, ws: Workspace | None = None, progress=No
         if not path.exists():
             raise MixprecError(
                 f"the model path {path} does not exist",
-                "check the path, or use a bundled sample: sample:minilm, sample:tiny-cnn, sample:tiny-transformer",
+                "check the path, or use a bundled sample: " + ", ".join(f"sample:{n}" for n in SAMPLES),
             )
         if path.is_dir():
             onnx_files = sorted(p.name for p in path.glob("*.onnx"))
@@ -268,4 +376,4 @@ def load_model(spec: str | os.PathLike, ws: Workspace | None = None, progress=No
                 "give the .onnx file itself" + (f", e.g. {path / onnx_files[0]}" if onnx_files else ""),
             )
     data = read_user_file(path, "model", env_bytes("MIXPREC_MAX_MODEL_BYTES", MAX_MODEL_BYTES), ws.root)
-    return model_from_bytes(data, path, name=f"sample:{sample}" if sample else None, sample=sample)
+    return model_from_bytes(data, path, name=f"sample:{sample}" if sample else None, sample=sample, ws=ws)

@@ -18,7 +18,9 @@ each change as a ``NormStep`` (shown by ``inspect`` and on the Model page):
   are. gs never computes a tensor over ``FOLD_CAP_BYTES`` that feeds no weight.
 
 ``quantized_ops`` lists the ops that make a model already quantized; such a model is refused.
-External data must be loaded (after ``core.model``'s location check) before normalising.
+External data may stay unloaded (a model whose weights stay external, ``core.external``): folding
+then reads only the external initializers its constant nodes take, from ``base_dir`` (after
+``core.model``'s location check), and nothing else here reads weights.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ import onnx
 import onnx_graphsurgeon as gs
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper, version_converter
-from onnx.external_data_helper import _get_all_tensors, uses_external_data
+from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
 
 from .errors import MixprecError
 from .onnx_graph import all_nodes, default_opset, subgraphs
@@ -304,10 +306,28 @@ def _canonical_constants(proto: onnx.ModelProto) -> None:
         n.attribute.append(helper.make_attribute("value", t))
 
 
-def _folded_values(proto: onnx.ModelProto) -> dict[str, np.ndarray]:
-    """Every tensor of the main graph that gs's ``fold_constants`` can compute, by name."""
+def _constant_inputs(graph: onnx.GraphProto) -> set[str]:
+    """The initializers read by nodes computable from constants alone (what folding evaluates)."""
+    const = {i.name for i in graph.initializer}
+    read = set()
+    for n in graph.node:
+        ins = [t for t in n.input if t]
+        if n.op_type not in NEVER_FOLD and not list(subgraphs(n)) and all(t in const for t in ins):
+            const.update(o for o in n.output if o)
+            read.update(ins)
+    return read & {i.name for i in graph.initializer}
+
+
+def _folded_values(proto: onnx.ModelProto, base_dir: Path | None = None) -> dict[str, np.ndarray]:
+    """Every tensor of the main graph that gs's ``fold_constants`` can compute, by name. External
+    initializers that constant nodes read are loaded (into the work copy only) from ``base_dir``."""
     work = onnx.ModelProto()
     work.CopyFrom(proto)
+    if base_dir is not None:
+        needed = _constant_inputs(work.graph)
+        for init in work.graph.initializer:
+            if init.name in needed and uses_external_data(init):
+                load_external_data_for_tensor(init, str(base_dir))
     _canonical_constants(work)
     try:  # shapes let the size cap act before anything big is computed
         work = onnx.shape_inference.infer_shapes(work, data_prop=True)
@@ -379,11 +399,11 @@ def _weight_cone(nodes: list, values: dict, outputs: set[str]) -> tuple[set[int]
     return cone, roots
 
 
-def _fold_constants(proto: onnx.ModelProto) -> list[NormStep]:
+def _fold_constants(proto: onnx.ModelProto, base_dir: Path | None = None) -> list[NormStep]:
     g = proto.graph
     if not _has_constant_work(g):
         return []
-    values = _folded_values(proto)
+    values = _folded_values(proto, base_dir)
     nodes = list(g.node)
     gone, _ = _weight_cone(nodes, values, {o.name for o in g.output})
     if not gone:
@@ -416,14 +436,11 @@ def _fold_constants(proto: onnx.ModelProto) -> list[NormStep]:
 def normalize_model(proto: onnx.ModelProto, base_dir: Path, name: str = "the model"
                     ) -> tuple[onnx.ModelProto, list[NormStep]]:
     """The normalised model and the steps taken (empty when nothing changed). ``proto`` is changed
-    in place where possible. External data must already be loaded (``base_dir`` only names the
-    folder in the message if it is not)."""
-    if any(uses_external_data(t) for t in _get_all_tensors(proto)):
-        raise MixprecError(f"{name} still references external data that was not loaded from {base_dir}",
-                           "keep the data files next to the model and load it with core.model.load_model")
+    in place where possible. External data may be unloaded: folding reads what it needs from
+    ``base_dir`` (the model's folder, whose locations ``core.model`` has checked)."""
     refuse_quantized(proto, name)
     steps = _fix_initializer_inputs(proto)
     proto, upgraded = _upgrade_opset(proto, name)
     steps += upgraded
-    steps += _fold_constants(proto)
+    steps += _fold_constants(proto, base_dir)
     return proto, steps

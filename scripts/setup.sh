@@ -3,6 +3,8 @@
 # torch is installed first and pinned (==2.13.0: a CPU build from local disk here; an
 # unpinned torch would pull a several-GB CUDA build).
 # With --browser it also installs Debian's chromium for the real-browser test.
+# requirements.txt includes Ray (ray==2.60.0), an optional dependency: only --ray / MIXPREC_RAY_ADDRESS
+# (trials on a Ray cluster, docs/distributed.md) imports it; without it mixprec uses local worker processes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

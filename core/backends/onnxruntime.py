@@ -3,7 +3,12 @@
 "Build" compiles the policy (target ``ort``: U8S8 Q/DQ, simulated FP16), creates a session
 with full graph optimization and keeps the optimized model as the run's engine artifact.
 Per-layer time comes from ORT's profiler; Q/DQ and Cast nodes left after optimization are
-the CPU analogue of TensorRT's Reformat layers."""
+the CPU analogue of TensorRT's Reformat layers.
+
+Every session is created from a file. A model with external weights (``core.external``) is written
+as its graph beside links of its data files (and, compiled, its own data file of new weights): ORT
+maps them. Its optimized model is not kept (it would write every weight again): the artifact is
+the compiled model itself, and its session is first created when it is run."""
 from __future__ import annotations
 
 import json
@@ -84,9 +89,13 @@ class OnnxRuntimeBackend(Backend):
             return False, "onnxruntime is not installed"
         return True, f"ONNX Runtime {ort.__version__} on the CPU (the embedded default backend)"
 
-    def _engine(self, compiled: bytes, out_dir: Path, stem: str, shapes) -> Engine:
+    def _engine(self, write, out_dir: Path, stem: str, shapes, external: bool = False) -> Engine:
+        """``write(path)`` writes the model to run at ``path``; then ORT's optimized model is saved as
+        the artifact (with external weights: the compiled model is the artifact, see the module doc)."""
         t0 = time.perf_counter()
-        compiled_path = atomic_write_bytes(out_dir / f"{stem}.onnx", compiled)
+        compiled_path = write(out_dir / f"{stem}.onnx")
+        if external:
+            return Engine(self.name, compiled_path, compiled_path, time.perf_counter() - t0, shapes)
         artifact = out_dir / f"{stem}.ort-optimized.onnx"
         make_session(compiled_path, optimized_path=artifact)
         return Engine(self.name, compiled_path, artifact, time.perf_counter() - t0, shapes)
@@ -94,20 +103,21 @@ class OnnxRuntimeBackend(Backend):
     def build(self, model, policy, calib, out_dir, input_shapes):
         t0 = time.perf_counter()
         compiled = compile_policy(model, policy, calib, target="ort")
-        eng = self._engine(compiled.serialized(), Path(out_dir), "compiled", input_shapes)
+        eng = self._engine(compiled.save, Path(out_dir), "compiled", input_shapes, model.external)
         eng.build_seconds = time.perf_counter() - t0
         return eng
 
     def build_from_onnx(self, data: bytes, out_dir, input_shapes) -> Engine:
         """An engine from an explicit-precision ONNX made elsewhere (e.g. ORT's quantize_static)."""
-        return self._engine(data, Path(out_dir), "compiled", input_shapes)
+        return self._engine(lambda p: atomic_write_bytes(p, data), Path(out_dir), "compiled", input_shapes)
 
     def reference(self, model, out_dir, input_shapes):
         out_dir = Path(out_dir)
-        compiled, artifact = out_dir / "reference-fp32.onnx", out_dir / "reference-fp32.ort-optimized.onnx"
+        compiled = out_dir / "reference-fp32.onnx"
+        artifact = compiled if model.external else out_dir / "reference-fp32.ort-optimized.onnx"
         if compiled.is_file() and artifact.is_file():  # built once per model
             return Engine(self.name, compiled, artifact, 0.0, input_shapes)
-        return self._engine(model.serialized(), out_dir, "reference-fp32", input_shapes)
+        return self._engine(model.save, out_dir, "reference-fp32", input_shapes, model.external)
 
     def runner(self, engine):
         return OnnxrtRunner(engine.compiled_path)

@@ -38,8 +38,8 @@ from ..metrics import quality
 from ..policy import CALIB_METHODS, Policy
 from ..project import Project
 from ..runs import GENERATED_NOTE, WARN_BELOW, RunResult, build_and_measure, is_generated
-from ..sensitivity import Sensitivity, Switchable, TrialData, TrialPool, sensitivity, split_eval, switchable_model, \
-    trial_data
+from ..sensitivity import Sensitivity, Switchable, TrialData, open_trial_pool, sensitivity, split_eval, \
+    switchable_model, trial_data
 from .budget import Budget, default_margin
 from .estimated import EstimatedLatency, estimated_latency
 from .latency import LatencyModel, latency_model
@@ -82,6 +82,7 @@ class SearchConfig:
     methods: tuple = CALIB_METHODS
     margin: float | None = None
     workers: int = 2
+    ray: str | None = None  # trials on the Ray cluster at this address (else $MIXPREC_RAY_ADDRESS, else local)
     verify: bool = True
     smooth: bool = False
     smooth_alpha: float = 0.75
@@ -229,7 +230,7 @@ def _prepare(project: Project, config: SearchConfig, progress, should_stop) -> _
 
 
 def _isolated(ctx: _Context, method: str, base: Policy, sw: Switchable, progress) -> Sensitivity:
-    with TrialPool.on(sw, ctx.data, ctx.config.workers) as pool:
+    with open_trial_pool(sw, ctx.data, ctx.config.workers, ctx.config.ray) as pool:
         return sensitivity(ctx.project, "isolated", method, base, ctx.dev, ctx.config.workers, progress,
                            ctx.should_stop, pool)
 
@@ -332,7 +333,7 @@ def _search_variant(ctx: _Context, v: Variant, lat: LatencyModel) -> tuple[Candi
     eps = 1e-6
     gain = {l.name: (l.macs if ctx.objective == "mac_share" else lat.wall.gain_ms[l.name]) for l in ctx.eligible}
     order = sorted(gain, key=lambda n: (gain[n] > eps, -(v.drop[n] / max(gain[n], eps))))
-    with TrialPool.on(v.switchable, ctx.data, ctx.config.workers) as pool:
+    with open_trial_pool(v.switchable, ctx.data, ctx.config.workers, ctx.config.ray) as pool:
         s = _Searcher(ctx.budget, pool, lat, v.name, ctx.margin, ctx.eligible, ctx.objective)
         return s.run(order), list(s.seen.values())
 

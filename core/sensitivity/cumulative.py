@@ -1,30 +1,40 @@
-"""Layer-wise comparison with Polygraphy: FP32 against a candidate policy, with the output
-of every layer marked as a graph output (``OnnxrtRunner`` + ``Comparator``).
+"""Layer-wise comparison: FP32 against a candidate policy, with the output of every layer marked as
+a graph output (what Polygraphy's ``--onnx-outputs mark all`` does), on ONNX Runtime.
 
 The comparison is *cumulative*: a layer's output error includes the error of every
 quantized layer before it. ``added_cos_drop`` (this layer's cosine drop minus the worst
-drop among its inputs) separates the error a layer adds from the error it inherits."""
+drop among its inputs) separates the error a layer adds from the error it inherits.
+
+Memory: every marked output stays alive until a run ends, so on a big model marking them all at
+once does not fit. The marked outputs are compared in chunks that fit a memory budget
+(``max_memory``, default :data:`core.sensitivity.memory.COMPARE_BUDGET_SHARE` of the memory budget),
+one FP32/candidate session pair per chunk; errors accumulate sample by sample (nothing is kept per
+sample), rows stream out after each chunk (``on_rows``), and the ranking records the peak."""
 from __future__ import annotations
 
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pandas as pd
-from polygraphy.backend.onnx import BytesFromOnnx, ModifyOutputs
-from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
-from polygraphy.comparator import Comparator
-from polygraphy.logger import G_LOGGER
 
 from ..calibration import calibrate_policy
 from ..compile import compile_policy
 from ..errors import MixprecError
-from ..inventory import main_graph_layers, require_eligible
+from ..inventory import main_graph_layers, require_eligible, tensor_shapes
 from ..metrics import StreamingError
 from ..policy import Policy, uniform_policy
 from ..project import Project
 from ..records import check_format, frame_from_json, frame_to_json
+from ..workspace import cache_note
+from .memory import SESSION_COPIES, ChunkPlan, PeakMemory, bound_heap, comparison_budget, plan_chunks, release_memory
+
+FLOAT_ELEM = {1: 4, 10: 2, 11: 8}  # ONNX float element types marked for comparison, and their bytes
 
 RANK_COLUMNS = ["rank", "name", "op_type", "precision", "eligible", "macs", "cosine", "cos_drop",
                 "added_cos_drop", "snr_db", "max_abs"]
@@ -33,7 +43,11 @@ RANK_METRICS = ("cos_drop", "added_cos_drop", "snr_db", "max_abs")
 
 @dataclass
 class Ranking:
-    """A cumulative ranking (:func:`rank_layers`), stored as a ``"ranking"`` document."""
+    """A cumulative ranking (:func:`rank_layers`), stored as a ``"ranking"`` document. Memory of the
+    comparison (calibrating and compiling the candidate come before it, and are not counted):
+    ``peak_bytes`` is this process's peak resident memory during it, ``added_bytes`` the part it
+    added, ``budget_bytes`` its budget for that part, ``chunks`` how many session pairs it took
+    (documents written before these fields read them as unknown)."""
 
     FORMAT_VERSION: ClassVar[int] = 1
     KIND: ClassVar[str] = "ranking"
@@ -44,52 +58,99 @@ class Ranking:
     seconds: float
     calibration_cache_hit: bool | None
     method: str = "minmax"
+    peak_bytes: int | None = None
+    added_bytes: int | None = None
+    budget_bytes: int | None = None
+    chunks: int | None = None
 
     def to_json(self) -> dict:
         return {"kind": self.KIND, "format_version": self.FORMAT_VERSION, "metric": self.metric,
                 "method": self.method, "samples": self.samples, "seconds": self.seconds,
-                "calibration_cache_hit": self.calibration_cache_hit, "table": frame_to_json(self.table)}
+                "calibration_cache_hit": self.calibration_cache_hit, "peak_bytes": self.peak_bytes,
+                "added_bytes": self.added_bytes, "budget_bytes": self.budget_bytes, "chunks": self.chunks,
+                "table": frame_to_json(self.table)}
 
     @classmethod
     def from_json(cls, doc: dict) -> "Ranking":
         doc = check_format(doc, cls.KIND, cls.FORMAT_VERSION, "ranking")
+        opt = {k: (None if doc.get(k) is None else int(doc[k]))
+               for k in ("peak_bytes", "added_bytes", "budget_bytes", "chunks")}
         return cls(frame_from_json(doc["table"], RANK_COLUMNS, "ranking"), doc["metric"], int(doc["samples"]),
-                   float(doc["seconds"]), doc["calibration_cache_hit"], doc["method"])
+                   float(doc["seconds"]), doc["calibration_cache_hit"], doc["method"], **opt)
 
 
-def rank_layers(project: Project, policy: Policy | None = None, method: str = "minmax",
-                metric: str = "cos_drop", max_samples: int = 16, progress=None) -> Ranking:
-    """Rank layers by how far their outputs drift from FP32 under ``policy`` (default: every
-    INT8-eligible layer INT8, everything else FP32)."""
-    if metric not in RANK_METRICS:
-        raise MixprecError(f"unknown ranking metric {metric!r}", f"use one of {', '.join(RANK_METRICS)}")
-    step = progress or (lambda f, t: None)
-    t0 = time.perf_counter()
-    model, layers = project.model, main_graph_layers(project.layers)  # subgraph tensors cannot be marked
-    require_eligible(model.name, project.layers, "rank")
-    if policy is None:
-        policy = uniform_policy(model, project.layers, "int8").with_calibration(project.default_policy(method=method).calibration)
-    step(0.05, f"calibrating ({policy.calibration.method})")
-    calib = calibrate_policy(model, project.calib_data, policy, project.layers, project.ws)
-    step(0.2, "compiling candidate")
-    compiled = compile_policy(model, policy, calib, target="ort")
-    float_out = {o for l in layers for o in l.outputs}
-    types = model.tensor_types()  # the main graph's tensors only
-    marked = sorted(t for t in float_out if types.get(t) in (1, 10, 11))
-    runners = [
-        OnnxrtRunner(SessionFromOnnx(BytesFromOnnx(ModifyOutputs(model.proto, outputs=marked, copy=True)),
-                                     providers=["cpu"]), name="fp32"),
-        OnnxrtRunner(SessionFromOnnx(BytesFromOnnx(ModifyOutputs(compiled.proto, outputs=marked, copy=True)),
-                                     providers=["cpu"]), name="candidate"),
-    ]
-    feeds = project.eval_data.batches(1)[:max_samples]
-    acc = {t: StreamingError() for t in marked}
-    G_LOGGER.module_severity = G_LOGGER.WARNING  # Polygraphy logs every iteration on stdout otherwise
-    for i, results in enumerate(Comparator.run(runners, data_loader=feeds, streaming=True)):
-        step(0.3 + 0.65 * i / len(feeds), f"comparing sample {i + 1}/{len(feeds)}")
-        ref, cand = results["fp32"][0], results["candidate"][0]
-        for t in marked:
-            acc[t].add(np.asarray(ref[t]), np.asarray(cand[t]))
+def _session(proto: onnx.ModelProto, outputs: list[str], model=None) -> ort.InferenceSession:
+    """A CPU session of ``proto`` with ``outputs`` marked as graph outputs. The marks are a second
+    serialized ModelProto appended to the bytes (protobuf merges repeated fields of concatenated
+    messages): no copy of the model's proto. No memory arena, so a chunk's outputs are freed after it.
+    ``model`` (the LoadedModel or CompiledModel of ``proto``) when its weights stay external
+    (``core.external``): the session opens a file written beside links of its data files."""
+    extra = onnx.ModelProto()
+    have = {o.name for o in proto.graph.output}
+    for t in outputs:
+        if t not in have:
+            extra.graph.output.add().name = t
+    so = ort.SessionOptions()
+    so.enable_cpu_mem_arena = False
+    so.log_severity_level = 3
+    if model is not None and model.weights is not None:  # the graph only: a copy costs nothing
+        marked = onnx.ModelProto()
+        marked.CopyFrom(proto)
+        marked.MergeFrom(extra)
+        (model.weights.folder / "tmp").mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="rank-", dir=model.weights.folder / "tmp") as tmp:
+            return ort.InferenceSession(str(model.save(Path(tmp) / "marked.onnx", marked)), so,
+                                        providers=["CPUExecutionProvider"])  # ORT keeps its maps of the files
+    return ort.InferenceSession(proto.SerializeToString() + extra.SerializeToString(), so,
+                                providers=["CPUExecutionProvider"])
+
+
+def _plan(project: Project, compiled_proto: onnx.ModelProto, marked: list[str], types: dict,
+          budget: tuple[int, str]) -> ChunkPlan:
+    """The chunks of ``marked`` that fit the comparison's memory ``budget`` (bytes, where it comes
+    from), with the tensor sizes at the project's shapes."""
+    budget, where = budget
+    shapes = tensor_shapes(project.model, project.input_shapes)
+    batch = max(project.batch, 1)  # the comparison runs one sample at a time
+    sizes = {t: int(np.prod(shapes[t], dtype=np.int64)) * FLOAT_ELEM[types[t]] // batch
+             for t in marked if t in shapes}
+    weights = project.model.proto.ByteSize() + compiled_proto.ByteSize()
+    if project.model.external:  # weights kept in data files: each of the two sessions holds them once
+        weights += 2 * project.model.size_bytes // SESSION_COPIES  # (no serialized copy; plan_chunks counts 3)
+    plan = plan_chunks(marked, sizes, weights, budget)
+    if plan.note:
+        cache_note(f"rank: {plan.note} (budget from {where})")
+    return plan
+
+
+def _compare(project: Project, compiled_proto: onnx.ModelProto, plan: ChunkPlan, feeds: list, step,
+             on_chunk, compiled_model=None) -> dict[str, StreamingError]:
+    """FP32 against the candidate, chunk by chunk, sample by sample."""
+    acc: dict[str, StreamingError] = {}
+    n = len(plan.chunks) * len(feeds)
+    if len(plan.chunks) > 1:
+        bound_heap()
+    for c, chunk in enumerate(plan.chunks):
+        ref_sess = _session(project.model.proto, chunk, project.model)
+        cand_sess = _session(compiled_proto, chunk, compiled_model)
+        part = {t: StreamingError() for t in chunk}
+        for i, feed in enumerate(feeds):
+            step(0.3 + 0.65 * (c * len(feeds) + i) / n, f"comparing chunk {c + 1}/{len(plan.chunks)}, "
+                                                        f"sample {i + 1}/{len(feeds)}")
+            ref = ref_sess.run(chunk, feed)
+            cand = cand_sess.run(chunk, feed)
+            for t, r, k in zip(chunk, ref, cand):
+                part[t].add(np.asarray(r), np.asarray(k))
+            del ref, cand
+        del ref_sess, cand_sess
+        release_memory()
+        acc.update(part)
+        on_chunk(acc)
+    return acc
+
+
+def _rows(layers, policy: Policy, acc: dict[str, StreamingError], metric: str) -> pd.DataFrame:
+    """One row per layer whose (first float) output was compared, sorted by ``metric``."""
     drop = {t: 1.0 - a.cosine for t, a in acc.items()}
     rows = []
     for l in layers:
@@ -101,9 +162,42 @@ def rank_layers(project: Project, policy: Policy | None = None, method: str = "m
         rows.append((l.name, l.op_type, policy.layers.get(l.name, ""), l.eligible, l.macs, a.cosine,
                      drop[outs[0]], drop[outs[0]] - inherited, a.snr_db, a.max_abs))
     df = pd.DataFrame(rows, columns=RANK_COLUMNS[1:])
-    ascending = metric == "snr_db"
-    df = df.sort_values(metric, ascending=ascending, kind="stable", ignore_index=True)
+    df = df.sort_values(metric, ascending=metric == "snr_db", kind="stable", ignore_index=True)
     df.insert(0, "rank", np.arange(1, len(df) + 1))
+    return df
+
+
+def rank_layers(project: Project, policy: Policy | None = None, method: str = "minmax",
+                metric: str = "cos_drop", max_samples: int = 16, progress=None, max_memory=None,
+                on_rows=None) -> Ranking:
+    """Rank layers by how far their outputs drift from FP32 under ``policy`` (default: every
+    INT8-eligible layer INT8, everything else FP32). ``max_memory``: the comparison's budget (bytes,
+    ``"4G"``, ``"40%"``; default :func:`core.sensitivity.memory.comparison_budget`); ``on_rows``
+    gets the rows measured so far (a RANK_COLUMNS frame) after each chunk."""
+    if metric not in RANK_METRICS:
+        raise MixprecError(f"unknown ranking metric {metric!r}", f"use one of {', '.join(RANK_METRICS)}")
+    step = progress or (lambda f, t: None)
+    t0 = time.perf_counter()
+    budget = comparison_budget(max_memory)  # a bad --max-memory fails before any work
+    model, layers = project.model, main_graph_layers(project.layers)  # subgraph tensors cannot be marked
+    require_eligible(model.name, project.layers, "rank")
+    if policy is None:
+        policy = uniform_policy(model, project.layers, "int8").with_calibration(project.default_policy(method=method).calibration)
+    step(0.05, f"calibrating ({policy.calibration.method})")
+    calib = calibrate_policy(model, project.calib_data, policy, project.layers, project.ws)
+    step(0.2, "compiling candidate")
+    candidate = compile_policy(model, policy, calib, target="ort")  # kept: its weights' file goes with it
+    compiled = candidate.proto
+    release_memory()  # what compiling freed goes back to the OS first: the peak below is the comparison's
+    with PeakMemory() as peak:  # the comparison's memory: the sessions and the marked outputs
+        types = model.tensor_types()  # the main graph's tensors only
+        marked = list(dict.fromkeys(o for l in layers for o in l.outputs if types.get(o) in FLOAT_ELEM))
+        plan = _plan(project, compiled, marked, types, budget)
+        feeds = project.eval_data.batches(1)[:max_samples]
+        acc = _compare(project, compiled, plan, feeds, step,
+                       (lambda a: on_rows(_rows(layers, policy, a, metric))) if on_rows else (lambda a: None), candidate)
+        del compiled, candidate
+    df = _rows(layers, policy, acc, metric)
     step(1.0, "done")
     return Ranking(df, metric, len(feeds), time.perf_counter() - t0, calib.cache_hit if calib else None,
-                   policy.calibration.method)
+                   policy.calibration.method, peak.peak, peak.added, plan.budget, len(plan.chunks))

@@ -26,21 +26,23 @@ from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
-import onnxruntime as ort
+import onnx
 import pandas as pd
 
 from ..backends import select_backend
 from ..calibration import calibrate_policy
 from ..compile import compile_policy
 from ..data import Dataset
+from ..distributed import RayTrialPool, from_trial_arrays, ray_address, run_trial, trial_arrays, trial_session
 from ..errors import MixprecError
 from ..evaluation import eval_batches, output_name, reference_on
+from ..external import data_files
 from ..inventory import require_eligible
-from ..metrics import Quality, quality
+from ..metrics import Quality
 from ..policy import Policy
 from ..project import Project
 from ..records import check_format, frame_from_json, frame_to_json
-from ..workspace import atomic_write_bytes, atomic_write_json, sha256_bytes
+from ..workspace import atomic_write_json, discard_corrupt, file_stamp, sha256_bytes
 
 SWITCHABLE_FORMAT_VERSION = 2  # in the cache keys of switchable models; 2: one shared QuantizeLinear per tensor
 MODES = ("isolated", "leave-one-out")
@@ -54,38 +56,23 @@ _W: dict = {}
 def _save_trial_data(path: Path, data: "TrialData") -> None:
     """The trial data as one .npz the workers load: the pickled start-up message of a spawned
     worker stays small (a worker that dies while the parent writes a large one hangs the parent)."""
-    arrays = {f"r{i}": r for i, r in enumerate(data.ref)}
-    for i, b in enumerate(data.batches):
-        arrays.update({f"b{i}/{k}": v for k, v in b.items()})
-    if data.labels is not None:
-        arrays["labels"] = np.asarray(data.labels)
-    np.savez(path, **arrays)
+    np.savez(path, **trial_arrays(data.batches, data.ref, data.labels))
 
 
 def _load_trial_data(path: str, out_name: str) -> "TrialData":
     with np.load(path, allow_pickle=False) as z:
-        ref = [z[f"r{i}"] for i in range(sum(1 for k in z.files if k.startswith("r")))]
-        batches = [{k.split("/", 1)[1]: z[k] for k in z.files if k.startswith(f"b{i}/")} for i in range(len(ref))]
-        labels = z["labels"] if "labels" in z.files else None
+        batches, ref, labels = from_trial_arrays(z)
     return TrialData(batches, ref, out_name, labels)
 
 
 def _worker_init(model_path: str, data_path: str, switch_inputs: list[str], out_name: str, threads: int):
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.log_severity_level = 3
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     data = _load_trial_data(data_path, out_name)
-    _W.update(sess=ort.InferenceSession(model_path, so, providers=["CPUExecutionProvider"]), batches=data.batches,
-              switches=switch_inputs, ref=data.ref, out=out_name, labels=data.labels)
+    _W.update(sess=trial_session(model_path, threads), batches=data.batches, switches=switch_inputs, ref=data.ref,
+              out=out_name, labels=data.labels)
 
 
 def _worker_eval(on: frozenset) -> Quality:
-    sess, outs = _W["sess"], []
-    flags = {name: np.array(name in on) for name in _W["switches"]}
-    for b in _W["batches"]:
-        outs.append(sess.run([_W["out"]], {**b, **flags})[0])
-    return quality(_W["ref"], outs, _W["out"], _W["labels"])
+    return run_trial(_W["sess"], _W["batches"], _W["switches"], _W["ref"], _W["out"], _W["labels"], on)
 
 
 @dataclass
@@ -114,11 +101,13 @@ class Switchable:
 
 
 class TrialPool:
-    """Worker processes that each hold one session of the switchable model."""
+    """Worker processes that each hold one session of the switchable model (the default; trials on a
+    Ray cluster: ``core.distributed.RayTrialPool``, see :func:`open_trial_pool`)."""
 
     def __init__(self, model_path, batches, switch_inputs: dict[str, str], ref, out_name, workers: int = 2,
                  labels=None):
         self.names = switch_inputs  # layer -> input name
+        self.where = f"local process pool ({workers} worker{'s' * (workers != 1)})"
         threads = 1 if workers > 1 else 0
         self._tmp = tempfile.TemporaryDirectory(prefix="mixprec-trials-")
         data_path = Path(self._tmp.name) / "trial-data.npz"
@@ -160,6 +149,19 @@ class TrialPool:
         self.close()
 
 
+def open_trial_pool(switchable: Switchable, data: TrialData, workers: int = 2, ray: str | None = None):
+    """The pool trials run on: Ray tasks when an address is given (``ray``, else
+    ``$MIXPREC_RAY_ADDRESS``; see ``core.distributed``), else local worker processes. A switchable
+    model whose weights are in external data files is opened by the workers from the workspace (which
+    must then be on storage every node reads), never sent through the object store."""
+    address = ray_address(ray)
+    if address is None:
+        return TrialPool.on(switchable, data, workers)
+    external = data_files(onnx.load(switchable.path, load_external_data=False))
+    # weights in data files beside the model (over 2 GB): the workers read them from the workspace
+    return RayTrialPool.on(switchable, data, address, workers, share="path" if external else None)
+
+
 def split_eval(ds: Dataset) -> tuple[Dataset, Dataset]:
     """Dev half (used for choosing) and test half (held out for verifying)."""
     n = ds.num_samples
@@ -182,10 +184,17 @@ def switchable_model(project: Project, base: Policy, calib, method_tag: str) -> 
     path = folder / f"switch-{method_tag}-{key}.onnx"
     meta = path.with_suffix(".json")
     if path.is_file() and meta.is_file():
-        return Switchable(str(path), json.loads(meta.read_text()))
+        try:  # the meta stamps the model it describes: a model rewritten or truncated since is built again
+            doc = json.loads(meta.read_text())
+            if doc["stamp"] == file_stamp(path):
+                return Switchable(str(path), dict(doc["switch_inputs"]))
+            raise ValueError("the model changed since it was written")
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
+            discard_corrupt(path, "switchable model", f"{type(e).__name__}: {e}")
+            meta.unlink(missing_ok=True)
     compiled = compile_policy(project.model, pol, calib, target="ort", switchable=True)
-    atomic_write_bytes(path, compiled.serialized())
-    atomic_write_json(meta, compiled.switch_inputs)
+    compiled.save(path)  # external weights (core.external): its own data file and links beside it
+    atomic_write_json(meta, {"switch_inputs": compiled.switch_inputs, "stamp": file_stamp(path)})
     return Switchable(str(path), compiled.switch_inputs)
 
 
@@ -203,17 +212,19 @@ class Sensitivity:
     baseline: Quality  # all switches off (isolated) / all on (leave-one-out)
     seconds: float
     cache_hit: bool
+    trials_on: str = ""  # where the trials ran: the local process pool or a Ray cluster
 
     def to_json(self) -> dict:
         return {"kind": self.KIND, "format_version": self.FORMAT_VERSION, "mode": self.mode, "method": self.method,
                 "baseline": self.baseline.to_dict(), "seconds": self.seconds, "cache_hit": self.cache_hit,
-                "table": frame_to_json(self.table)}
+                "trials_on": self.trials_on, "table": frame_to_json(self.table)}
 
     @classmethod
     def from_json(cls, doc: dict) -> "Sensitivity":
         doc = check_format(doc, cls.KIND, cls.FORMAT_VERSION, "sensitivity table")
         return cls(frame_from_json(doc["table"], SENSITIVITY_COLUMNS, "sensitivity table"), doc["mode"],
-                   doc["method"], Quality.from_dict(doc["baseline"]), float(doc["seconds"]), bool(doc["cache_hit"]))
+                   doc["method"], Quality.from_dict(doc["baseline"]), float(doc["seconds"]), bool(doc["cache_hit"]),
+                   str(doc.get("trials_on", "")))
 
 
 def _sensitivity_key(project, base: Policy, calib_key: str, mode: str, ds: Dataset) -> str:
@@ -241,10 +252,11 @@ def _table(mode: str, method: str, eligible, baseline: Quality, trials: list[Qua
 
 def sensitivity(project: Project, mode: str = "isolated", method: str = "minmax", base: Policy | None = None,
                 data: Dataset | None = None, workers: int = 2, progress=None, should_stop=None,
-                pool: TrialPool | None = None) -> Sensitivity:
+                pool=None, ray: str | None = None) -> Sensitivity:
     """Per-layer quality drop with only that layer INT8 (isolated), or gain with every other
     eligible layer INT8 (leave-one-out); cached per model, data, calibration and base policy.
-    ``pool``: trials on an open pool of the switchable model of ``base`` (the search's)."""
+    ``pool``: trials on an open pool of the switchable model of ``base`` (the search's); else a pool
+    of its own (:func:`open_trial_pool`: on the Ray cluster at ``ray`` / ``$MIXPREC_RAY_ADDRESS``)."""
     if mode not in MODES:
         raise MixprecError(f"unknown sensitivity mode {mode!r}", f"use one of {', '.join(MODES)}")
     step = progress or (lambda f, t: None)
@@ -258,12 +270,15 @@ def sensitivity(project: Project, mode: str = "isolated", method: str = "minmax"
     key = _sensitivity_key(project, base, calib.key, mode, data)
     cache = project.ws.sub("search", project.model.sha256[:16]) / f"sensitivity-{mode}-{key}.json"
     if cache.is_file():
-        return replace(Sensitivity.from_json(json.loads(cache.read_text())), seconds=time.perf_counter() - t0,
-                       cache_hit=True)
+        try:
+            return replace(Sensitivity.from_json(json.loads(cache.read_text())), seconds=time.perf_counter() - t0,
+                           cache_hit=True)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError, MixprecError) as e:
+            discard_corrupt(cache, f"{mode} sensitivity", f"{type(e).__name__}: {e}")  # measured again below
     own = pool is None
     if own:
         step(0.05, "compiling the switchable model")
-        pool = TrialPool.on(switchable_model(project, base, calib, method), trial_data(project, data), workers)
+        pool = open_trial_pool(switchable_model(project, base, calib, method), trial_data(project, data), workers, ray)
     try:
         res = pool.evaluate(_trial_sets(mode, [l.name for l in eligible]),
                             lambda f, t: step(0.1 + 0.9 * f, f"{mode}: {t}"), should_stop)
@@ -271,6 +286,6 @@ def sensitivity(project: Project, mode: str = "isolated", method: str = "minmax"
         if own:
             pool.close()
     sens = Sensitivity(_table(mode, method, eligible, res[0], res[1:]), mode, method, res[0],
-                       time.perf_counter() - t0, False)
+                       time.perf_counter() - t0, False, getattr(pool, "where", ""))
     atomic_write_json(cache, sens.to_json())
     return sens
