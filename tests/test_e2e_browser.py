@@ -248,6 +248,7 @@ def test_isolated_ranking_search_and_use_this_policy(server, browser, tmp_path):
     _idle(page)
     assert page.get_by_text("held-out half").first.is_visible()
     page.get_by_role("button", name="Use this policy").click()
+    page.get_by_role("button", name="Yes, use it").click()  # applying a front point asks first
     page.get_by_text("is now the current policy").wait_for()
     _idle(page)
     pareto.evaluate("e => e.scrollIntoView({block: 'center'})")
