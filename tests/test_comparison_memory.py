@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +52,7 @@ def test_plan_packs_chunks_in_order_under_the_budget():
 def test_peak_memory_sees_an_allocation():
     with PeakMemory() as peak:
         block = np.ones(64 * MiB // 8)
+        time.sleep(0.1)  # in a long test process the high-water mark is old: the 10 ms samples must see it
         del block
     assert peak.added >= 48 * MiB and peak.peak >= peak.start
 
