@@ -88,6 +88,83 @@ def stage_export(out: Path, args) -> dict:
 STAGES = {"export": stage_export}
 
 
+# --- inspect, build, rank, isolated sensitivity: the model over 2 GB end to end (issue 14 §1) -------
+BUILD_EVAL = 8   # evaluation sequences of the build (of eval.npz's 16): logits are vocab-wide (151936 floats a token)
+RANK_SAMPLES = 4  # sequences the cumulative ranking compares on
+SENS_EVAL = 4    # the reduced evaluation set of isolated sensitivity: the first 4 sequences of the dev half
+SENS_WORKERS = 1  # trial processes (each holds a session of the switchable model; 2 cores in all)
+
+
+def _project(out: Path, eval_samples: int | None = None):
+    from core.project import open_project
+    from core.workspace import Workspace
+
+    p = open_project(out / "model.onnx", data=out / "calib.npz", eval_data=out / "eval.npz", ws=Workspace(out / "ws"))
+    if eval_samples is not None:
+        from dataclasses import replace
+
+        p = replace(p, eval_data=p.eval_data.slice(0, eval_samples))
+    return p
+
+
+def _children_peak() -> int:
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+
+
+def stage_inspect(out: Path, args) -> dict:
+    """What ``python -m core inspect`` does: load (hash by streaming, check and infer by path), inventory."""
+    t0 = time.perf_counter()
+    p = _project(out)
+    m, counts = p.model, p.default_policy().precision_counts()
+    return {"load_s": time.perf_counter() - t0, "external": m.external, "graph_bytes": m.proto.ByteSize(),
+            "on_disk_bytes": m.size_bytes, "layers": len(p.layers), "eligible": sum(l.eligible for l in p.layers),
+            "matmuls": sum(l.op_type == "MatMul" for l in p.layers), **{f"default_{k}": v for k, v in counts.items()}}
+
+
+def stage_build(out: Path, args) -> dict:
+    """The default policy (LLM defaults: embedding, LM head, RMSNorm FP16; MatMuls INT8) calibrated,
+    compiled, built on ONNX Runtime and measured on BUILD_EVAL sequences."""
+    from core.runs import build_and_measure
+
+    p = _project(out, BUILD_EVAL)
+    t0 = time.perf_counter()
+    run = build_and_measure(p, p.default_policy(), backend="onnxruntime", warmup=1, iterations=5, profile_iterations=1)
+    q = run.quality
+    return {"build_s": time.perf_counter() - t0, "eval_sequences": BUILD_EVAL, "cosine_mean": q.cosine_mean,
+            **{k: getattr(q, k) for k in ("top1_agreement", "kl_div", "perplexity") if getattr(q, k, None) is not None},
+            "speedup": run.latency.speedup, "int8_mac_fraction": run.int8_mac_fraction,
+            "compiled_data_bytes": sum(f.stat().st_size for f in run.run_dir.glob("compiled.onnx.data"))}
+
+
+def stage_rank(out: Path, args) -> dict:
+    """The cumulative ranking (every eligible layer INT8, compared layer by layer in chunks under the
+    memory budget) on RANK_SAMPLES sequences."""
+    from core.sensitivity import rank_layers
+
+    p = _project(out)
+    t0 = time.perf_counter()
+    r = rank_layers(p, max_samples=RANK_SAMPLES)
+    return {"rank_s": time.perf_counter() - t0, "layers_ranked": len(r.table), "chunks": r.chunks,
+            "budget_bytes": r.budget_bytes, "ranking_peak_bytes": r.peak_bytes, "samples": r.samples}
+
+
+def stage_sensitivity(out: Path, args) -> dict:
+    """Isolated sensitivity of every eligible layer (all the MatMuls) on the switchable model, on
+    SENS_EVAL sequences, SENS_WORKERS trial processes."""
+    from core.sensitivity import sensitivity, split_eval
+
+    p = _project(out)
+    dev = split_eval(p.eval_data)[0].slice(0, SENS_EVAL)
+    t0 = time.perf_counter()
+    s = sensitivity(p, mode="isolated", data=dev, workers=SENS_WORKERS)
+    return {"sensitivity_s": time.perf_counter() - t0, "trials": len(s.table), "eval_sequences": SENS_EVAL,
+            "workers": SENS_WORKERS, "cache_hit": s.cache_hit, "worker_peak_rss_bytes": _children_peak(),
+            "matmuls": int((s.table["op_type"] == "MatMul").sum())}
+
+
+STAGES.update(inspect=stage_inspect, build=stage_build, rank=stage_rank, sensitivity=stage_sensitivity)
+
+
 def _run_child(stage: str, args) -> dict:
     """Run one stage in a child process; its result plus the child's seconds and peak RSS."""
     t0 = time.perf_counter()
@@ -118,7 +195,7 @@ def main():
         if "error" in r:
             print(f"| {stage} | failed | | {r['error']} |")
             continue
-        details = ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items()
+        details = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items()
                             if k not in ("stage", "seconds", "peak_rss_bytes"))
         print(f"| {stage} | {r['seconds']:.1f} | {r['peak_rss_bytes'] / 2**30:.2f} | {details} |")
 
