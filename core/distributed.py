@@ -54,9 +54,10 @@ _EXACT_ARENA: list = []  # this process's CPU arena that grows by what is asked 
 def _exact_arena() -> None:
     """Register a CPU arena that extends by the size asked (``arena_extend_strategy`` 1), not by powers
     of two: a switchable model dequantizes every weight at each run (the Where of a switch is not
-    folded), and the default arena keeps ~2x those buffers. Qwen2-0.5B-shaped decoder (3.0 GB
-    switchable model, 6 runs): peak 5.7 GiB and 1.4-2 s a run, against 6.3 GiB / 2.1 s with the
-    default arena and 5.6 GiB / 3-3.8 s with none."""
+    folded), and the default arena keeps more of those buffers. Qwen2-0.5B-shaped decoder (3.0 GB
+    switchable model), 6 runs: peak 5.7 GiB and 1.4-2 s a run, against 6.3 GiB / 2.1 s with the
+    default arena and 5.6 GiB / 3-3.8 s with none; its 217 isolated trials (bench/bench_large.py):
+    worker peak 6.9 GiB in 751 s, against 7.5 GiB / 588 s (default) and 5.9 GiB / 1283 s (none)."""
     if not _EXACT_ARENA:
         info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
         ort.create_and_register_allocator(info, ort.OrtArenaCfg({"arena_extend_strategy": 1}))
