@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from .compile import TARGETS
 from .export import DEFAULT_TRT_VERSION, EXPORT_FORMATS, export_policy
 from .policy import CALIB_METHODS, NETWORK_DEFAULTS, load_policy
 from .project import DEFAULT_TARGET, DEPLOY_TARGETS, TARGET_LABELS, open_project
+from .records import json_safe
 from .reports import load_engine_report
 from .runs import GENERATED_NOTE, WARN_BELOW, build_and_measure, speedup_text
 from .samples import SAMPLES, write_sample
@@ -54,24 +54,13 @@ class Progress:
             sys.stderr.write("\n")
 
 
-def _clean(obj):
-    """JSON-safe: NaN/inf become null."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
-        return _clean(obj.item())
-    return obj
 
 
 def _emit(args, doc: dict, text: str):
     notes = take_notes()
     _print_notes(notes)
     if args.json:
-        print(json.dumps(_clean(doc | ({"notes": notes} if notes else {})), indent=2))
+        print(json.dumps(json_safe(doc | ({"notes": notes} if notes else {})), indent=2))
     else:
         print(text)
 

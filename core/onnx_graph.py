@@ -40,3 +40,20 @@ def attr(node: onnx.NodeProto, name: str, default=None):
 def default_opset(proto: onnx.ModelProto) -> int:
     """The model's opset of the default (ai.onnx) domain; 0 when it has none."""
     return next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def with_input_dims(proto: onnx.ModelProto, dims: dict[str, tuple[int, ...]]) -> onnx.ModelProto:
+    """A copy of ``proto`` whose inputs named in ``dims`` have those concrete dims, with no stored
+    intermediate shapes and open output dims: ready for shape inference at these input shapes."""
+    m = onnx.ModelProto()
+    m.CopyFrom(proto)
+    del m.graph.value_info[:]
+    for inp in m.graph.input:
+        if inp.name in dims:
+            for d, v in zip(inp.type.tensor_type.shape.dim, dims[inp.name]):
+                d.Clear()
+                d.dim_value = int(v)
+    for out in m.graph.output:
+        for d in out.type.tensor_type.shape.dim:
+            d.Clear()
+    return m

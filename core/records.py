@@ -69,3 +69,16 @@ def check_format(doc, kind: str, version: int, what: str | None = None) -> dict:
         raise MixprecError(f"the stored {what} has format {got}, older than this mixprec reads ({version})",
                            "compute it again: this version does not read the old format")
     return doc
+
+
+def json_safe(obj):
+    """``obj`` for JSON: NaN/inf become null, tuples lists, numpy scalars Python numbers."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
+        return json_safe(obj.item())
+    return obj

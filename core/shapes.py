@@ -31,6 +31,7 @@ from onnx import helper, numpy_helper
 
 from .errors import MixprecError
 from .model import LoadedModel, TensorSpec
+from .onnx_graph import with_input_dims
 from .workspace import env_bytes, human_bytes
 
 DEFAULT_BATCH = 1
@@ -314,18 +315,7 @@ def shapes_of(model: LoadedModel, choices: list[DimChoice]) -> dict[str, tuple[i
 
 def with_static_shapes(model: LoadedModel, shapes: dict[str, tuple[int, ...]]) -> onnx.ModelProto:
     """A copy of the model with concrete input dims and re-inferred shapes (for MAC counts)."""
-    m = onnx.ModelProto()
-    m.CopyFrom(model.proto)
-    del m.graph.value_info[:]
-    for inp in m.graph.input:
-        if inp.name in shapes:
-            dims = inp.type.tensor_type.shape.dim
-            for d, v in zip(dims, shapes[inp.name]):
-                d.Clear()
-                d.dim_value = int(v)
-    for out in m.graph.output:
-        for d in out.type.tensor_type.shape.dim:
-            d.Clear()
+    m = with_input_dims(model.proto, shapes)
     try:
         return onnx.shape_inference.infer_shapes(m, data_prop=True)
     except Exception:  # noqa: BLE001 - fall back to the symbolic shapes

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 
 from ..errors import MixprecError
 from ..policy import NETWORK_DEFAULTS, load_policy
 from ..project import open_project
+from ..records import json_safe
 from ..samples import SAMPLES
 from ..shapes import parse_shape
 from ..store import load_gpu_calibration
@@ -62,14 +62,6 @@ def _text(r: Prediction, top: int) -> str:
     return "\n".join(lines)
 
 
-def _clean(obj):
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    return obj
 
 
 def run(args) -> int:
@@ -84,7 +76,7 @@ def run(args) -> int:
         doc = r.to_json() | {"command": "estimate", "policy": args.policy or f"default ({args.network_default})",
                              "input_shapes": {k: list(v) for k, v in p.input_shapes.items()},
                              "columns": PREDICTION_COLUMNS}
-        print(json.dumps(_clean(doc), indent=2))
+        print(json.dumps(json_safe(doc), indent=2))
     else:
         print(_text(r, args.top))
     return 0

@@ -54,7 +54,7 @@ import onnx
 from onnx import numpy_helper
 
 from ..errors import MixprecError
-from ..onnx_graph import attr
+from ..onnx_graph import attr, with_input_dims
 from .engine import EngineLayer, Tensor
 from .layers import layer_class
 
@@ -722,18 +722,7 @@ def engine_layers(net: Net, groups: list[Group] | None = None) -> list[EngineLay
 def static_net(proto: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]]) -> Net:
     """A :class:`Net` of ``proto`` with its inputs at ``input_shapes`` and every tensor's shape and type
     inferred (a MixprecError when inference fails)."""
-    m = onnx.ModelProto()
-    m.CopyFrom(proto)
-    del m.graph.value_info[:]
-    for inp in m.graph.input:
-        if inp.name in input_shapes:
-            dims = inp.type.tensor_type.shape.dim
-            for d, v in zip(dims, input_shapes[inp.name]):
-                d.Clear()
-                d.dim_value = int(v)
-    for out in m.graph.output:
-        for d in out.type.tensor_type.shape.dim:
-            d.Clear()
+    m = with_input_dims(proto, input_shapes)
     try:
         m = onnx.shape_inference.infer_shapes(m, data_prop=True)
     except Exception as e:  # noqa: BLE001 - onnx raises several types
