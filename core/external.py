@@ -50,8 +50,8 @@ from onnx.external_data_helper import (_get_attribute_tensors, _get_initializer_
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from .errors import MixprecError
-from .workspace import Workspace, atomic_write_bytes, atomic_write_text, cache_note, human_bytes, sha256_bytes, \
-    write_error
+from .workspace import (Workspace, atomic_write_bytes, atomic_write_text, cache_note, human_bytes, sha256_bytes,
+                        sha256_file, write_error)
 
 EXTERNAL_FROM = 1 << 30  # external data of at least this stays external (env MIXPREC_EXTERNAL_WEIGHTS_FROM)
 INLINE_BELOW = 64 << 10  # external tensors smaller than this (scalars, shapes, biases) are read into the graph
@@ -448,14 +448,6 @@ def save_compiled(proto: onnx.ModelProto, path: Path, weights: ExternalWeights, 
 
 
 # --- hashes, streamed ----------------------------------------------------------------------------
-def _stream_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(8 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def file_sha256(path: Path, ws: Workspace | None) -> str:
     """The sha256 of a file, streamed; for a big file cached in ``ws`` by its path, inode, size and
     mtime (a rewritten file has a new mtime or inode, so it is hashed again)."""
@@ -469,7 +461,7 @@ def file_sha256(path: Path, ws: Workspace | None) -> str:
             return str(json.loads(cached.read_text())["sha256"])
         except (OSError, ValueError, KeyError, TypeError):
             pass
-    digest = _stream_sha256(path)
+    digest = sha256_file(path)
     if cached is not None:
         atomic_write_text(cached, json.dumps({"sha256": digest}))
     return digest

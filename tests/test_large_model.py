@@ -196,8 +196,8 @@ def test_loading_again_reuses_the_hash_and_the_copy(big, big_run, monkeypatch):
     import core.external as ext
 
     hashed = []
-    real = ext._stream_sha256
-    monkeypatch.setattr(ext, "_stream_sha256", lambda p: hashed.append(Path(p).name) or real(p))
+    real = ext.sha256_file
+    monkeypatch.setattr(ext, "sha256_file", lambda p: hashed.append(Path(p).name) or real(p))
     m = load_model(big, Workspace(ws))
     assert m.sha256 == doc["sha256"] and m.external
     assert "embedding.bin" not in hashed
