@@ -50,12 +50,19 @@ class Dataset:
 
     @property
     def sha256(self) -> str:
+        """Content hash of the arrays; remembered per set of array objects (pages ask for it at every
+        run, and arrays are never changed in place)."""
+        ident = tuple((k, id(v)) for k, v in sorted(self.arrays.items()))
+        memo = self.__dict__.get("_sha256_memo")
+        if memo is not None and memo[0] == ident:
+            return memo[1]
         h = hashlib.sha256()
         for k in sorted(self.arrays):
             a = np.ascontiguousarray(self.arrays[k])
             h.update(k.encode() + str(a.dtype).encode() + str(a.shape).encode())
             h.update(a.tobytes())
-        return h.hexdigest()
+        self.__dict__["_sha256_memo"] = (ident, h.hexdigest())
+        return self.__dict__["_sha256_memo"][1]
 
     def batches(self, batch: int = 1) -> list[dict[str, np.ndarray]]:
         """Feeds of ``batch`` samples (the model's fixed batch when it has one); a last partial batch

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as NotReady
 
 import streamlit as st
@@ -16,7 +16,8 @@ from core.errors import MixprecError
 from core.estimate.cost import FITTED, CostParams
 from core.estimate.fit import calibrate
 from core.estimate.gpus import FIXTURE_GPU, GPUS
-from core.estimate.predict import Prediction, predict
+from core.estimate.predict import Prediction
+from core.estimate.service import EstimateService
 from core.plots import plot_estimate_layers
 from core.policy import Policy
 from core.present import ms_text
@@ -74,15 +75,16 @@ def _tag(params: CostParams) -> str:
 
 
 @st.cache_resource(show_spinner=False)
-def _pool() -> ThreadPoolExecutor:
-    """One worker thread per server for estimates: pure core code (never ``st.*``), off the page run."""
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="mixprec-estimate")
+def _service(ws_root: str) -> EstimateService:
+    """One estimate child process per server and workspace (``core.estimate.service``): the estimate's
+    pure-Python compile and graph walk run there, not under the server's GIL, off every page run."""
+    return EstimateService(ws_root)
 
 
 @st.cache_resource(max_entries=64, show_spinner=False)
 def _predicted(model_sha: str, policy_sha: str, shapes: str, gpu: str, params_tag: str,
                _p: Project, _pol: Policy, _params: CostParams) -> Future:
-    return _pool().submit(predict, _p.model, _pol, _p.input_shapes, gpu, _params)
+    return _service(str(_p.ws.root)).submit(_p.model, _pol, _p.input_shapes, gpu, _params)
 
 
 def _wait() -> float:
