@@ -89,11 +89,13 @@ def _predicted(model_sha: str, policy_sha: str, shapes: str, gpu: str, params_ta
 
 def _wait() -> float:
     """How long a page run waits for a new estimate before drawing "estimating…" and polling for it
-    (``MIXPREC_ESTIMATE_WAIT`` seconds; AppTests set it long, since their fragments do not poll)."""
+    (``MIXPREC_ESTIMATE_WAIT`` seconds; AppTests set it long, since their fragments do not poll).
+    Short by default: a cached estimate is ready at once, a new one (about a second on MiniLM, in
+    the estimate process) arrives through the poll, and a page run that waits holds up the page."""
     try:
-        return max(0.0, float(os.environ.get("MIXPREC_ESTIMATE_WAIT", "0.25")))
+        return max(0.0, float(os.environ.get("MIXPREC_ESTIMATE_WAIT", "0.05")))
     except ValueError:
-        return 0.25
+        return 0.05
 
 
 def pending(p: Project, pol: Policy, gpu: str) -> Future:
