@@ -43,17 +43,26 @@ guide:
 
 What it does not simulate: Myelin's fusion of whole transformer blocks, tactic choice beyond these
 formats, multi-stream overlap.
+
+No weight value is read: the cost model needs FLOPs and bytes, which shapes, types and attributes
+give (a weight's dims from its initializer's metadata). A model whose weights stay in external data
+files (``core.external``, models over 2 GB) is predicted from its graph; only the few small external
+tensors shape inference may need (under :data:`SMALL_VALUE` bytes: a Reshape's shape) are read, one
+at a time (:func:`inference_twin`).
 """
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
+from onnx.external_data_helper import uses_external_data
 
 from ..errors import MixprecError
+from ..external import INLINE_BELOW, location, read_tensor
 from ..onnx_graph import attr, with_input_dims
 from .engine import EngineLayer, Tensor
 from .layers import layer_class
@@ -148,15 +157,18 @@ class Net:
     def shape(self, tensor: str) -> tuple[int, ...]:
         return self.shapes.get(tensor, ())
 
-    def const_value(self, tensor: str) -> np.ndarray | None:
+    def const_dims(self, tensor: str) -> tuple[int, ...] | None:
+        """The dims of a constant (an initializer, an int8 weight behind its DequantizeLinear, a
+        Constant node's tensor), read from its metadata: no value is read, so a weight in an external
+        data file stays there. None when ``tensor`` is no such constant."""
         if tensor in self.inits:
-            return numpy_helper.to_array(self.inits[tensor])
+            return tuple(int(d) for d in self.inits[tensor].dims)
         k = self.producer.get(tensor)
         if k is not None and self.op(k) == "DequantizeLinear":  # an int8 weight
-            return self.const_value(self.nodes[k].input[0])
+            return self.const_dims(self.nodes[k].input[0])
         if k is not None and self.op(k) == "Constant":
             t = attr(self.nodes[k], "value")
-            return numpy_helper.to_array(t) if t is not None else None
+            return tuple(int(d) for d in t.dims) if t is not None else None
         return None
 
     def weight_dtype(self, tensor: str) -> str:
@@ -598,20 +610,24 @@ def _as_rows(t: Tensor) -> Tensor:
     return Tensor(t.name, (rows, int(t.dims[-1]), 1, 1), t.dtype, t.vector)
 
 
+def _count(dims: tuple[int, ...] | None) -> int:
+    return 0 if dims is None else int(np.prod(dims, dtype=np.int64))
+
+
 def _conv_layer(net: Net, g: Group) -> EngineLayer:
     n = net.nodes[g.anchor]
-    w = net.const_value(n.input[1]) if len(n.input) > 1 else None
-    b = net.const_value(n.input[2]) if len(n.input) > 2 and n.input[2] else None
+    w = net.const_dims(n.input[1]) if len(n.input) > 1 else None  # weight and bias: dims only, never values
+    b = net.const_dims(n.input[2]) if len(n.input) > 2 and n.input[2] else None
     ins = [_tensor(net, t, f) for t, f in zip(g.inputs, g.formats_in)]
     outs = [_tensor(net, t, f) for t, f in zip(g.outputs, g.formats_out)]
     precision = g.precision  # fp32: the cost model runs it on TF32 tensor cores where it may (trtexec's default)
     attrs = {"stride": tuple(attr(n, "strides", ()) or ()), "predicted": True}
     kernel, groups, out_maps = (), int(attr(n, "group", 1) or 1), 0
     if n.op_type in ("Conv", "ConvTranspose") and w is not None:
-        kernel = tuple(int(d) for d in w.shape[2:])
-        out_maps = int(w.shape[0] if n.op_type == "Conv" else w.shape[1] * groups)
+        kernel = tuple(int(d) for d in w[2:])
+        out_maps = int(w[0] if n.op_type == "Conv" else w[1] * groups)
     elif n.op_type == "Gemm" and w is not None:  # TensorRT runs it as a 1x1 convolution
-        out_maps = int(w.shape[0] if attr(n, "transB", 0) else w.shape[-1])
+        out_maps = int(w[0] if attr(n, "transB", 0) else w[-1])
         kernel = (1, 1)
         ins = [Tensor(t.name, t.dims + (1, 1) if len(t.dims) == 2 else t.dims, t.dtype, t.vector) for t in ins]
         outs = [Tensor(t.name, t.dims + (1, 1) if len(t.dims) == 2 else t.dims, t.dtype, t.vector) for t in outs]
@@ -628,8 +644,7 @@ def _conv_layer(net: Net, g: Group) -> EngineLayer:
     if g.residual is not None:
         attrs["residual"] = g.residual
     return EngineLayer(" + ".join(_names(net, g)), layer_type, "conv_gemm", precision, tuple(ins), tuple(outs),
-                       kernel, groups, out_maps, int(w.size) if w is not None else 0,
-                       g.weight_dtype if w is not None else "", int(b.size) if b is not None else 0,
+                       kernel, groups, out_maps, _count(w), g.weight_dtype if w is not None else "", _count(b),
                        _names(net, g), False, attrs)
 
 
@@ -719,17 +734,77 @@ def engine_layers(net: Net, groups: list[Group] | None = None) -> list[EngineLay
 
 # --------------------------------------------------------------------------- from a model
 
-def static_net(proto: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]]) -> Net:
-    """A :class:`Net` of ``proto`` with its inputs at ``input_shapes`` and every tensor's shape and type
-    inferred (a MixprecError when inference fails)."""
-    m = with_input_dims(proto, input_shapes)
+# external tensors under this many bytes are read for shape inference (what it may need: a Reshape's
+# shape, Resize scales); larger ones (weights) never are: their type and dims are all the predictor needs
+SMALL_VALUE = INLINE_BELOW
+_READABLE = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
+                       onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT16,
+                       onnx.TensorProto.UINT16, onnx.TensorProto.INT8, onnx.TensorProto.UINT8,
+                       onnx.TensorProto.BOOL})
+
+
+def _small_value(t: onnx.TensorProto, files: dict[str, Path]) -> onnx.TensorProto | None:
+    """External tensor ``t`` with its values read in when it is under SMALL_VALUE bytes (of a type numpy
+    maps), read alone from its data file (``files``: location -> file); None for a larger one."""
+    if t.data_type not in _READABLE:
+        return None
+    nbytes = int(np.prod(tuple(t.dims), dtype=np.int64)) * helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    if nbytes >= SMALL_VALUE:
+        return None
+    loc = location(t)
+    path = files.get(loc)
+    if path is None or not Path(path).is_file():
+        raise MixprecError(f"the data file {loc!r} of the model's tensor {t.name!r} is missing"
+                           + (f" ({path})" if path is not None else ""),
+                           "put the model's data files back beside it, then load the model again")
     try:
-        m = onnx.shape_inference.infer_shapes(m, data_prop=True)
+        return numpy_helper.from_array(np.array(read_tensor(t, Path(path))), t.name)
+    except OSError as e:
+        raise MixprecError(f"the data file {loc!r} of the model's tensor {t.name!r} cannot be read ({e})",
+                           "check the model's data files (present, readable), then load the model again") from e
+
+
+def inference_twin(m: onnx.ModelProto, files: dict[str, Path]) -> onnx.ModelProto:
+    """``m`` ready for shape inference without reading its weights: each external initializer of the
+    main graph under SMALL_VALUE bytes read in (:func:`_small_value`), each larger one a graph input of
+    its type and dims. ``m`` itself when it has no external data."""
+    ext = [i for i, t in enumerate(m.graph.initializer) if uses_external_data(t)]
+    if not ext:
+        return m
+    twin = onnx.ModelProto()
+    twin.CopyFrom(m)  # a graph with external data holds no big weight: a small copy
+    g = twin.graph
+    inputs = {i.name for i in g.input}
+    for i in reversed(ext):
+        t = g.initializer[i]
+        small = _small_value(t, files)
+        if small is not None:
+            t.CopyFrom(small)
+            continue
+        if t.name not in inputs:
+            g.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+        del g.initializer[i]
+    return twin
+
+
+def static_net(proto: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]],
+               files: dict[str, Path] | None = None) -> Net:
+    """A :class:`Net` of ``proto`` with its inputs at ``input_shapes`` and every tensor's shape and type
+    inferred (a MixprecError when inference fails). Weights in external data files are not read: their
+    dims and types are in the graph; the few small external tensors shape inference may need are read
+    from ``files`` (location -> file; see :func:`inference_twin`)."""
+    m = with_input_dims(proto, input_shapes)
+    twin = inference_twin(m, files or {})
+    try:
+        inferred = onnx.shape_inference.infer_shapes(twin, data_prop=True)
     except Exception as e:  # noqa: BLE001 - onnx raises several types
         raise MixprecError(f"shape inference failed on the compiled model ({str(e).splitlines()[0][:200]})",
                            "give every dynamic input dimension a value (--shape / --dim)") from e
+    if twin is m:  # no external data: the inferred model is the model (no second copy of its weights kept)
+        m = inferred
+    del twin
     shapes, dtypes = {}, {}
-    for vi in list(m.graph.input) + list(m.graph.value_info) + list(m.graph.output):
+    for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output):
         tt = vi.type.tensor_type
         dtypes[vi.name] = _ELEM.get(tt.elem_type, "other")
         if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):

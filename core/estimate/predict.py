@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from ..calibration import CalibrationResult
-from ..compile import compile_policy
+from ..compile import CompiledModel, compile_policy
 from ..errors import MixprecError
 from ..model import LoadedModel
 from ..policy import Policy
@@ -52,13 +52,31 @@ def placeholder_calibration(model: LoadedModel, policy: Policy) -> CalibrationRe
                              Path("."), channels)
 
 
+def data_files(compiled: CompiledModel) -> dict[str, Path]:
+    """Location -> file of each external data file a compiled model references: the model's own
+    (``weights.sources``, read where :class:`~core.external.ExternalWeights` reads them) and the new
+    weights' file the compiler wrote (its Spill). Empty for a model with its weights in the graph."""
+    files: dict[str, Path] = {}
+    if compiled.weights is not None:
+        files.update({loc: compiled.weights.read_path(loc) for loc in compiled.weights.sources})
+    if compiled.spill is not None:
+        files[compiled.spill.location] = compiled.spill.path
+    return files
+
+
 def predict_engine(model: LoadedModel, policy: Policy, input_shapes: dict[str, tuple[int, ...]],
                    calib: CalibrationResult | None = None) -> tuple[list[EngineLayer], list[str]]:
     """The engine layers TensorRT would build for ``policy`` (no times), and notes on what the
-    prediction leaves out (:func:`core.estimate.fusion.unmodelled`)."""
+    prediction leaves out (:func:`core.estimate.fusion.unmodelled`). The prediction reads shapes and
+    types only: weights kept in external data files (``core.external``) are never read by it (the
+    compiler reads those it converts, one at a time)."""
     calib = calib if calib is not None else placeholder_calibration(model, policy)
-    compiled = compile_policy(model, policy, calib, target="trt")
-    return predicted(static_net(compiled.proto, input_shapes or {}))
+    try:
+        compiled = compile_policy(model, policy, calib, target="trt")
+    except FileNotFoundError as e:  # a data file of a model kept external was removed after loading
+        raise MixprecError(f"a data file of {model.name} is missing ({e.filename or e})",
+                           "put the model's data files back beside it, then load the model again") from e
+    return predicted(static_net(compiled.proto, input_shapes or {}, data_files(compiled)))
 
 
 def _source_nodes(layer: EngineLayer, source: set[str]) -> list[str]:
