@@ -9,6 +9,7 @@ import streamlit as st
 
 from core.project import DEPLOY_TARGETS, TARGET_LABELS
 from core.runs import latency_caveat
+from ui import cluster
 from ui import common as ui
 
 
@@ -73,6 +74,7 @@ def sidebar() -> None:
         st.button("New project", key="new_project", on_click=_new_project,
                   help="Start again from the default model and policy. This project stays saved: its URL brings it "
                        "back.")
+        cluster.sidebar_fields()
         active = [j for j in ui.jobs(limit=50) if j.active]
         st.caption(f"{len(active)} job(s) queued or running" if active else "No job running")
         st.caption(f"Workspace: {ui.code(ui.workspace().root)}")

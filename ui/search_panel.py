@@ -15,6 +15,7 @@ from core.runs import GENERATED_NOTE
 from core.search import BUDGET_METRICS
 from core.estimate.gpus import FIXTURE_GPU, gpu
 from core.search.searcher import MAC_SHARE_NOTE, TRT_ESTIMATE_NOTE, search_objective
+from ui import cluster
 from ui import common as ui
 
 
@@ -28,7 +29,7 @@ def section(p: Project) -> None:
         smooth = s2.checkbox("SmoothQuant-style smoothing", key="search_smooth")
         try:
             params = search_params(src["model"], src["data"], src["eval_data"], budget, smooth, shapes=ui.shapes(),
-                                   target=ui.target())
+                                   target=ui.target(), ray=cluster.ray_address())
         except MixprecError as e:
             st.error(ui.md(e))
             return

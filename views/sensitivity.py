@@ -7,6 +7,7 @@ from core.plots import plot_ranking, plot_sensitivity_compare
 from core.policy import CALIB_METHODS
 from core.runs import GENERATED_NOTE
 from core.sensitivity import MODES, RANK_METRICS, ranking_comparison
+from ui import cluster
 from ui import common as ui
 from ui import tables
 
@@ -18,7 +19,8 @@ method = st.selectbox("Calibration method", CALIB_METHODS, key="rank_method")
 ranking = ui.ranking(p, method)
 table = ranking.table if ranking is not None else None
 st.subheader("Cumulative (Polygraphy)")
-ui.job_button("rank", rank_params(src["model"], src["data"], src["eval_data"], method, shapes=ui.shapes()),
+ui.job_button("rank", rank_params(src["model"], src["data"], src["eval_data"], method, shapes=ui.shapes(),
+                                  max_memory=cluster.max_memory()),
               f"rank {p.model.name}", "Run the ranking", "run_rank", table is not None,
               "This model and data have not been ranked with this calibration method yet.")
 if table is not None:
@@ -37,12 +39,15 @@ labels = {"isolated": "Isolated (one layer at a time)", "leave-one-out": "Leave-
 mode = st.radio("Mode", MODES, horizontal=True, key="iso_mode", format_func=labels.get)
 sens = ui.sensitivity(p, method, mode)
 ui.job_button("isolated",
-              isolated_params(src["model"], src["data"], src["eval_data"], method, mode, shapes=ui.shapes()),
+              isolated_params(src["model"], src["data"], src["eval_data"], method, mode, shapes=ui.shapes(),
+                              ray=cluster.ray_address()),
               f"{mode} {p.model.name}", labels[mode], "run_isolated", sens is not None,
               f"No {mode} ranking yet for this model, data and calibration method: each eligible layer is "
               "measured on the dev half of the evaluation data (calibrated once, trials in parallel).")
 if sens is not None:
     iso = sens.table
+    if sens.trials_on:
+        st.caption(f"Trials ran on: {ui.md(sens.trials_on)}")
     st.caption("delta: cosine drop with only this layer INT8 (isolated), or cosine gain when only this layer "
                "leaves INT8 (leave-one-out). Next to it: the layer's rank and drop in the cumulative ranking"
                + ("." if table is not None else " (run the cumulative ranking above to fill them in)."))

@@ -1,5 +1,7 @@
 """What each job kind runs in the child process: ``KINDS[kind](params, ws, progress)`` returns
-the path of its result, saved through ``core.store`` (or ``core.runs`` for a build)."""
+the path of its result, saved through ``core.store`` (or ``core.runs`` for a build). The isolated
+and search jobs run their trials where their ``ray`` param says (``core.jobs.params``); the rank
+compares within its ``max_memory``."""
 from __future__ import annotations
 
 import os
@@ -38,14 +40,15 @@ def run_build(params: dict, ws: Workspace, progress) -> str:
 def run_rank(params: dict, ws: Workspace, progress) -> str:
     p = RankParams.from_params(params)
     project = _open(p, ws, progress)
-    ranking = rank_layers(project, method=p.method, max_samples=int(p.max_samples), progress=progress)
+    ranking = rank_layers(project, method=p.method, max_samples=int(p.max_samples), progress=progress,
+                          max_memory=p.max_memory)
     return str(save_ranking(ws, project, ranking))
 
 
 def run_isolated(params: dict, ws: Workspace, progress) -> str:
     p = IsolatedParams.from_params(params)
     project = _open(p, ws, progress)
-    sens = sensitivity(project, p.mode, p.method, workers=int(p.workers), progress=progress)
+    sens = sensitivity(project, p.mode, p.method, workers=int(p.workers), progress=progress, ray=p.ray)
     return str(save_sensitivity(ws, project, sens))
 
 
@@ -53,7 +56,7 @@ def run_search(params: dict, ws: Workspace, progress) -> str:
     p = SearchParams.from_params(params)
     project = _open(p, ws, progress)
     config = SearchConfig(budget=p.budget, smooth=bool(p.smooth), workers=int(p.workers), gpu=p.gpu,
-                          cost_params=load_gpu_calibration(ws, p.gpu))
+                          cost_params=load_gpu_calibration(ws, p.gpu), ray=p.ray)
     result = search(project, config, progress=progress)
     return str(save_search(ws, project, result, bool(p.smooth)))
 

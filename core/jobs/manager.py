@@ -36,7 +36,7 @@ from ..errors import MixprecError
 from ..runs import clean_temp_runs
 from ..workspace import REPO_ROOT, Workspace, atomic_write_json, sweep_stale_temp, take_notes
 from .kinds import ANALYSIS_KINDS, KINDS
-from .params import BuildParams
+from .params import BuildParams, job_label
 from .record import Job
 
 POLL_SECONDS = 0.1
@@ -262,7 +262,7 @@ class JobManager:
         if queue is None:
             queue = _default_queue(kind, params)
         job = Job(id=time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8], kind=kind,
-                  label=label or kind, queue=queue, params=params, owner=str(owner or ""))
+                  label=job_label(kind, params, label), queue=queue, params=params, owner=str(owner or ""))
         with self._lock:
             job.created = time.time()  # stamped in queue order: FIFO by `created` holds across threads
             self._save(job)

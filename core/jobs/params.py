@@ -1,14 +1,28 @@
 """The parameters of each job kind: one dataclass per kind whose defaults are the only ones (the
 builders write them into the job's JSON params, the runners in ``kinds`` read them back with
 ``from_params``). ``build_params`` & co. are the builders pages and tests call; their defaults are the
-dataclasses' (a dataclass keeps a field's default as its class attribute)."""
+dataclasses' (a dataclass keeps a field's default as its class attribute).
+
+Where trials run (isolated / leave-one-out sensitivity, the search): ``ray`` None is the job
+process's ``$MIXPREC_RAY_ADDRESS`` (``core.distributed.ray_address``), ``""`` the local process
+pool, else a Ray address (checked by :func:`ray_param`). The rank's ``max_memory`` is
+``rank --max-memory`` (``core.sensitivity.memory.parse_memory``; None: the default budget)."""
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, fields
 
+from ..distributed import LOCAL, OFF
+from ..errors import MixprecError
 from ..estimate.gpus import FIXTURE_GPU, gpu as gpu_entry
 from ..project import DEFAULT_TARGET
 from ..search import Budget
+from ..sensitivity import parse_memory
+
+RAY_FORMS = "local, auto, HOST:6379 or ray://HOST:10001"
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"  # one part of a host name
+_HOST = rf"(?:\[[0-9A-Fa-f:.]+\]|{_LABEL}(?:\.{_LABEL})*)"  # a host name, an IPv4 or [IPv6]
+_RAY_ADDRESS = re.compile(rf"(?:ray://)?{_HOST}:(\d{{1,5}})")
 
 
 @dataclass(frozen=True)
@@ -43,6 +57,7 @@ class BuildParams(_Params):
 class RankParams(_Params):
     method: str = "minmax"
     max_samples: int = 16
+    max_memory: str | None = None  # the comparison's budget (rank --max-memory: 2G, 512M, 40%); None: the default
 
 
 @dataclass(frozen=True)
@@ -50,6 +65,7 @@ class IsolatedParams(_Params):
     method: str = "minmax"
     mode: str = "isolated"
     workers: int = 2
+    ray: str | None = None  # where the trials run (see the module's docstring)
 
 
 @dataclass(frozen=True)
@@ -58,6 +74,55 @@ class SearchParams(_Params):
     smooth: bool = False
     workers: int = 2
     gpu: str = FIXTURE_GPU  # the GPU of the estimated TensorRT time (core.estimate.gpus key)
+    ray: str | None = None  # where the trials run (see the module's docstring)
+
+
+def ray_param(text: str | None) -> str | None:
+    """A Ray address as a job carries it: None stays None ($MIXPREC_RAY_ADDRESS), empty or ``off``
+    is ``""`` (the local process pool), ``local``/``auto``/``[ray://]HOST:PORT`` as written; anything
+    else is a MixprecError."""
+    if text is None:
+        return None
+    value = str(text).strip()
+    if value.lower() in OFF:
+        return ""
+    if value.lower() in (LOCAL, "auto"):
+        return value.lower()
+    m = _RAY_ADDRESS.fullmatch(value)
+    if m is None or not 0 < int(m.group(1)) < 65536:
+        raise MixprecError(f"{value[:200]!r} is not a Ray cluster address",
+                           f"write {RAY_FORMS}, or leave it empty for the local process pool")
+    return value
+
+
+def memory_param(text: str | None) -> str | None:
+    """A comparison memory budget as a job carries it (None or empty: the default budget), checked
+    with ``rank --max-memory``'s parser."""
+    value = "" if text is None else str(text).strip()
+    if not value:
+        return None
+    try:
+        parse_memory(value)
+    except MixprecError as e:
+        raise MixprecError(f"{value[:200]!r} is not a memory size", e.fix) from e
+    return value
+
+
+def trials_text(ray: str | None) -> str:
+    """Where a job's trials run, for its label: ``""`` when nothing was chosen or the local pool."""
+    if not ray:
+        return ""
+    return "trials on a local Ray instance" if ray == LOCAL else f"trials on Ray {ray}"
+
+
+def job_label(kind: str, params: dict, label: str) -> str:
+    """The label a job is recorded with: ``label`` plus where its trials run, or its comparison's
+    memory budget (``rank --max-memory``), when the job says."""
+    extra = [trials_text(params.get("ray"))] if kind in ("isolated", "search") else []
+    if kind == "rank" and params.get("max_memory"):
+        extra.append(f"comparison within {params['max_memory']}")
+    extra = [e for e in extra if e and e not in label]
+    return " · ".join([label or kind, *extra])
 
 
 def shape_params(shapes: dict | None = None, dims: dict | None = None, batch: int = 1) -> dict:
@@ -78,24 +143,27 @@ def build_params(model: str, policy_json: str, data: str | None = None, eval_dat
 def rank_params(model: str, data: str | None = None, eval_data: str | None = None,
                 method: str = RankParams.method, max_samples: int = RankParams.max_samples,
                 shapes: dict | None = None, dims: dict | None = None, batch: int = 1,
-                target: str = DEFAULT_TARGET) -> dict:
+                target: str = DEFAULT_TARGET, max_memory: str | None = None) -> dict:
+    """The parameters of a ``rank`` job; ``max_memory`` is checked (MixprecError) here."""
     return RankParams(str(model), data, eval_data, **shape_params(shapes, dims, batch), target=target, method=method,
-                      max_samples=int(max_samples)).to_params()
+                      max_samples=int(max_samples), max_memory=memory_param(max_memory)).to_params()
 
 
 def isolated_params(model: str, data: str | None = None, eval_data: str | None = None,
                     method: str = IsolatedParams.method, mode: str = IsolatedParams.mode,
                     shapes: dict | None = None, dims: dict | None = None, batch: int = 1,
-                    target: str = DEFAULT_TARGET) -> dict:
+                    target: str = DEFAULT_TARGET, ray: str | None = None) -> dict:
+    """The parameters of an ``isolated`` job (either mode); the Ray address is checked (MixprecError) here."""
     return IsolatedParams(str(model), data, eval_data, **shape_params(shapes, dims, batch), target=target,
-                          method=method, mode=mode).to_params()
+                          method=method, mode=mode, ray=ray_param(ray)).to_params()
 
 
 def search_params(model: str, data: str | None = None, eval_data: str | None = None,
                   budget: str = SearchParams.budget, smooth: bool = SearchParams.smooth,
                   shapes: dict | None = None, dims: dict | None = None, batch: int = 1,
-                  target: str = DEFAULT_TARGET, gpu: str = SearchParams.gpu) -> dict:
-    """The parameters of a ``search`` job; the budget and the GPU are checked (MixprecError) and
-    normalised here (the GPU to its table key: ``NVIDIA A100-SXM4-80GB`` → ``a100``)."""
+                  target: str = DEFAULT_TARGET, gpu: str = SearchParams.gpu, ray: str | None = None) -> dict:
+    """The parameters of a ``search`` job; the budget, the GPU and the Ray address are checked
+    (MixprecError) and normalised here (the GPU to its table key: ``NVIDIA A100-SXM4-80GB`` → ``a100``)."""
     return SearchParams(str(model), data, eval_data, **shape_params(shapes, dims, batch), target=target,
-                        budget=str(Budget.parse(budget)), smooth=bool(smooth), gpu=gpu_entry(gpu).key).to_params()
+                        budget=str(Budget.parse(budget)), smooth=bool(smooth), gpu=gpu_entry(gpu).key,
+                        ray=ray_param(ray)).to_params()
