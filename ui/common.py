@@ -474,10 +474,14 @@ def submit(kind: str, params: dict, label: str) -> Job | None:
     return job
 
 
+WHERE_PARAMS = ("ray", "max_memory")  # where and in how much memory a job runs, not what it computes
+
+
 def job_button(kind: str, params: dict, label: str, button: str, key: str, stored: bool, missing: str) -> None:
     """The job behind a stored result: its live row while it runs; else, if the result is not
     ``stored`` yet, ``missing``, the last failure and a button that starts it."""
-    mine = [j for j in jobs(kind=kind) if all(j.params.get(k) == v for k, v in params.items())]
+    same = {k: v for k, v in params.items() if k not in WHERE_PARAMS}  # a result is the same wherever it ran
+    mine = [j for j in jobs(kind=kind) if all(j.params.get(k) == v for k, v in same.items())]
     if any(j.active for j in mine):
         job_panel(kind=kind, only=[j.id for j in mine], limit=1)
     elif not stored:
