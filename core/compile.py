@@ -215,8 +215,13 @@ class _Compiler:
         if isinstance(var, gs.Constant):
             key = (var.name, "fp16" if typed else "r16")
             if key not in self.const_copies:
-                vals = values_of(var).astype(np.float16)
-                self.const_copies[key] = self._constant(f"{var.name}__{key[1]}", vals if typed else vals.astype(np.float32))
+                name, steps = f"{var.name}__{key[1]}", (np.float16,) if typed else (np.float16, np.float32)
+                streamed = self.spill.converted(name, var, steps) if self.spill is not None else None
+                if streamed is not None:  # a large external weight: converted chunk by chunk into the data file
+                    self.const_copies[key] = streamed
+                else:
+                    vals = values_of(var).astype(np.float16)
+                    self.const_copies[key] = self._constant(name, vals if typed else vals.astype(np.float32))
             return self.const_copies[key]
         if typed:
             return var if var.name in self.is16 else self._cast(var, np.float16, "fp16")

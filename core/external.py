@@ -31,6 +31,7 @@ import errno
 import fcntl
 import hashlib
 import json
+import mmap
 import os
 import shutil
 import tempfile
@@ -243,6 +244,23 @@ def _unlink(path: Path) -> None:
         pass
 
 
+CHUNK_BYTES = 64 << 20  # external weights larger than this are converted in chunks of this size
+
+
+def _drop_pages(values: np.ndarray) -> None:
+    """Tell the kernel a memory map's pages are not needed now (they stay readable: read again from
+    the file), so a streamed pass over a large weight does not keep it resident."""
+    base = values
+    while base is not None and not isinstance(base, np.memmap):
+        base = getattr(base, "base", None)
+    mm = getattr(base, "_mmap", None)
+    if mm is not None and hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+        try:
+            mm.madvise(mmap.MADV_DONTNEED)
+        except (OSError, ValueError):
+            pass
+
+
 class Spill:
     """A new data file in ``folder`` that tensors are appended to (page-aligned), each returned as an
     external reference; removed when the Spill is collected (saving links or moves it first)."""
@@ -277,6 +295,45 @@ class Spill:
             t.external_data.add(key=k, value=v)
         self.bytes = pos + pad + arr.nbytes
         return t
+
+    def add_converted(self, name: str, source: np.ndarray, steps: tuple, chunk_bytes: int | None = None) -> TensorProto:
+        """Append ``source`` (e.g. a memory map of an external weight) converted through the dtypes
+        ``steps`` (``(np.float16,)``; ``(np.float16, np.float32)`` rounds to float16 and back), one
+        chunk of rows at a time: the converted tensor is never whole in memory, and the source's pages
+        are dropped after each chunk (a memory map's pages would otherwise stay resident)."""
+        out_dt = np.dtype(steps[-1])
+        flat = source.reshape(-1)
+        rows = max(1, (chunk_bytes or CHUNK_BYTES) // max(flat.itemsize, 1))
+        try:
+            pos = self.file.tell()
+            pad = (-pos) % ALIGN
+            self.file.write(b"\0" * pad)
+            for start in range(0, flat.size, rows):
+                part = np.asarray(flat[start:start + rows])
+                for dt in steps:
+                    part = part.astype(dt)
+                self.file.write(part.view(np.uint8).data)
+                _drop_pages(source)
+            self.file.flush()
+        except OSError as e:
+            raise write_error(self.path, e, flat.size * out_dt.itemsize) from e
+        t = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(out_dt), dims=list(source.shape))
+        t.data_location = TensorProto.EXTERNAL
+        nbytes = flat.size * out_dt.itemsize
+        for k, v in (("location", self.location), ("offset", str(pos + pad)), ("length", str(nbytes))):
+            t.external_data.add(key=k, value=v)
+        self.bytes = pos + pad + nbytes
+        return t
+
+    def converted(self, name: str, source: gs.Constant, steps: tuple) -> gs.Constant | None:
+        """An external constant's values converted through ``steps`` straight into this file
+        (:meth:`add_converted`); None when ``source`` is not external or is small (convert it in memory)."""
+        if not is_external(source):
+            return None
+        values = values_of(source)
+        if values.nbytes < CHUNK_BYTES:
+            return None
+        return gs.Constant(name, ExternalValues(self.add_converted(name, values, steps), self.path))
 
     def constant(self, name: str, values: np.ndarray) -> gs.Constant:
         """A gs constant of ``values``: in this file when it is at least INLINE_BELOW bytes."""
