@@ -2,6 +2,7 @@
 inspect, build, rank and isolated sensitivity of all its MatMuls (locally and on a Ray cluster).
 
     .venv/bin/python bench/bench_large.py [--out /tmp/qwen2-05b] [--stages export,...] [--seq 32]
+        [--layers N] [--vocab V]   # export a smaller decoder of the same shape (experiments)
 
 Every stage runs in its own child process, so its seconds and peak RSS are its own; the script
 prints one markdown row per stage (recorded in docs/benchmarks.md).
@@ -15,7 +16,9 @@ Stages:
   a model over 2 GB with one external file per tensor (in a temp folder); they are gathered into
   one ``model.onnx.data`` beside ``model.onnx``, which is checked by path (``onnx.checker``). Also writes ``calib.npz`` (32 sequences) and
   ``eval.npz`` (16 sequences, with next-token ``labels``) of ``--seq`` uniform random token ids.
-  No download: the config and the weights are made here.
+  No download: the config and the weights are made here. ``--layers N`` / ``--vocab V`` override
+  ``num_hidden_layers`` / ``vocab_size`` (e.g. ``--layers 4 --vocab 32000``: a ~120 M-parameter
+  decoder, for experiments that take a minute).
 
 The other stages (inspect, build, rank, sensitivity, Ray) are added with the large-model support
 (issue 14 §1, §3, §4); each is a function ``stage(out_dir, args) -> dict`` in ``STAGES``.
@@ -56,15 +59,26 @@ def _gather_external_data(exported: Path, model_path: Path) -> None:
                     location=DATA_FILE, size_threshold=1024)
 
 
+def export_config(args) -> dict:
+    """QWEN2_05B_CONFIG with ``--layers`` / ``--vocab`` applied."""
+    config = dict(QWEN2_05B_CONFIG)
+    if getattr(args, "layers", None):
+        config["num_hidden_layers"] = args.layers
+    if getattr(args, "vocab", None):
+        config["vocab_size"] = args.vocab
+    return config
+
+
 def stage_export(out: Path, args) -> dict:
     import onnx
 
     t0 = time.perf_counter()
-    module = decoder_module(QWEN2_05B_CONFIG, seed=0)
+    config = export_config(args)
+    module = decoder_module(config, seed=0)
     params = sum(p.numel() for p in module.parameters())
     built = time.perf_counter()
     rng = np.random.default_rng(0)
-    vocab = QWEN2_05B_CONFIG["vocab_size"]
+    vocab = config["vocab_size"]
     calib, eval_ = (rng.integers(0, vocab, (n, args.seq), dtype=np.int64) for n in (32, 16))
     out.mkdir(parents=True, exist_ok=True)
     for stale in (out / "model.onnx", out / DATA_FILE):
@@ -82,7 +96,8 @@ def stage_export(out: Path, args) -> dict:
     onnx.checker.check_model(str(out / "model.onnx"))  # by path: works past 2 GB
     return {"parameters": params, "model_bytes": (out / "model.onnx").stat().st_size,
             "data_bytes": (out / DATA_FILE).stat().st_size, "build_s": built - t0, "export_s": exported - built,
-            "gather_s": time.perf_counter() - exported, "seq": args.seq}
+            "gather_s": time.perf_counter() - exported, "seq": args.seq, "layers": config["num_hidden_layers"],
+            "vocab": vocab}
 
 
 STAGES = {"export": stage_export}
@@ -162,13 +177,81 @@ def stage_sensitivity(out: Path, args) -> dict:
             "matmuls": int((s.table["op_type"] == "MatMul").sum())}
 
 
-STAGES.update(inspect=stage_inspect, build=stage_build, rank=stage_rank, sensitivity=stage_sensitivity)
+class TreePeak:
+    """The highest VmHWM (the kernel's per-process peak RSS) of any descendant of this process, sampled
+    every second: Ray's workers are children of its raylet, so RUSAGE_CHILDREN does not see them."""
+
+    def __init__(self):
+        import threading
+
+        self.peak, self._stop = 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _descendants(self) -> list[int]:
+        parent = {}
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                try:
+                    parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    pass
+        mine, grew = {os.getpid()}, True
+        while grew:
+            new = {pid for pid, pp in parent.items() if pp in mine and pid not in mine}
+            mine |= new
+            grew = bool(new)
+        return sorted(mine - {os.getpid()})
+
+    def _run(self):
+        while not self._stop.wait(1.0):
+            for pid in self._descendants():
+                try:
+                    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                        if line.startswith("VmHWM:"):
+                            self.peak = max(self.peak, int(line.split()[1]) * 1024)
+                except OSError:
+                    pass
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def _stage_ray(workers: int):
+    def stage(out: Path, args) -> dict:
+        """Isolated sensitivity as ``stage_sensitivity``, its trials as Ray tasks on a local Ray instance
+        (``ray="local"``: started in this process with ``workers`` CPUs, one task per CPU, 1 thread each;
+        the switchable model's weights are external, so every worker reads it from the workspace path).
+        The stored table of an earlier run is removed first, so the trials run again."""
+        from core.sensitivity import sensitivity, split_eval
+
+        p = _project(out)
+        for old in p.ws.sub("search", p.model.sha256[:16]).glob("sensitivity-isolated-*.json"):
+            old.unlink()
+        dev = split_eval(p.eval_data)[0].slice(0, SENS_EVAL)
+        t0 = time.perf_counter()
+        with TreePeak() as tree:
+            s = sensitivity(p, mode="isolated", data=dev, workers=workers, ray="local")
+        return {"sensitivity_s": time.perf_counter() - t0, "trials": len(s.table), "eval_sequences": SENS_EVAL,
+                "workers": workers, "cache_hit": s.cache_hit, "trials_on": s.trials_on,
+                "worker_peak_rss_bytes": tree.peak}
+
+    return stage
+
+
+STAGES.update(inspect=stage_inspect, build=stage_build, rank=stage_rank, sensitivity=stage_sensitivity,
+              ray1=_stage_ray(1), ray2=_stage_ray(2))
 
 
 def _run_child(stage: str, args) -> dict:
     """Run one stage in a child process; its result plus the child's seconds and peak RSS."""
     t0 = time.perf_counter()
     cmd = [sys.executable, __file__, "--child", stage, "--out", str(args.out), "--seq", str(args.seq)]
+    cmd += [a for k in ("layers", "vocab") if getattr(args, k) for a in (f"--{k}", str(getattr(args, k)))]
     p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     if p.returncode != 0:
         return {"stage": stage, "error": p.stderr.strip().splitlines()[-1] if p.stderr.strip() else "failed"}
@@ -181,6 +264,8 @@ def main():
     ap.add_argument("--out", type=Path, default=Path("/tmp/mixprec-qwen2-05b"))
     ap.add_argument("--stages", default=",".join(STAGES))
     ap.add_argument("--seq", type=int, default=32, help="tokens per calibration / evaluation sequence")
+    ap.add_argument("--layers", type=int, help="export: num_hidden_layers instead of 24 (a smaller decoder)")
+    ap.add_argument("--vocab", type=int, help="export: vocab_size instead of 151936")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:

@@ -153,6 +153,24 @@ def _subgraphs(node: gs.Node):
                     yield from _subgraphs(inner)
 
 
+def _hoist_switch_constants(proto: onnx.ModelProto, names: set[str]) -> None:
+    """Move the initializers of the weight switches' If branches (onnx-graphsurgeon exports a
+    constant where it is used) into the main graph, which the branches read from the outer scope:
+    the checks, the data-file handling and the runtimes then see every weight in one place, and a
+    constant shared by several switches is stored once."""
+    main = proto.graph
+    have = {t.name for t in main.initializer}
+    for n in main.node:
+        if n.op_type != "If" or n.name not in names:
+            continue
+        for a in n.attribute:
+            for t in a.g.initializer:
+                if t.name not in have:
+                    main.initializer.append(t)
+                    have.add(t.name)
+            del a.g.initializer[:]
+
+
 class _Compiler:
     def __init__(self, model: LoadedModel, policy: Policy, calib: CalibrationResult | None, target: str,
                  switchable: bool = False, int8_outputs: bool = False):
@@ -172,6 +190,7 @@ class _Compiler:
         self.const_copies: dict[tuple[str, str], gs.Constant] = {}
         self.origin: dict[str, str] = {}  # name of a Cast-made version -> the original tensor's name
         self.switches: dict[str, gs.Variable] | None = {} if switchable else None
+        self.if_switches: set[str] = set()  # names of the weight switches' If nodes
         self.smoothing = dict(policy.smoothing)
         self.amax_override: dict[str, float] = {}
         self.quantized: dict[tuple[str, float], tuple[gs.Variable, gs.Constant, gs.Constant]] = {}
@@ -282,16 +301,37 @@ class _Compiler:
                         inner.inputs[i] = self._fp32(t)
 
     def _switch(self, node, i, quantized, original):
-        """Switchable model: ``Where(flag, quantized, fp16)`` with one boolean input per layer; the
-        off state is the layer's FP16 fallback (inputs and weights rounded to float16)."""
+        """Switchable model: one boolean input per layer; on, the layer's input is ``quantized``, off,
+        its FP16 fallback (inputs and weights rounded to float16). An activation: ``Where(flag,
+        quantized, fp16)``. A weight: ``If(flag)`` (:meth:`_switch_weight`)."""
         if self.switches is None:
             return quantized
-        original = self._fp16(original, typed=False)
         if node.name not in self.switches:
             flag = gs.Variable(f"mixprec_switch/{node.name}", dtype=np.bool_, shape=[])
             self.graph.inputs.append(flag)
             self.switches[node.name] = flag
+        if isinstance(original, gs.Constant):
+            return self._switch_weight(node, i, quantized, original)
+        original = self._fp16(original, typed=False)
         return self._node("Where", [self.switches[node.name], quantized, original], f"{node.name}/switch{i}",
+                          dtype=np.float32, shape=original.shape)
+
+    def _switch_weight(self, node, i, quantized, original):
+        """A weight's switch: ``If(flag)`` whose then-branch is the weight's DequantizeLinear (of its
+        int8 copy) and whose else-branch casts its float16 copy to float32 (the same values as the
+        float32 rounding ``_fp16(w, typed=False)``, stored at 2 bytes a value). Only the branch taken
+        runs, and no float32 copy of the weight is stored; the branches' constants are main-graph
+        initializers (:func:`_hoist_switch_constants`)."""
+        dq = quantized.inputs[0]
+        self.new_nodes.remove(dq)
+        name = f"{node.name}/switch{i}"
+        w16 = self._fp16(original, typed=True)
+        r16 = gs.Variable(f"{name}/w16_output", dtype=np.float32, shape=original.shape)
+        cast = gs.Node("Cast", f"{name}/Cast_w16", {"to": onnx.TensorProto.FLOAT}, [w16], [r16])
+        then_g = gs.Graph(nodes=[dq], outputs=[quantized], name=f"{name}/int8", opset=self.opset)
+        else_g = gs.Graph(nodes=[cast], outputs=[r16], name=f"{name}/fp16", opset=self.opset)
+        self.if_switches.add(name)
+        return self._node("If", [self.switches[node.name]], name, {"then_branch": then_g, "else_branch": else_g},
                           dtype=np.float32, shape=original.shape)
 
     def _smooth(self, node):
@@ -471,6 +511,7 @@ class _Compiler:
         self.graph.nodes.extend(self.new_nodes)
         self.graph.cleanup(remove_unused_graph_inputs=False).toposort()
         proto = gs.export_onnx(self.graph, do_type_check=True)
+        _hoist_switch_constants(proto, self.if_switches)
         proto.ir_version = self.model.proto.ir_version
         del proto.graph.value_info[:]
         proto.doc_string = f"mixprec explicit-precision model (target={self.target}, policy sha256={self.policy.sha256})"
@@ -497,7 +538,10 @@ def compile_policy(model: LoadedModel, policy: Policy, calib: CalibrationResult 
                    target: str = "ort", switchable: bool = False, int8_outputs: bool = False) -> CompiledModel:
     """Compile ``policy`` for ``model`` into an explicit-precision ONNX. ``switchable`` puts
     every INT8 layer's quantization behind a boolean graph input (``switch_inputs``), so one
-    session can evaluate any subset of INT8 layers (used by the sensitivity search).
+    session can evaluate any subset of INT8 layers (used by the sensitivity search). An activation's
+    switch is a ``Where``; a weight's an ``If`` that runs only the branch taken and stores the weight
+    as int8 and float16 (3 bytes a value): open it without ONNX Runtime's ConstantFolding
+    (``core.distributed.trial_session``), which would store the float16 copy's float32 cast.
 
     ``int8_outputs`` also quantizes the *outputs* of INT8 layers — an analysis option that
     reproduces the placement of implicit INT8 / ``--layerOutputTypes=int8``. mixprec's own

@@ -53,26 +53,41 @@ _EXACT_ARENA: list = []  # this process's CPU arena that grows by what is asked 
 
 def _exact_arena() -> None:
     """Register a CPU arena that extends by the size asked (``arena_extend_strategy`` 1), not by powers
-    of two: a switchable model dequantizes every weight at each run (the Where of a switch is not
-    folded), and the default arena keeps more of those buffers. Qwen2-0.5B-shaped decoder (3.0 GB
-    switchable model), 6 runs: peak 5.7 GiB and 1.4-2 s a run, against 6.3 GiB / 2.1 s with the
-    default arena and 5.6 GiB / 3-3.8 s with none; its 217 isolated trials (bench/bench_large.py):
-    worker peak 6.9 GiB in 751 s, against 7.5 GiB / 588 s (default) and 5.9 GiB / 1283 s (none)."""
+    of two: a switchable model makes every weight's float32 values at each run (its switch's If is not
+    folded), and the default arena keeps more of those buffers, while no arena pays page faults for
+    them at every run. Measured with the former Where switches (3.0 GB switchable model), 217
+    isolated trials of the Qwen2-0.5B-shaped decoder (bench/bench_large.py): worker peak 6.9 GiB in
+    751 s, against 7.5 GiB / 588 s (default arena) and 5.9 GiB / 1283 s (none)."""
     if not _EXACT_ARENA:
         info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
         ort.create_and_register_allocator(info, ort.OrtArenaCfg({"arena_extend_strategy": 1}))
         _EXACT_ARENA.append(info)
 
 
+TRIAL_DISABLED_OPTIMIZERS = ["ConstantFolding"]
+
+
 def trial_session(model, threads: int) -> ort.InferenceSession:
-    """A CPU session of the switchable model (a path or the serialized bytes), on :func:`_exact_arena`."""
+    """A CPU session of the switchable model (a path or the serialized bytes), on :func:`_exact_arena`,
+    without ONNX Runtime's ConstantFolding (:data:`TRIAL_DISABLED_OPTIMIZERS`): a weight's switch
+    (``core.compile``, ``If(flag)``) casts the weight's float16 copy to float32 in its off branch, which
+    ConstantFolding would fold into a float32 initializer (4 bytes a weight value, resident for the
+    session's life). The other optimizations run; trial outputs are bit-identical either way.
+    Qwen2-0.5B-shaped decoder (bench/bench_large.py), 8 trials: worker peak 3.3-3.5 GiB and 0.6-1.3 s
+    a run, against 6.6 GiB and 3.3 s with the former ``Where`` switches."""
+    return ort.InferenceSession(model, trial_options(threads), providers=["CPUExecutionProvider"],
+                                disabled_optimizers=TRIAL_DISABLED_OPTIMIZERS)
+
+
+def trial_options(threads: int) -> ort.SessionOptions:
+    """The session options of :func:`trial_session` (all optimizations, :func:`_exact_arena`)."""
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.log_severity_level = 3
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     _exact_arena()
     so.add_session_config_entry("session.use_env_allocators", "1")
-    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    return so
 
 
 def run_trial(sess, batches: list, switches: list[str], ref: list, out_name: str, labels, on) -> Quality:

@@ -138,8 +138,8 @@ def test_a_model_with_external_weights_is_read_from_the_workspace(cluster, rws, 
 
     monkeypatch.delenv(RAY_ENV, raising=False)
     monkeypatch.setenv("MIXPREC_EXTERNAL_WEIGHTS_FROM", "1")
-    rng, ch, x, nodes, inits = np.random.default_rng(0), 160, "x", [], []
-    for i in range(3):  # 100 KB weights each: above the size that is read into the graph
+    rng, ch, x, nodes, inits = np.random.default_rng(0), 192, "x", [], []
+    for i in range(3):  # 147 KB weights each: their float16 copies (74 KB) are above the size read into the graph
         inits.append(numpy_helper.from_array((rng.standard_normal((ch, ch, 1, 1)) * 0.1).astype(np.float32), f"w{i}"))
         nodes += [helper.make_node("Conv", [x, f"w{i}"], [f"c{i}"], name=f"conv{i}"),
                   helper.make_node("Relu", [f"c{i}"], [f"r{i}"], name=f"relu{i}")]

@@ -44,7 +44,9 @@ from ..project import Project
 from ..records import check_format, frame_from_json, frame_to_json
 from ..workspace import atomic_write_json, discard_corrupt, file_stamp, sha256_bytes
 
-SWITCHABLE_FORMAT_VERSION = 2  # in the cache keys of switchable models; 2: one shared QuantizeLinear per tensor
+# in the cache keys of switchable models; 2: one shared QuantizeLinear per tensor; 3: a weight's switch is an
+# If (int8 DequantizeLinear / float16 copy cast to float32), no float32 copy of the weight
+SWITCHABLE_FORMAT_VERSION = 3
 MODES = ("isolated", "leave-one-out")
 SENSITIVITY_COLUMNS = ["rank", "name", "op_type", "macs", "mode", "method", "cosine", "delta", "snr_db"]
 
