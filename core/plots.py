@@ -417,6 +417,10 @@ def plot_pareto(candidates_df: pd.DataFrame, chosen: int | None = None, budget=N
                           "%{customdata[1]} layers INT8 · %{customdata[2]:.0%} of eligible MACs INT8<br>"
                           "reformat %{customdata[3]:.1f}% · %{customdata[5]} INT8/FP16 boundaries<extra></extra>"))
     metric = budget.metric if budget is not None else "quality"
+    xs = df["est_ms"].astype(float)
+    if len(xs) and xs.max() - xs.min() <= 1e-12 * max(abs(xs.max()), 1.0):
+        x = float(xs.iloc[0])  # one distinct latency: a range around it, not Plotly's -0.5..1 default
+        fig.update_xaxes(range=[max(0.0, x * 0.8), x * 1.2] if x > 0 else [x - 1, x + 1])
     if budget is not None:
         fig.add_hline(y=budget.value, line_dash="dash", line_color="#E45756",
                       annotation_text=plot_text(f"budget {budget}"))

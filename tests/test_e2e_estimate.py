@@ -22,6 +22,10 @@ LAYER = "/conv2/Conv"  # INT8 by default
 
 def _estimate(page) -> tuple[str, str]:
     page.get_by_text("Estimated TensorRT latency on", exact=False).first.wait_for()
+    # a new policy's estimate is computed in the estimate process and arrives through the panel's poll
+    # (the first one also starts that process and loads the model there)
+    page.get_by_text("Estimating the TensorRT engine", exact=False).first.wait_for(state="detached", timeout=120_000)
+    page.get_by_test_id("stMetricLabel").filter(has_text="Estimated TensorRT time").first.wait_for(timeout=120_000)
     _idle(page)
     m = _metrics(page)
     return m["Estimated TensorRT time"], m["Predicted reformats"]

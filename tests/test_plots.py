@@ -80,6 +80,14 @@ def test_plot_pareto_front_connected_and_chosen_marked(candidates):
     assert len(plot_pareto(candidates).data) == 2  # no chosen point, no budget: no star, nothing fails
     flipped = plot_pareto(candidates, budget=Budget.parse("top1_drop<=1%"))
     assert flipped.layout.yaxis.autorange == "reversed"
+    assert fig.layout.xaxis.range is None  # several latencies: Plotly fits them
+
+
+def test_plot_pareto_one_latency_gets_a_range_around_it(candidates):
+    """All candidates at one estimated latency: the x axis spans ±20 % of it, not Plotly's -0.5..1."""
+    same = candidates.assign(est_ms=0.1956)
+    fig = plot_pareto(same, chosen=0)
+    assert tuple(fig.layout.xaxis.range) == pytest.approx((0.1956 * 0.8, 0.1956 * 1.2))
 
 
 def test_search_front_from_a_stored_document(candidates, isolated, tiny_cnn, tmp_path):
