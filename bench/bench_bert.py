@@ -55,7 +55,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from core.samples import (_export_minilm, run_minilm_module, split_corpus,  # noqa: E402
+from core.samples import (_export_minilm, run_minilm_module, sentence_embedding, split_corpus,  # noqa: E402
                           tokenize_sentences)
 from core.workspace import atomic_save_npz, atomic_write_bytes  # noqa: E402
 
@@ -65,7 +65,7 @@ RUNS = ("cold", "warm", "calib")
 
 def bert_base_module(seed: int = 0):
     """``BertModel(BertConfig())`` with seeded random weights, mean-pooled and L2-normalised as the
-    minilm sample (``core.samples.load_minilm_module``), children registered on the wrapper."""
+    minilm sample (``core.samples.sentence_embedding``), children registered on the wrapper."""
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     import torch
@@ -74,24 +74,7 @@ def bert_base_module(seed: int = 0):
     torch.manual_seed(seed)
     bert = BertModel(BertConfig(attn_implementation="eager"), add_pooling_layer=False).eval()
 
-    class SentenceEmbedding(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            for child_name, child in bert.named_children():
-                self.add_module(child_name, child)
-            self.__dict__["bert"] = bert
-
-        def forward(self, input_ids, attention_mask, token_type_ids):
-            mask = attention_mask.to(torch.float32)
-            bias = (1.0 - mask[:, None, None, :]) * -10000.0
-            positions = torch.arange(input_ids.shape[1]).unsqueeze(0)
-            hidden = self.bert(input_ids=input_ids, attention_mask=bias, token_type_ids=token_type_ids,
-                               position_ids=positions).last_hidden_state
-            mask = mask.unsqueeze(-1)
-            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-            return pooled / pooled.norm(dim=1, keepdim=True).clamp(min=1e-12)
-
-    return SentenceEmbedding().eval()
+    return sentence_embedding(bert)
 
 
 def export(out: Path) -> dict:

@@ -213,16 +213,21 @@ def tokenize_sentences(sentences: list[str], max_length: int = MINILM_MAX_LENGTH
 def load_minilm_module():
     """The torch reference of the minilm sample: BERT + mean pooling over the mask + L2 normalisation.
 
-    Numerically the same as sentence-transformers' all-MiniLM-L6-v2. The BERT's children are registered
-    directly on the wrapper so torch's node names read ``/encoder/layer.0/output/dense/MatMul`` (no prefix).
-    """
+    Numerically the same as sentence-transformers' all-MiniLM-L6-v2."""
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
-    import torch
     from transformers import AutoModel
 
     bert = AutoModel.from_pretrained(str(_minilm_dir()), attn_implementation="eager")
     bert.pooler = None  # unused: the sentence embedding is the masked mean of the last hidden state
+    return sentence_embedding(bert)
+
+
+def sentence_embedding(bert):
+    """A BERT module wrapped as a sentence embedding: the masked mean of its last hidden state,
+    L2-normalised (the minilm sample's head). The BERT's children are registered directly on the
+    wrapper so torch's node names read ``/encoder/layer.0/output/dense/MatMul`` (no prefix)."""
+    import torch
 
     class SentenceEmbedding(torch.nn.Module):
         def __init__(self):
