@@ -174,6 +174,10 @@ def test_only_the_owner_cancels_unless_admin(mgr, monkeypatch):
     for other in ("session-b", None, ""):
         with pytest.raises(MixprecError, match="belongs to another session.*MIXPREC_ADMIN=1"):
             mgr.cancel(queued.id, owner=other)
+    deadline = time.monotonic() + 60  # the supervisor starts the first job (then the second is first in line)
+    while mgr.get(mine.id).status == "queued" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert mgr.get(mine.id).status == "running"
     assert mgr.get(queued.id).status == "queued" and mgr.queue_position(queued.id) == 0
     monkeypatch.setenv("MIXPREC_ADMIN", "1")
     assert mgr.cancel(queued.id, owner="session-b").status == "cancelled"
