@@ -32,6 +32,7 @@ from .external import (EXTERNAL_FROM, HASH_CACHE_FROM, ExternalWeights, Spill, c
                        files_bytes, folder_lock, inline_small, model_sha256, rename_location, save_with_data,
                        sweep_tmp)
 from .normalize import NormStep, default_opset, normalize_model
+from .onnx_graph import without_weights
 from .samples import SAMPLES, materialize_sample
 from .workspace import Workspace, atomic_write_bytes, check_confined, env_bytes, read_user_file
 
@@ -265,6 +266,26 @@ def _inference_error(e: Exception, path: Path) -> MixprecError:
     )
 
 
+def _infer_light(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
+    """``onnx.shape_inference.infer_shapes(model, strict_mode=True)`` without sending the weights through
+    onnx's C++ side (which serializes the model, parses it, and serializes and parses the result: four more
+    copies of every weight): inference runs on ``core.onnx_graph.without_weights``, then the weights are put back into
+    the inferred graph in their order. The same proto as inferring ``model`` itself."""
+    twin, added = without_weights(model)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(twin, strict_mode=True)
+    except Exception as e:  # noqa: BLE001 - InferenceError and friends
+        raise _inference_error(e, path) from e
+    del twin
+    g = inferred.graph
+    kept = [i for i in g.input if i.name not in added]
+    del g.input[:]
+    g.input.extend(kept)
+    del g.initializer[:]
+    g.initializer.extend(model.graph.initializer)
+    return inferred
+
+
 def _infer_path(graph: Path, path: Path) -> onnx.ModelProto:
     """Shape inference by path (``infer_shapes_path``): the graph with its inferred shapes, its
     external data unread."""
@@ -336,6 +357,7 @@ def model_from_bytes(data: bytes, path: Path, name: str | None = None, sample: s
     if ws is None and extra >= HASH_CACHE_FROM:
         ws = Workspace.default()
     sha, size = model_sha256(data, path.parent, files, ws), len(data) + extra
+    del data  # parsed and hashed: a caller that passed it without keeping it frees its bytes here
     if files and (extra >= env_bytes("MIXPREC_EXTERNAL_WEIGHTS_FROM", EXTERNAL_FROM) or size >= MAX_MODEL_BYTES):
         inferred, steps, original_opset, weights = _load_external(model, path, sha, ws or Workspace.default())
         return _finish(inferred, path, name, sample, sha, size, steps, original_opset, weights)
@@ -346,10 +368,8 @@ def model_from_bytes(data: bytes, path: Path, name: str | None = None, sample: s
     model, steps = normalize_model(model, path.parent, name=path.name)
     if steps:
         _check(model, path, " after normalisation (" + ", ".join(s.step for s in steps) + ")")
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
-    except Exception as e:  # noqa: BLE001 - InferenceError and friends
-        raise _inference_error(e, path) from e
+    inferred = _infer_light(model, path)
+    del model  # the inferred graph holds the only copy of the weights from here
     return _finish(inferred, path, name, sample, sha, size, steps, original_opset)
 
 
@@ -375,5 +395,5 @@ def load_model(spec: str | os.PathLike, ws: Workspace | None = None, progress=No
                 f"{path} is a folder, not a model file",
                 "give the .onnx file itself" + (f", e.g. {path / onnx_files[0]}" if onnx_files else ""),
             )
-    data = read_user_file(path, "model", env_bytes("MIXPREC_MAX_MODEL_BYTES", MAX_MODEL_BYTES), ws.root)
-    return model_from_bytes(data, path, name=f"sample:{sample}" if sample else None, sample=sample, ws=ws)
+    return model_from_bytes(read_user_file(path, "model", env_bytes("MIXPREC_MAX_MODEL_BYTES", MAX_MODEL_BYTES), ws.root),
+                            path, name=f"sample:{sample}" if sample else None, sample=sample, ws=ws)

@@ -36,7 +36,7 @@ from onnx import TensorProto, helper, numpy_helper, version_converter
 from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
 
 from .errors import MixprecError
-from .onnx_graph import all_nodes, default_opset, subgraphs
+from .onnx_graph import all_nodes, default_opset, subgraphs, without_weights
 from .trt_rules import MIN_OPSET
 
 TARGET_OPSET = MIN_OPSET  # what TensorRT's per-channel DequantizeLinear needs (core.trt_rules)
@@ -321,10 +321,11 @@ def _constant_inputs(graph: onnx.GraphProto) -> set[str]:
 def _folded_values(proto: onnx.ModelProto, base_dir: Path | None = None) -> dict[str, np.ndarray]:
     """Every tensor of the main graph that gs's ``fold_constants`` can compute, by name. External
     initializers that constant nodes read are loaded (into the work copy only) from ``base_dir``."""
-    work = onnx.ModelProto()
-    work.CopyFrom(proto)
+    needed = _constant_inputs(proto.graph)
+    # the weights no constant node reads stay out of the work copy (typed inputs there): folding cannot
+    # compute from them, and copying them (and shape inference's copies) was the peak of loading a model
+    work, _ = without_weights(proto, keep=needed)
     if base_dir is not None:
-        needed = _constant_inputs(work.graph)
         for init in work.graph.initializer:
             if init.name in needed and uses_external_data(init):
                 load_external_data_for_tensor(init, str(base_dir))

@@ -4,6 +4,7 @@ of mixprec."""
 from __future__ import annotations
 
 import onnx
+from onnx import helper
 
 
 def subgraphs(node: onnx.NodeProto):
@@ -57,3 +58,39 @@ def with_input_dims(proto: onnx.ModelProto, dims: dict[str, tuple[int, ...]]) ->
         for d in out.type.tensor_type.shape.dim:
             d.Clear()
     return m
+
+
+LIGHT_FROM = 1 << 16  # initializers of at least this many bytes are left out of a weightless copy
+
+
+def _copy_fields(src, dst, skip: str) -> None:
+    """Copy every set field of message ``src`` but ``skip`` into ``dst`` (of the same type)."""
+    for f, v in src.ListFields():
+        if f.name == skip:
+            continue
+        repeated = f.is_repeated if hasattr(f, "is_repeated") else f.label == f.LABEL_REPEATED
+        if repeated:
+            getattr(dst, f.name).extend(v)
+        elif f.type == f.TYPE_MESSAGE:
+            getattr(dst, f.name).CopyFrom(v)
+        else:
+            setattr(dst, f.name, v)
+
+
+def without_weights(model: onnx.ModelProto, keep: set[str] = frozenset(),
+                    below: int = LIGHT_FROM) -> tuple[onnx.ModelProto, set[str]]:
+    """A copy of ``model`` without its main-graph initializers of ``below`` bytes or more (except those
+    in ``keep``): each is a typed graph input instead, which is all shape inference needs of it. For
+    analyses that would otherwise copy every weight (onnx's C++ side serializes and parses the model).
+    Returns the copy and the names of the inputs that stand for left-out initializers."""
+    twin, g = onnx.ModelProto(), model.graph
+    _copy_fields(model, twin, "graph")
+    _copy_fields(g, twin.graph, "initializer")
+    have, added = {i.name for i in g.input}, set()
+    for t in g.initializer:
+        if t.name in keep or t.ByteSize() < below:
+            twin.graph.initializer.append(t)
+        elif t.name not in have:
+            twin.graph.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+            added.add(t.name)
+    return twin, added
