@@ -77,18 +77,20 @@ def _copy_fields(src, dst, skip: str) -> None:
             setattr(dst, f.name, v)
 
 
-def without_weights(model: onnx.ModelProto, keep: set[str] = frozenset(),
-                    below: int = LIGHT_FROM) -> tuple[onnx.ModelProto, set[str]]:
+def without_weights(model: onnx.ModelProto, keep: set[str] = frozenset(), below: int = LIGHT_FROM,
+                    left_out=None) -> tuple[onnx.ModelProto, set[str]]:
     """A copy of ``model`` without its main-graph initializers of ``below`` bytes or more (except those
-    in ``keep``): each is a typed graph input instead, which is all shape inference needs of it. For
-    analyses that would otherwise copy every weight (onnx's C++ side serializes and parses the model).
-    Returns the copy and the names of the inputs that stand for left-out initializers."""
+    in ``keep``), or those ``left_out(tensor)`` says: each is a typed graph input instead, which is all
+    shape inference needs of it. For analyses that would otherwise copy every weight (onnx's C++ side
+    serializes and parses the model). Returns the copy and the names of the inputs that stand for
+    left-out initializers."""
+    left_out = left_out or (lambda t: t.name not in keep and t.ByteSize() >= below)
     twin, g = onnx.ModelProto(), model.graph
     _copy_fields(model, twin, "graph")
     _copy_fields(g, twin.graph, "initializer")
     have, added = {i.name for i in g.input}, set()
     for t in g.initializer:
-        if t.name in keep or t.ByteSize() < below:
+        if not left_out(t):
             twin.graph.initializer.append(t)
         elif t.name not in have:
             twin.graph.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))

@@ -63,7 +63,7 @@ from onnx.external_data_helper import uses_external_data
 
 from ..errors import MixprecError
 from ..external import INLINE_BELOW, location, read_tensor
-from ..onnx_graph import attr, with_input_dims
+from ..onnx_graph import attr, with_input_dims, without_weights
 from .engine import EngineLayer, Tensor
 from .layers import layer_class
 
@@ -767,23 +767,23 @@ def _small_value(t: onnx.TensorProto, files: dict[str, Path]) -> onnx.TensorProt
 def inference_twin(m: onnx.ModelProto, files: dict[str, Path]) -> onnx.ModelProto:
     """``m`` ready for shape inference without reading its weights: each external initializer of the
     main graph under SMALL_VALUE bytes read in (:func:`_small_value`), each larger one a graph input of
-    its type and dims. ``m`` itself when it has no external data."""
-    ext = [i for i, t in enumerate(m.graph.initializer) if uses_external_data(t)]
-    if not ext:
+    its type and dims (``core.onnx_graph.without_weights``). ``m`` itself when it has no external data."""
+    if not any(uses_external_data(t) for t in m.graph.initializer):
         return m
-    twin = onnx.ModelProto()
-    twin.CopyFrom(m)  # a graph with external data holds no big weight: a small copy
-    g = twin.graph
-    inputs = {i.name for i in g.input}
-    for i in reversed(ext):
-        t = g.initializer[i]
-        small = _small_value(t, files)
-        if small is not None:
-            t.CopyFrom(small)
-            continue
-        if t.name not in inputs:
-            g.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-        del g.initializer[i]
+    small: dict[str, onnx.TensorProto] = {}
+
+    def left_out(t: onnx.TensorProto) -> bool:
+        if not uses_external_data(t):
+            return False
+        value = _small_value(t, files)
+        if value is not None:
+            small[t.name] = value
+        return value is None
+
+    twin, _ = without_weights(m, left_out=left_out)
+    for t in twin.graph.initializer:
+        if t.name in small:
+            t.CopyFrom(small[t.name])
     return twin
 
 

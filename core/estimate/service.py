@@ -81,7 +81,7 @@ class EstimateService:
 
     def _call(self, req) -> Prediction:
         with self._lock:
-            for attempt in range(2):
+            for _ in range(2):  # a dead child is started again once
                 if self._proc is None or self._proc.poll() is not None:
                     self._proc = self._start()
                 try:
@@ -89,14 +89,12 @@ class EstimateService:
                     ok, value = _recv(self._proc.stdout)
                 except (OSError, EOFError, pickle.UnpicklingError):
                     self._stop()
-                    if attempt:
-                        raise MixprecError("the estimate process died twice (out of memory, or a crash)",
-                                           "free memory and edit the policy again; the builds are not affected")
                     continue
                 if ok:
                     return value
                 raise MixprecError(*value)
-        raise AssertionError("unreachable")
+        raise MixprecError("the estimate process died twice (out of memory, or a crash)",
+                           "free memory and edit the policy again; the builds are not affected")
 
     def _stop(self) -> None:
         if self._proc is not None:
