@@ -60,6 +60,7 @@ _SPARSE_ONLY = ("tf32_tflops", "fp16_tflops", "fp16_acc16_tflops", "int8_tops")
 GPUS: dict[str, GPU] = {g.key: g for g in (
     #   key          name                          arch  SMs  FP32  TF32   FP16(acc32) FP16(acc16) INT8  GB/s  GB
     GPU("t4", "NVIDIA T4", "turing", 40, 8.1, None, 65.0, 65.0, 130.0, 320.0, 16),
+    GPU("titanrtx", "NVIDIA TITAN RTX", "turing", 72, 16.3, None, 130.0, 130.0, 261.0, 672.0, 24),
     GPU("a10", "NVIDIA A10", "ampere", 72, 31.2, 62.5, 125.0, 125.0, 250.0, 600.0, 24),
     GPU("a100", "NVIDIA A100 80GB SXM", "ampere", 108, 19.5, 156.0, 312.0, 312.0, 624.0, 2039.0, 80),
     GPU("a100-40gb", "NVIDIA A100 40GB SXM", "ampere", 108, 19.5, 156.0, 312.0, 312.0, 624.0, 1555.0, 40),
@@ -98,7 +99,7 @@ def gpu(name: str | GPU) -> GPU:
         if want in (_norm(key), _norm(g.name)):
             return g
     tokens = _tokens(str(name))
-    for key in ("a100", "h100", "l40s", "l4", "a10", "t4", "rtx3090", "rtx4090", "orin"):
+    for key in ("a100", "h100", "l40s", "l4", "a10", "t4", "rtx3090", "rtx4090", "orin", "titanrtx"):
         if key in tokens:
             if key == "a100" and "40gb" in tokens:
                 return GPUS["a100-40gb"]
