@@ -63,7 +63,7 @@ TF32_CHANNEL_ALIGN = 4
 # the math precisions with their own tensor-core factor (math_eff); others map onto these
 MATH_KEYS = ("tf32", "fp16", "int8")
 _MATH_OF = {"bf16": "fp16", "fp8": "int8"}
-_TENSOR_CORE_CLASSES = ("conv_gemm", "transformer")
+_TENSOR_CORE_CLASSES = ("conv_gemm", "transformer", "attention")
 
 
 def _unit_math() -> dict[str, float]:
@@ -180,6 +180,10 @@ def flops(layer: EngineLayer) -> float:
         return 0.0
     if cls == "conv_gemm":
         return _conv_flops(layer) if is_conv(layer) else 0.0
+    if cls == "transformer":  # a GEMM of a transformer block (predicted: rows x K into rows x N)
+        return _conv_flops(layer) if layer.out_maps else 0.0
+    if cls == "attention":  # fused attention: both batched matmuls, no score tensor in memory
+        return float(layer.attrs.get("flops", 0.0))
     if cls == "pooling":
         window = math.prod(layer.kernel) if layer.kernel else (
             layer.inputs[0].elements // max(1, out.elements) if layer.inputs else 1)
@@ -214,9 +218,13 @@ def _is_simt(layer: EngineLayer, precision: str) -> bool:
     return precision == "fp32" or bool(_SIMT_TACTIC.search(tactic))
 
 
-def math_factor(params: CostParams, precision: str) -> float:
-    """The tensor-core efficiency factor of ``precision``'s math (``math_eff``; 1 when absent)."""
-    return float(params.math_eff.get(_MATH_OF.get(precision, precision), 1.0))
+def math_factor(params: CostParams, precision: str, layer_class: str = "") -> float:
+    """The tensor-core efficiency factor of ``precision``'s math (``math_eff``; 1 when absent). A class
+    may have its own (``math_eff["transformer.fp16"]``: the transformer GEMMs' FP16 kernels, fitted on
+    the published BERT latencies, not on the CNN engines)."""
+    m = _MATH_OF.get(precision, precision)
+    own = params.math_eff.get(f"{layer_class}.{m}") if layer_class else None
+    return float(own if own is not None else params.math_eff.get(m, 1.0))
 
 
 def _compute_ms(layer: EngineLayer, gpu: GPU, params: CostParams, precision: str) -> float:
@@ -233,8 +241,8 @@ def _compute_ms(layer: EngineLayer, gpu: GPU, params: CostParams, precision: str
         if is_conv(layer) and params.lowc_channels > 0:
             eff *= min(1.0, input_channels(layer) / params.lowc_channels)
         if layer.layer_class in _TENSOR_CORE_CLASSES:
-            eff *= math_factor(params, precision)
-        if precision == "int8" and linear_float_output(layer):
+            eff *= math_factor(params, precision, layer.layer_class)
+        if precision == "int8" and linear_float_output(layer) and layer.layer_class == "conv_gemm":
             eff *= params.int8_linear_out
     return ops / (peak * 1e12 * max(eff, 1e-6)) * 1e3
 
@@ -270,7 +278,7 @@ def math_precisions(layer: EngineLayer, gpu: GPU, tf32: bool = True) -> tuple[st
     if p == "tf32":
         return ("tf32",) if tf32_ok else ("fp32",)
     if p == "fp32" and tf32_ok and not layer.attrs.get("tactic"):
-        if layer.layer_class == "transformer" or (
+        if layer.layer_class in ("transformer", "attention") or (
                 layer.layer_class == "conv_gemm" and input_channels(layer) % TF32_CHANNEL_ALIGN == 0):
             return ("tf32", "fp32")
     return (p,)

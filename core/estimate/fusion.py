@@ -91,6 +91,10 @@ _ELEM = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16", onnx.
          onnx.TensorProto.INT8: "int8", onnx.TensorProto.UINT8: "int8", onnx.TensorProto.DOUBLE: "fp32",
          onnx.TensorProto.INT32: "int32", onnx.TensorProto.INT64: "int64", onnx.TensorProto.BOOL: "bool"}
 DATA_TYPES = ("fp32", "fp16", "bf16", "int8")
+# between the two matmuls of an attention: scale, mask, Casts, Softmax, the probabilities' Q/DQ
+SCORE_OPS = frozenset({"Mul", "Div", "Add", "Sub", "Where", "Cast", "Softmax", "QuantizeLinear", "DequantizeLinear",
+                       "Max", "Min", "Clip"})
+LAYOUT = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Cast"})
 REGION_WINDOW = 64  # nodes ahead that a pointwise region looks at for members
 # formats (channel layouts of 4-D activations) and the vectorisation they report
 FORMAT_VECTOR = {"linear": 1, "hwc": 4, "hwc4": 4, "hwc8": 8, "c32": 32, "c4": 4}
@@ -112,6 +116,8 @@ class Group:
     elided: bool = False           # a conversion chain that ends in its own type: removed
     formats_in: list[str] = field(default_factory=list)
     formats_out: list[str] = field(default_factory=list)
+    layer_class: str = ""          # the cost-model class when not the kind's own ("transformer" GEMMs)
+    attrs: dict = field(default_factory=dict)  # attention: its FLOPs and score dims
 
 
 class Net:
@@ -220,7 +226,8 @@ def _anchor_of(net: Net, tensor: str) -> int | None:
         k = net.producer.get(t)
         if k is None:
             return None
-        if net.op(k) in RESIDUAL_ANCHORS:
+        if net.op(k) in RESIDUAL_ANCHORS or (net.op(k) == "MatMul" and len(net.nodes[k].input) > 1
+                                            and net.nodes[k].input[1] in net.consts):
             return k
         if net.op(k) == "Cast" or (net.op(k) in POINTWISE and len(net.live_inputs(k)) == 1):
             t = net.live_inputs(k)[0] if net.live_inputs(k) else None
@@ -258,6 +265,8 @@ class _Fuser:
 
     def run(self) -> list[Group]:
         net = self.net
+        self.groups.extend(self.attention_blocks())
+        self.transformer = bool(self.groups)
         for k, n in enumerate(net.nodes):
             if k in self.claimed or not any(net.live(o) for o in n.output) and n.op_type not in ANCHORS:
                 continue
@@ -268,6 +277,8 @@ class _Fuser:
                 self.groups.append(self.conv(k))
             elif op in POOLING and net.live_inputs(k):
                 self.groups.append(self.pool(k))
+            elif self.transformer and self.embedding(k):
+                continue  # taken in by the pointwise region that reads it (below, if none does)
             elif op in POINTWISE or op in NORM:
                 self.groups.append(self.region(k))
             elif op in SHUFFLE:
@@ -279,8 +290,160 @@ class _Fuser:
                 kind = "copy" if op in COPY_TYPES else "other"
                 self.groups.append(Group(kind, [k], net.live_inputs(k), [o for o in n.output if net.live(o)],
                                          net.dtype(n.output[0])))
+        for k, n in enumerate(net.nodes):  # embedding lookups no region took in
+            if k not in self.claimed and self.transformer and self.embedding(k):
+                self.claim([k])
+                self.groups.append(Group("copy", [k], [], [o for o in n.output if net.live(o)], net.dtype(n.output[0])))
         self.groups.extend(self.conversions())
         return topological(self.groups)
+
+    # --- transformer blocks (TensorRT's Myelin backend) ----------------------------------
+    def embedding(self, k: int) -> bool:
+        """A Gather of a constant table by run-time indices (a token/position embedding lookup)."""
+        n = self.net.nodes[k]
+        return n.op_type == "Gather" and bool(n.input) and n.input[0] in self.net.consts \
+            and any(self.net.live(o) for o in n.output)
+
+    def attention_blocks(self) -> list[Group]:
+        """Every multi-head attention of the graph as one fused attention layer (:meth:`attention`)."""
+        out = []
+        for k, n in enumerate(self.net.nodes):
+            if n.op_type == "MatMul" and k not in self.claimed and len(self.net.live_inputs(k)) == 2:
+                g = self.attention(k)
+                if g is not None:
+                    out.append(g)
+        return out
+
+    def attention(self, k1: int) -> Group | None:
+        """Q·Kᵀ → (scale, mask, Casts, Softmax, Q/DQ) → ·V as one fused attention kernel, as TensorRT's
+        transformer backend (Myelin) builds it from an explicit-precision ONNX: no [B, H, S, S] score tensor
+        is written; the operands' DequantizeLinear fuse in (INT8 math when every operand of both matmuls
+        is quantized); the layout ops around it (Reshape/Transpose of the heads) are free; a
+        QuantizeLinear after the context (across those layout ops) fuses in as an INT8 output."""
+        net = self.net
+        chain, masks, softmax, cur = [], [], None, net.nodes[k1].output[0]
+        while True:
+            c = net.sole_consumer(cur)
+            if c is None or c in self.claimed:
+                return None
+            op = net.op(c)
+            if op == "MatMul":
+                break
+            if op not in SCORE_OPS or (op == "Softmax" and softmax is not None):
+                return None
+            softmax = c if op == "Softmax" else softmax
+            masks += [t for t in net.live_inputs(c) if t != cur and t not in masks]
+            chain.append(c)
+            cur = net.nodes[c].output[0]
+        k2 = c
+        if softmax is None or net.nodes[k2].input[0] != cur or len(net.live_inputs(k2)) != 2:
+            return None
+        nodes, inputs, quantized = [k1], [], []
+        for t, reader in ((net.nodes[k1].input[0], k1), (net.nodes[k1].input[1], k1), (net.nodes[k2].input[1], k2)):
+            dq = _dq_source(net, t, reader)
+            if dq is not None:
+                nodes += dq
+                inputs.append(net.nodes[dq[0]].input[0])
+            else:
+                layout = self.layout_before(t, reader)
+                nodes += layout
+                inputs.append(net.nodes[layout[0]].input[0] if layout else t)
+            quantized.append(dq is not None)
+        probs_q = any(net.op(c) == "DequantizeLinear" for c in chain)
+        int8 = all(quantized) and probs_q
+        float_in = [net.dtype(t) for t, q in zip(inputs, quantized) if not q]
+        precision = "int8" if int8 else ("fp16" if "fp16" in float_in or not float_in else float_in[0])
+        nodes += chain + [k2]
+        g = Group("attention", nodes, inputs + masks, [], precision, anchor=k1)
+        out = net.nodes[k2].output[0]
+        to_q = _to_quantize(net, out, through=PASS_THROUGH + ("Transpose",)) if int8 else None
+        tail = to_q if to_q is not None else self.layout_after(out)
+        g.nodes += tail
+        g.outputs = [net.nodes[tail[-1]].output[0] if tail else out]
+        scores = net.shape(net.nodes[k1].output[0])
+        g.attrs = {"flops": 2.0 * _count(scores) * (_last(net.shape(inputs[0])) + _last(net.shape(net.nodes[k2].output[0]))),
+                   "scores": tuple(scores), "softmax": net.nodes[softmax].name}
+        self.claim(g.nodes)
+        return g
+
+    def layout_before(self, tensor: str, reader: int) -> list[int]:
+        """The Reshape/Transpose/Cast nodes that produce ``tensor`` for ``reader`` alone (a chain, first
+        node first): folded into the attention kernel's strided loads."""
+        chain, t, want = [], tensor, reader
+        while (k := self.net.producer.get(t)) is not None and k not in self.claimed \
+                and self.net.op(k) in LAYOUT and self.net.sole_consumer(t) == want and self.net.live_inputs(k):
+            chain.append(k)
+            t, want = self.net.live_inputs(k)[0], k
+        return chain[::-1]
+
+    def layout_after(self, tensor: str) -> list[int]:
+        """The Transpose/Reshape chain that only reads ``tensor`` (the heads merged back): written directly."""
+        chain, t = [], tensor
+        while (c := self.net.sole_consumer(t)) is not None and c not in self.claimed and self.net.op(c) in LAYOUT:
+            chain.append(c)
+            t = self.net.nodes[c].output[0]
+        return chain
+
+    def pointwise_closure(self, cur: str) -> tuple[list[int], str] | None:
+        """The pointwise nodes that read only ``cur`` and each other (a decomposed GELU: Div, Erf, Add, Mul,
+        Mul), when they read all of ``cur``'s readers and leave exactly one tensor: (members, that tensor)."""
+        net = self.net
+        start = net.producer.get(cur)
+        if start is None or cur in net.graph_outputs:
+            return None
+        members, produced = [], {cur}
+        for c in range(start + 1, min(len(net.nodes), start + REGION_WINDOW)):
+            if c in self.claimed or not (net.op(c) in POINTWISE or net.op(c) == "Cast"):
+                continue
+            ins = net.live_inputs(c)
+            if ins and all(t in produced for t in ins):
+                members.append(c)
+                produced.update(net.nodes[c].output)
+        if not members or any(r not in members for r in net.consumers.get(cur, [])):
+            return None
+        leaving = [t for m in members for t in net.nodes[m].output if net.live(t) and (
+            t in net.graph_outputs or any(r not in members for r in net.consumers.get(t, [])))]
+        return (members, leaving[0]) if len(leaving) == 1 else None
+
+    def quantized_outputs(self, g: Group):
+        """Transformer regions (LayerNorm, residual, embedding) write each QuantizeLinear reading one of
+        their outputs (directly or after one Cast) as one more output of the same kernel (Myelin fuses
+        the quantize into the normalization); an output all of whose readers were such quantizes is not
+        written."""
+        net, outs = self.net, []
+        for t in g.outputs:
+            keep, quantized = t in net.graph_outputs, []
+            for c in net.consumers.get(t, []):
+                if c in g.nodes:
+                    continue
+                chain = None
+                if c not in self.claimed and net.op(c) == "QuantizeLinear":
+                    chain = [c]
+                elif c not in self.claimed and net.op(c) == "Cast":
+                    q = net.sole_consumer(net.nodes[c].output[0])
+                    chain = [c, q] if q is not None and q not in self.claimed and net.op(q) == "QuantizeLinear" else None
+                if chain is None:
+                    keep = True
+                    continue
+                g.nodes += chain
+                self.claim(chain)
+                quantized.append(net.nodes[chain[-1]].output[0])
+            outs += ([t] if keep else []) + quantized
+        g.outputs = outs
+
+    def embeddings_into(self, members: list[int], external: list[str]) -> None:
+        """Embedding lookups (and the Casts after them) that feed a transformer region: taken in."""
+        net = self.net
+        for t in list(external):
+            chain, cur = [], t
+            while (k := net.producer.get(cur)) is not None and k not in self.claimed and net.op(k) == "Cast" \
+                    and net.sole_consumer(cur) is not None:
+                chain.append(k)
+                cur = net.nodes[k].input[0]
+            k = net.producer.get(cur)
+            if k is not None and k not in self.claimed and self.embedding(k) and (not chain and net.sole_consumer(cur) is not None or chain):
+                members += [k] + chain[::-1]
+                external.remove(t)
 
     # --- convolution / GEMM ------------------------------------------------------------
     def conv(self, k: int) -> Group:
@@ -296,7 +459,8 @@ class _Fuser:
                 inputs.append(t)
         w = n.input[1] if len(n.input) > 1 else ""
         g = Group("conv", nodes, inputs, [], "int8" if int8 else net.dtype(inputs[0]), anchor=k,
-                  weight_dtype=net.weight_dtype(w) if w in net.consts else "")
+                  weight_dtype=net.weight_dtype(w) if w in net.consts else "",
+                  layer_class="transformer" if self.transformer and n.op_type == "MatMul" else "")
         out = self.epilogue(g, n.output[0])
         g.outputs = [out]
         self.claim(g.nodes)
@@ -306,7 +470,18 @@ class _Fuser:
         """Grow ``g`` over the nodes TensorRT fuses after a convolution; its output tensor."""
         net, int8 = self.net, g.precision == "int8"
         own_type = net.dtype(cur)
-        while (c := net.sole_consumer(cur)) is not None and c not in self.claimed:
+        while True:
+            c = net.sole_consumer(cur)
+            if c is None and self.transformer:  # a decomposed activation (GELU) reading the output twice
+                closure = self.pointwise_closure(cur)
+                if closure is None:
+                    break
+                g.nodes += closure[0]
+                self.claim(closure[0])
+                cur = closure[1]
+                continue
+            if c is None or c in self.claimed:
+                break
             op, node = net.op(c), net.nodes[c]
             to_q = _to_quantize(net, cur, through=PASS_THROUGH + ("Transpose",))
             if to_q is not None:  # (Casts →) QuantizeLinear: an INT8 output, or a reformat after the layer
@@ -394,11 +569,15 @@ class _Fuser:
             if ins and any(t in produced for t in ins) and all(t in produced or t in external for t in ins):
                 members.append(c)
                 produced.update(net.nodes[c].output)
+        if self.transformer:
+            self.embeddings_into(members, external)
         outs = [t for m in members for t in net.nodes[m].output if net.live(t) and (
             t in net.graph_outputs or any(c not in members for c in net.consumers.get(t, [])))]
         g = Group("pointwise", members, external, outs, net.dtype(outs[0]) if outs else "fp32", anchor=k)
         self.claim(members)
         self.quantized_region(g)
+        if self.transformer and g.precision != "int8":
+            self.quantized_outputs(g)
         return g
 
     def quantized_region(self, g: Group):
@@ -501,7 +680,11 @@ def _in_channels(net: Net, g: Group) -> int:
 
 def accepted(net: Net, g: Group, i: int) -> tuple[str, ...] | None:
     """The formats layer ``g`` reads its input ``i`` in (None: any). A fused residual is read in the
-    layer's output format."""
+    layer's output format. Transformer GEMMs and attention read row-major (linear) tensors."""
+    if g.layer_class == "transformer":
+        return ("linear",)
+    if g.kind == "attention":
+        return None
     if g.kind == "conv":
         if g.residual is not None and i == len(g.inputs) - 1:
             return written(net, g)[:1]
@@ -523,6 +706,8 @@ def written(net: Net, g: Group, fmt_in: str | None = None) -> tuple[str, ...]:
     """The formats layer ``g`` can write, preferred first: an INT8 convolution writes int8 and fp16
     32-wide vectorised (``i8i8``/``i8f16`` tactics), fp32 linear (``i8f32``); a reformat writes what
     its readers read; other layers write their input's format."""
+    if g.layer_class == "transformer" or g.kind == "attention":
+        return ("linear",)
     if g.kind == "conv":
         small = _in_channels(net, g) <= 4
         out_type = net.dtype(g.outputs[0])
@@ -610,6 +795,10 @@ def _as_rows(t: Tensor) -> Tensor:
     return Tensor(t.name, (rows, int(t.dims[-1]), 1, 1), t.dtype, t.vector)
 
 
+def _last(dims: tuple[int, ...]) -> int:
+    return int(dims[-1]) if dims else 1
+
+
 def _count(dims: tuple[int, ...] | None) -> int:
     return 0 if dims is None else int(np.prod(dims, dtype=np.int64))
 
@@ -643,9 +832,19 @@ def _conv_layer(net: Net, g: Group) -> EngineLayer:
         attrs["pooling"] = "MAX"
     if g.residual is not None:
         attrs["residual"] = g.residual
-    return EngineLayer(" + ".join(_names(net, g)), layer_type, "conv_gemm", precision, tuple(ins), tuple(outs),
+    return EngineLayer(" + ".join(_names(net, g)), layer_type, g.layer_class or "conv_gemm", precision, tuple(ins), tuple(outs),
                        kernel, groups, out_maps, _count(w), g.weight_dtype if w is not None else "", _count(b),
                        _names(net, g), False, attrs)
+
+
+def _attention_layer(net: Net, g: Group) -> EngineLayer:
+    """A fused multi-head attention: reads Q, K, V (and the mask), writes the context; its FLOPs are
+    those of both batched matmuls (``attrs["flops"]``), its bytes those of the tensors it reads and writes."""
+    ins = tuple(_tensor(net, t) for t in g.inputs)
+    outs = tuple(_tensor(net, t) for t in g.outputs)
+    names = _names(net, g)
+    return EngineLayer(" + ".join(names), "MultiHeadAttention", "attention", g.precision, ins, outs,
+                       onnx_nodes=names, attrs={"predicted": True, **g.attrs})
 
 
 def _pool_layer(net: Net, g: Group) -> EngineLayer:
@@ -717,6 +916,8 @@ def engine_layers(net: Net, groups: list[Group] | None = None) -> list[EngineLay
     for g in groups:
         if g.kind == "conv":
             layers.append(_conv_layer(net, g))
+        elif g.kind == "attention":
+            layers.append(_attention_layer(net, g))
         elif g.kind == "pool":
             layers.append(_pool_layer(net, g))
         else:
