@@ -1,0 +1,237 @@
+"""Every validation case of the TensorRT estimate, and the uncertainty band it gives (issue 19 §5, §6).
+
+    .venv/bin/python bench/bench_estimate_validation.py [--fixtures ../shared/fixtures]
+
+Writes ``core/estimate/validation.json`` (the data every estimate's band is computed from:
+``core.estimate.validation``) and ``docs/estimate-validation.md`` (the same cases as tables, by
+GPU, model, precision and batch: engine totals and per-layer medians, in-sample and held out,
+with the command and date that made them).
+
+The rows come from two providers:
+
+* CNN engines: ``core.estimate.fit.validation_rows()``; where it does not exist yet, computed here
+  from ``fit.evaluate`` / ``fit.leave_one_out`` on the fixture engine reports and the shipped fit
+  ``core.estimate.cost.FITTED`` (an engine the fit saw is in-sample, and is scored again by
+  leave-one-engine-out; an engine of a GPU the fit never saw is leave-one-gpu-out);
+* transformers: ``core.estimate.transformer.validation_rows()`` (published BERT latencies); where
+  it does not exist, the page says "transformer rows: not available" and every transformer estimate
+  is "unvalidated"."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import math
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from core.errors import MixprecError  # noqa: E402
+from core.estimate import fit  # noqa: E402
+from core.estimate.cost import FITTED  # noqa: E402
+from core.estimate.gpus import GPUS, gpu as gpu_entry  # noqa: E402
+from core.estimate.validation import (FAMILIES, MIN_SPREAD, PATH, QUANTILE, SPLITS, Validation, arch_name,  # noqa: E402
+                                      band, check_rows, sig)
+from core.workspace import atomic_write_json, atomic_write_text  # noqa: E402
+
+FIXTURES = ROOT.parent / "shared" / "fixtures"
+DOC = ROOT / "docs" / "estimate-validation.md"
+# the CNN fixture engines: folder, GPU and model of each report (batch is read from the report)
+ENGINE_SETS = (("trt-engine-reports", "a100", "resnet18", fit.FIXTURE_NAMES),
+               ("trt-engine-reports-more", "titanrtx", "mobilenetv2",
+                ("titanrtx-mobilenetv2-qat-trt82", "titanrtx-mobilenetv2-qat-trt84",
+                 "titanrtx-mobilenetv2res-qat-trt82", "titanrtx-mobilenetv2res-qat-trt84")))
+NOT_AVAILABLE = "transformer rows: not available"
+
+
+def _precision(name: str) -> str:
+    words = name.split("-")
+    return "fp32" if "fp32" in words else "fp16" if "fp16" in words else "int8" if "qat" in words else "mixed"
+
+
+def _row(s: fit.Sample, r: dict, gpu: str, model: str, folder: str, split: str) -> dict:
+    batch = next((l.inputs[0].dims[0] for l in s.layers if l.inputs and l.inputs[0].dims), 1)
+    return {"case": s.name, "source": f"shared/fixtures/{folder}/{s.name}.{{graph,profile}}.json", "gpu": gpu,
+            "arch": gpu_entry(gpu).arch, "model": model, "precision": _precision(s.name), "batch": int(batch),
+            "seq": None, "held_out": split != "in-sample", "split": split, "measured_ms": float(r["measured_ms"]),
+            "estimated_ms": float(r["estimated_ms"]), "rel_err": float(r["estimated_ms"] / r["measured_ms"] - 1),
+            "median_layer_err": None if not r["layers"] or math.isnan(r["median_abs_err"]) else float(r["median_abs_err"]),
+            "family": "cnn"}
+
+
+def cnn_rows_here(fixtures: Path) -> list[dict]:
+    """The CNN rows computed here (until ``fit.validation_rows`` exists): the shipped fit on every
+    fixture engine, and leave-one-engine-out fits on the engines it was fitted on."""
+    fitted_on = set(FITTED.fitted_on)
+    rows = []
+    for folder, gpu, model, names in ENGINE_SETS:
+        d = fixtures / folder
+        if not all((d / f"{n}.graph.json").is_file() and (d / f"{n}.profile.json").is_file() for n in names):
+            print(f"  (skipped {folder}: its reports are not in {d})")
+            continue
+        samples = [fit.sample(d / f"{n}.graph.json", d / f"{n}.profile.json", n) for n in names]
+        seen = [s for s in samples if s.name in fitted_on]
+        unseen = [s for s in samples if s.name not in fitted_on]
+        rows += [_row(s, r, gpu, model, folder, "in-sample") for s, r in zip(seen, fit.evaluate(FITTED, seen, gpu))]
+        if len(seen) >= 2 and fitted_on <= {s.name for s in seen}:  # the fit is of this GPU's engines only
+            t0 = time.perf_counter()
+            loo = fit.leave_one_out(seen, gpu)
+            print(f"  leave-one-engine-out on {len(seen)} {gpu} engines: {time.perf_counter() - t0:.0f} s")
+            rows += [_row(s, r, gpu, model, folder, "leave-one-engine-out") for s, r in zip(seen, loo)]
+        split = "leave-one-engine-out" if seen else "leave-one-gpu-out"
+        rows += [_row(s, r, gpu, model, folder, split) for s, r in zip(unseen, fit.evaluate(FITTED, unseen, gpu))]
+    return rows
+
+
+def _call(provider, fixtures: Path):
+    params = inspect.signature(provider).parameters
+    return provider(fixtures) if params and next(iter(params.values())).default is inspect.Parameter.empty \
+        else provider()
+
+
+def collect(fixtures: Path) -> tuple[list[dict], list[str], dict]:
+    """Every validation row, the notes on what is missing, and which provider made each family's rows."""
+    notes, sources = [], {}
+    if hasattr(fit, "validation_rows"):
+        cnn = list(_call(fit.validation_rows, fixtures))
+        sources["cnn"] = "core.estimate.fit.validation_rows()"
+    else:
+        cnn = cnn_rows_here(fixtures)
+        sources["cnn"] = ("bench/bench_estimate_validation.py (fit.evaluate / fit.leave_one_out on the fixture "
+                          "engines and the shipped fit; core.estimate.fit.validation_rows() does not exist yet)")
+    try:
+        transformer = importlib.import_module("core.estimate.transformer")
+        provider = getattr(transformer, "validation_rows")
+    except (ImportError, AttributeError):
+        provider = None
+    if provider is None:
+        tr = []
+        notes.append(NOT_AVAILABLE + " (core.estimate.transformer.validation_rows() does not exist yet): every "
+                     "transformer estimate is unvalidated")
+        sources["transformer"] = "none"
+    else:
+        tr = list(_call(provider, fixtures))
+        sources["transformer"] = "core.estimate.transformer.validation_rows()"
+        if not tr:
+            notes.append(NOT_AVAILABLE + " (the provider gave none): every transformer estimate is unvalidated")
+    rows = check_rows([*cnn, *tr])
+    return rows, notes, sources
+
+
+# ---------------------------------------------------------------------------- the page
+
+def _pct(v) -> str:
+    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:+.1f} %"
+
+
+def _abs_pct(v) -> str:
+    return "—" if v is None else f"{100 * v:.1f} %"
+
+
+def _case_table(rows: list[dict]) -> list[str]:
+    out = ["| case | GPU | arch | model | precision | batch | seq | split | measured ms | estimated ms | "
+           "total error | per-layer median abs error |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    key = lambda r: (r["arch"], r["gpu"], r["model"], r["precision"], r["batch"], r["seq"] or 0,  # noqa: E731
+                     SPLITS.index(r["split"]), r["case"])
+    for r in sorted(rows, key=key):
+        out.append(f"| {r['case']} | {r['gpu']} | {r['arch']} | {r['model']} | {r['precision']} | {r['batch']} | "
+                   f"{r['seq'] if r['seq'] is not None else '—'} | {r['split']} | {r['measured_ms']:.4g} | "
+                   f"{r['estimated_ms']:.4g} | {_pct(r['rel_err'])} | {_abs_pct(r['median_layer_err'])} |")
+    return out
+
+
+def _summary(rows: list[dict]) -> list[str]:
+    """Per family, GPU and split: cases, median and worst |total error|, median per-layer error."""
+    out = ["| family | GPU | split | cases | median abs total error | worst total error | "
+           "median per-layer median error |", "|---|---|---|---|---|---|---|"]
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["family"], r["gpu"], r["split"]), []).append(r)
+    for (fam, gpu, split), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], SPLITS.index(kv[0][2]))):
+        errs = [r["rel_err"] for r in rs]
+        worst = max(errs, key=abs)
+        layer = [r["median_layer_err"] for r in rs if r["median_layer_err"] is not None]
+        out.append(f"| {fam} | {gpu} | {split} | {len(rs)} | {100 * float(np.median(np.abs(errs))):.1f} % | "
+                   f"{_pct(worst)} | {_abs_pct(float(np.median(layer))) if layer else '—'} |")
+    return out
+
+
+def page(v: Validation) -> str:
+    rows = v.rows
+    spreads = v.spreads()
+    lines = ["# Validation of the TensorRT estimate", "",
+             f"Written by `{v.command}` on {v.date} (do not edit by hand: run it again). The same cases are "
+             "shipped as `core/estimate/validation.json`, the data of every estimate's uncertainty band "
+             "(`core.estimate.validation`).", "",
+             "Every case is an engine TensorRT built (its per-layer sum, as `trtexec --exportProfile` measures "
+             "it) or a published TensorRT latency, next to the estimate of it. **in-sample**: the fit saw it; "
+             "**leave-one-engine-out**: fitted without this engine; **leave-one-gpu-out**: fitted without any "
+             "engine of this GPU; **held-out published**: a published latency never fitted on.", "",
+             "Rows: " + "; ".join(f"{fam}: {src}" for fam, src in v.sources.items()) + ".", ""]
+    lines += [f"- {n}" for n in v.notes] + ([""] if v.notes else [])
+    lines += ["## The band each estimate carries", "",
+              f"Per family (cnn / transformer: layer classes `transformer` and any attention class) and GPU "
+              f"architecture: the {int(round(100 * QUANTILE))}th percentile of |log(estimated / measured)| over its "
+              f"held-out cases (its in-sample cases only when nothing was held out), at least "
+              f"±{100 * math.expm1(MIN_SPREAD):.0f} %. An estimate's band is total · exp(±spread), the spread "
+              "weighted by each family's share of the estimated time. A family or architecture without a case is "
+              f"**unvalidated** and takes the widest spread known (±{100 * math.expm1(v.widest()):.0f} %).", "",
+              "| family | architecture | band | cases | from |", "|---|---|---|---|---|"]
+    for (fam, arch), s in sorted(spreads.items()):
+        lines.append(f"| {fam} | {arch_name(arch)} | ±{s.pct:.0f} % | {s.cases} | "
+                     f"{'held-out' if s.held_out else 'in-sample only (nothing held out)'} ({', '.join(s.gpus)}) |")
+    lines += ["", "What that gives on each GPU of the table (an all-CNN and an all-transformer estimate of 1 ms):", "",
+              "| GPU | architecture | CNN estimate | transformer estimate |", "|---|---|---|---|"]
+    for key, g in GPUS.items():
+        cells = []
+        for fam in FAMILIES:
+            b = band(1.0, {fam: 1.0}, g.arch, v)
+            cells.append(f"{b.status}: {sig(b.low_ms)}–{sig(b.high_ms)} ms (±{b.pct:.0f} %)")
+        lines.append(f"| {key} ({g.name}) | {arch_name(g.arch)} | {cells[0]} | {cells[1]} |")
+    lines += ["", "## Summary by GPU and split", "", *_summary(rows), ""]
+    for fam in FAMILIES:
+        fam_rows = [r for r in rows if r["family"] == fam]
+        lines += [f"## {fam.upper() if fam == 'cnn' else 'Transformer'} cases ({len(fam_rows)})", ""]
+        if not fam_rows:
+            lines += [f"{NOT_AVAILABLE}: every {fam} estimate is unvalidated.", ""]
+            continue
+        held = [r for r in fam_rows if r["held_out"]]
+        ins = [r for r in fam_rows if not r["held_out"]]
+        lines += [f"### Held out ({len(held)})", "", *(_case_table(held) if held else ["none"]), "",
+                  f"### In-sample ({len(ins)})", "", *(_case_table(ins) if ins else ["none"]), ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fixtures", type=Path, default=FIXTURES, help="folder holding trt-engine-reports etc.")
+    ap.add_argument("--json", type=Path, default=PATH, help="where to write the validation data")
+    ap.add_argument("--doc", type=Path, default=DOC, help="where to write the page")
+    args = ap.parse_args(argv)
+    command = ".venv/bin/python bench/bench_estimate_validation.py" + "".join(f" {a}" for a in (argv or sys.argv[1:]))
+    t0 = time.perf_counter()
+    try:
+        rows, notes, sources = collect(args.fixtures)
+    except MixprecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    date = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    v = Validation(rows, command, date, notes, sources)
+    atomic_write_json(args.json, v.to_json())
+    atomic_write_text(args.doc, page(v) + "\n")
+    for (fam, arch), s in sorted(v.spreads().items()):
+        print(f"{fam:12} {arch:8} ±{s.pct:.1f} %  ({s.cases} {'held-out' if s.held_out else 'in-sample'} cases)")
+    for n in notes:
+        print(n)
+    print(f"{len(rows)} cases -> {args.json}, {args.doc} ({time.perf_counter() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
