@@ -167,6 +167,31 @@ def test_prediction_record_round_trips_and_is_labelled(predictions):
     assert "estimated TensorRT time on NVIDIA A100" in pred.caption()
 
 
+def test_every_prediction_carries_its_band_and_older_documents_get_one(predictions, resnet):
+    """The band of an A100 CNN estimate rests on the held-out A100 engines; on a Hopper GPU, where no
+    engine was validated, it says "unvalidated" and is the widest known spread. A stored prediction
+    of format 1 (before the band) is read, with its band computed from its layers and GPU."""
+    from core.estimate import validation
+
+    pred = predictions["int8-conv"]
+    spread = validation.shipped().spreads()[("cnn", "ampere")]
+    assert pred.band.status == "validated" and pred.band.arch == "ampere" and spread.held_out
+    assert pred.band.log_spread == pytest.approx(spread.log_spread)
+    assert pred.low_ms < pred.total_ms < pred.high_ms
+    assert pred.estimate_text() == f"{validation.sig(pred.total_ms)} ms, likely {pred.band.range_text()}"
+    assert pred.estimate_text() in pred.caption() and "held-out cases: a100" in pred.caption()
+    doc = json.loads(json.dumps(pred.to_json()))
+    assert doc["format_version"] == 2 and doc["band"]["status"] == "validated"
+    assert (doc["band"]["low_ms"], doc["band"]["high_ms"]) == pytest.approx((pred.low_ms, pred.high_ms))
+    assert Prediction.from_json(doc).band == pred.band
+    old = {k: v for k, v in doc.items() if k not in ("band", "estimate_text")} | {"format_version": 1}
+    assert Prediction.from_json(old).band == pred.band
+    model, layers = resnet
+    h100 = predict(model, resnet_policy(model, layers, "int8-conv"), SHAPES, "h100")
+    assert h100.band_status == "unvalidated" and "unvalidated on Hopper GPUs: likely" in h100.caption()
+    assert h100.band.log_spread == pytest.approx(validation.shipped().widest())
+
+
 def test_cli_estimate_json_is_labelled_with_gpu_and_basis(capsys, tmp_path, monkeypatch):
     from core.store import save_gpu_calibration
 
@@ -187,6 +212,22 @@ def test_cli_estimate_json_is_labelled_with_gpu_and_basis(capsys, tmp_path, monk
     text = capsys.readouterr().out
     assert text.startswith("ESTIMATE (not measured): estimated TensorRT time on NVIDIA T4")
     assert cli_main(["estimate", "sample:tiny-cnn", "--gpu", "no-such-gpu"]) == 2
+
+
+def test_cli_estimate_prints_the_band_in_its_text_and_json(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("MIXPREC_WORKSPACE", str(tmp_path / "ws"))
+    assert cli_main(["estimate", "sample:tiny-cnn", "--gpu", "a100", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    band = doc["band"]
+    assert band["status"] == "validated" and band["arch"] == "ampere"
+    assert band["low_ms"] < doc["total_ms"] < band["high_ms"] and band["pct"] > 0
+    assert doc["estimate_text"].endswith(f"likely {band['text'].removeprefix('likely ')}")
+    assert cli_main(["estimate", "sample:tiny-cnn", "--gpu", "h100", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["band"]["status"] == "unvalidated" and "unvalidated on Hopper GPUs: likely" in doc["estimate_text"]
+    assert cli_main(["estimate", "sample:tiny-cnn", "--gpu", "h100"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "unvalidated on Hopper GPUs: likely" in first and "no validation case on Hopper GPUs" in first
 
 
 # ------------------------------------------------------------------- the search

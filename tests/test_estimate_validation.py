@@ -83,7 +83,7 @@ def test_the_band_uses_the_held_out_errors_of_the_same_architecture():
     assert b.status == "validated" and b.log_spread == pytest.approx(want)
     assert (b.low_ms, b.high_ms) == pytest.approx((2.0 * math.exp(-want), 2.0 * math.exp(want)))
     assert b.text(2.0) == f"2.00 ms, likely {val.sig(b.low_ms)}–{val.sig(b.high_ms)} ms"
-    assert "Ampere GPUs" in b.basis and "held-out" in b.basis and "(a100)" in b.basis
+    assert b.basis == f"85th-percentile error on Ampere GPUs: cnn ±{b.pct:.0f} % (5 held-out cases: a100)"
     turing = band(2.0, {"cnn": 2.0}, "turing", v)
     assert turing.log_spread == pytest.approx(math.log(2.0)) and "Turing GPUs" in turing.basis
     # a narrow set of cases gives no band below the floor

@@ -8,7 +8,9 @@ that graph (:mod:`core.estimate.fusion`) and prices every predicted engine layer
 engine). The result is labelled as an estimate everywhere: its GPU and its basis travel with it.
 
 The total is the **sum of per-layer times**, what a trtexec profile's per-layer times sum to (the
-quantity the fixtures measure), not end-to-end latency."""
+quantity the fixtures measure), not end-to-end latency. Every prediction carries its uncertainty band
+(:func:`core.estimate.validation.band`: the validation errors of its layer families on GPUs of the
+same architecture; "unvalidated" where there is no case)."""
 from __future__ import annotations
 
 import math
@@ -29,6 +31,7 @@ from .cost import FITTED, CostParams, layer_breakdown
 from .engine import EngineLayer
 from .fusion import predicted, static_net
 from .gpus import GPU, gpu as gpu_entry
+from .validation import Band, band_of
 
 PREDICTION_COLUMNS = ["engine_layer", "onnx_nodes", "precision", "est_ms", "is_reformat", "layer_class"]
 LABEL = "estimate"
@@ -102,7 +105,7 @@ class Prediction:
     """A predicted engine and its estimated time on one GPU (:meth:`to_json` / :meth:`from_json`)."""
 
     KIND: ClassVar[str] = "trt_estimate"
-    FORMAT_VERSION: ClassVar[int] = 1
+    FORMAT_VERSION: ClassVar[int] = 2  # 2: the band; documents of format 1 get theirs when read
 
     layers: pd.DataFrame            # PREDICTION_COLUMNS, one row per predicted engine layer
     total_ms: float
@@ -115,8 +118,26 @@ class Prediction:
     policy_sha256: str = ""
     notes: list = field(default_factory=list)  # what the prediction leaves out or prices by bytes only
     engine: list = field(default_factory=list, repr=False)  # the EngineLayer records (not stored)
+    band: Band | None = None        # the likely range of total_ms (core.estimate.validation)
 
     label: ClassVar[str] = LABEL
+
+    @property
+    def low_ms(self) -> float:
+        return self.band.low_ms if self.band is not None else math.nan
+
+    @property
+    def high_ms(self) -> float:
+        return self.band.high_ms if self.band is not None else math.nan
+
+    @property
+    def band_status(self) -> str:
+        """validated / in-sample / unvalidated ("" without a band)."""
+        return self.band.status if self.band is not None else ""
+
+    def estimate_text(self) -> str:
+        """The total with its band: "0.860 ms, likely 0.785–0.942 ms" (or "…, unvalidated on Hopper GPUs: …")."""
+        return self.band.text(self.total_ms) if self.band is not None else f"{self.total_ms:.3f} ms"
 
     @property
     def reformat_count(self) -> int:
@@ -133,25 +154,39 @@ class Prediction:
 
     def caption(self) -> str:
         """One line that says what the number is: an estimate, on which GPU, on what basis."""
-        return (f"estimated TensorRT time on {self.gpu_name}: {self.total_ms:.3f} ms (sum of per-layer estimates; "
-                f"{self.reformat_count} reformats, {self.reformat_pct:.1f} %; basis: {self.basis_detail}"
+        band = f"band: {self.band.basis}; " if self.band is not None else ""
+        return (f"estimated TensorRT time on {self.gpu_name}: {self.estimate_text()} (sum of per-layer estimates; "
+                f"{self.reformat_count} reformats, {self.reformat_pct:.1f} %; {band}basis: {self.basis_detail}"
                 f"{'' if self.tf32 else '; FP32 without TF32'}{''.join(f'; {n}' for n in self.notes)})")
 
     def to_json(self) -> dict:
         return {"kind": self.KIND, "format_version": self.FORMAT_VERSION, "label": LABEL, "what": WHAT,
                 "gpu": {"key": self.gpu, "name": self.gpu_name}, "basis": self.basis,
                 "basis_detail": self.basis_detail, "tf32": self.tf32, "model": self.model_name,
-                "policy_sha256": self.policy_sha256, "total_ms": self.total_ms, "notes": list(self.notes),
+                "policy_sha256": self.policy_sha256, "total_ms": self.total_ms, "estimate_text": self.estimate_text(),
+                "band": self.band.to_json() if self.band is not None else None, "notes": list(self.notes),
                 "reformats": {"count": self.reformat_count, "ms": self.reformat_ms, "pct": self.reformat_pct},
                 "layers": frame_to_json(self.layers)}
 
     @classmethod
     def from_json(cls, doc: dict) -> "Prediction":
-        doc = check_format(doc, cls.KIND, cls.FORMAT_VERSION, "TensorRT estimate")
-        return cls(frame_from_json(doc["layers"], PREDICTION_COLUMNS, "estimate layers"), float(doc["total_ms"]),
-                   str(doc["gpu"]["key"]), str(doc["gpu"]["name"]), str(doc["basis"]), str(doc["basis_detail"]),
-                   bool(doc.get("tf32", True)), str(doc.get("model", "")), str(doc.get("policy_sha256", "")),
-                   [str(n) for n in doc.get("notes", [])])
+        """A stored prediction; one of format 1 (before the band) gets its band from its layers and its
+        GPU's architecture, with today's validation data."""
+        old = isinstance(doc, dict) and doc.get("format_version") == 1
+        doc = check_format(doc, cls.KIND, 1 if old else cls.FORMAT_VERSION, "TensorRT estimate")
+        layers = frame_from_json(doc["layers"], PREDICTION_COLUMNS, "estimate layers")
+        total = float(doc["total_ms"])
+        if old or doc.get("band") is None:
+            try:
+                arch = gpu_entry(str(doc["gpu"]["key"])).arch
+            except MixprecError:  # a GPU no longer (or never) in the table: no case can vouch for it
+                arch = "unknown"
+            band = band_of(layers, total, arch)
+        else:
+            band = Band.from_json(doc["band"])
+        return cls(layers, total, str(doc["gpu"]["key"]), str(doc["gpu"]["name"]), str(doc["basis"]),
+                   str(doc["basis_detail"]), bool(doc.get("tf32", True)), str(doc.get("model", "")),
+                   str(doc.get("policy_sha256", "")), [str(n) for n in doc.get("notes", [])], band=band)
 
 
 def predict(model: LoadedModel, policy: Policy, input_shapes: dict[str, tuple[int, ...]], gpu: str | GPU,
@@ -169,5 +204,6 @@ def predict(model: LoadedModel, policy: Policy, input_shapes: dict[str, tuple[in
     layers, notes = predict_engine(model, policy, input_shapes, calib)
     source = {n.name for n in model.proto.graph.node}
     table = price(layers, g, params, tf32, source)
-    return Prediction(table, float(table.est_ms.sum()), g.key, g.name, params.basis, params.label(), tf32,
-                      model.name, policy.sha256, notes, layers)
+    total = float(table.est_ms.sum())
+    return Prediction(table, total, g.key, g.name, params.basis, params.label(), tf32,
+                      model.name, policy.sha256, notes, layers, band_of(table, total, g.arch))

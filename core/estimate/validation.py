@@ -298,8 +298,8 @@ def family_times(layer_classes: Iterable[str], est_ms: Iterable[float]) -> dict[
 
 def _cases_text(s: Spread) -> str:
     kind = "held-out" if s.held_out else "in-sample"
-    gpus = f" ({', '.join(s.gpus)})" if s.gpus else ""
-    return f"{s.family}: ±{s.pct:.0f} % from {s.cases} {kind} case{'s' if s.cases != 1 else ''}{gpus}"
+    gpus = f": {', '.join(s.gpus)}" if s.gpus else ""
+    return f"{s.family} ±{s.pct:.0f} % ({s.cases} {kind} case{'s' if s.cases != 1 else ''}{gpus})"
 
 
 def band(total_ms: float, family_ms: Mapping[str, float], arch: str,
@@ -334,8 +334,7 @@ def band(total_ms: float, family_ms: Mapping[str, float], arch: str,
             basis += "; " + "; ".join(parts)
     else:
         status = "in-sample" if in_sample else "validated"
-        basis = (f"the {int(round(100 * QUANTILE))}th percentile of the estimate's errors on {where}: "
-                 + "; ".join(parts) + ("" if not in_sample else
+        basis = (f"{int(round(100 * QUANTILE))}th-percentile error on {where}: " + "; ".join(parts) + ("" if not in_sample else
                                        f" (nothing held out for {' or '.join(in_sample)}: in-sample errors)"))
     if len(shares) > 1:
         basis += " — weighted by each family's share of the time (" + ", ".join(
