@@ -54,6 +54,22 @@ def test_toggle_a_layer_changes_the_estimate_without_a_build(ws):
     assert "Estimated TensorRT time per engine layer on NVIDIA A100" in title and "estimate, not measured" in title
 
 
+def test_the_estimate_panel_shows_the_band_and_says_unvalidated_where_nothing_was_validated(ws):
+    """A100 (Ampere, held-out engines): "likely lo–hi ms"; H100 (Hopper, no case): "unvalidated"."""
+    at = ok(page("precision"))
+    p = open_project(MODEL, ws=ws)
+    a100 = predict(p.model, p.default_policy(), p.input_shapes, "a100")
+    (metric,) = [m for m in at.metric if m.label == "Estimated TensorRT time"]
+    assert metric.proto.delta == f"estimate · likely {a100.band.range_text()}"
+    assert a100.band.status == "validated" and a100.estimate_text() in _labels(at)
+    at.selectbox(key="estimate_gpu").select("h100").run()
+    ok(at)
+    h100 = predict(p.model, p.default_policy(), p.input_shapes, "h100")
+    (metric,) = [m for m in at.metric if m.label == "Estimated TensorRT time"]
+    assert metric.proto.delta == f"estimate · unvalidated: likely {h100.band.range_text()}"
+    assert "unvalidated on Hopper GPUs: likely" in _labels(at) and h100.estimate_text() in _labels(at)
+
+
 def test_gpu_picker_changes_the_estimate_and_is_saved_with_the_project(ws):
     at = ok(page("precision"))
     a100 = _metric(at, "Estimated TensorRT time")
@@ -80,9 +96,12 @@ def test_results_page_shows_the_estimate_beside_the_measured_latency(ws):
     labels = {m.label: m for m in res.metric}
     assert "Measured latency" in labels and labels["Measured latency"].proto.delta == "measured"
     est = [m for m in res.metric if m.label.startswith("Estimated TensorRT time on NVIDIA A100")]
-    assert est and est[0].proto.delta == "estimate"
+    p = open_project(MODEL, ws=ws)
+    want = predict(p.model, p.default_policy(), p.input_shapes, "a100")
+    assert est and est[0].proto.delta == f"estimate · likely {want.band.range_text()}"
     text = _labels(res)
     assert "Measured: " in text and "Estimate, not measured" in text and "basis: fit on A100 fixtures" in text
+    assert want.estimate_text() in text and "held-out cases: a100" in text  # the band and what it rests on
 
 
 def test_calibrate_the_estimator_on_an_imported_report(ws, trt_reports_dir):

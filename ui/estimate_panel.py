@@ -125,6 +125,11 @@ def _label(r: Prediction) -> str:
     return f"{ESTIMATE}: {ui.md(r.caption())}"
 
 
+def band_delta(r: Prediction) -> str:
+    """The metric's delta: "estimate · likely 0.785–0.942 ms" ("estimate · unvalidated: likely …")."""
+    return f"estimate · {r.band.short()}" if r.band is not None else "estimate"
+
+
 # --- the Precision page's panel ------------------------------------------------------------------
 def _on_demand(p: Project) -> bool:
     """True when the estimate may be computed now: small models always, large ones once asked for."""
@@ -172,7 +177,7 @@ def _poll(fut: Future) -> None:
 
 
 def _show(r: Prediction, c) -> None:
-    c[1].metric("Estimated TensorRT time", ms_text(r.total_ms), "estimate", delta_color="off", delta_arrow="off",
+    c[1].metric("Estimated TensorRT time", ms_text(r.total_ms), band_delta(r), delta_color="off", delta_arrow="off",
                 help=f"{_label(r)}")
     c[2].metric("Predicted reformats", f"{r.reformat_count}", f"{r.reformat_pct:.1f}% of the estimated time",
                 delta_color="off", delta_arrow="off",
@@ -198,7 +203,7 @@ def beside_run(p: Project, run_id: str, measured_ms: str, source: str) -> None:
     c = st.columns([1, 1.3, 2])
     c[0].metric("Measured latency", measured_ms, "measured", delta_color="off", delta_arrow="off",
                 help=f"Measured: {ui.md(source)}")
-    c[1].metric(f"Estimated TensorRT time on {ui.md(r.gpu_name)}", ms_text(r.total_ms), "estimate",
+    c[1].metric(f"Estimated TensorRT time on {ui.md(r.gpu_name)}", ms_text(r.total_ms), band_delta(r),
                 delta_color="off", delta_arrow="off", help=_label(r))
     c[2].caption(f"Measured: {ui.md(source)}. {_label(r)}. The GPU is picked on the Precision page.")
 
