@@ -24,7 +24,7 @@ from pathlib import Path
 from .data import load_npz
 from .errors import MixprecError
 from .estimate.cost import PARAMS_VERSION, CostParams
-from .estimate.gpus import gpu as gpu_entry
+from .estimate.gpus import GPU, GPUS, custom_gpu, gpu as gpu_entry
 from .model import model_from_bytes
 from .policy import Policy, policy_from_text
 from .project import Project
@@ -36,7 +36,8 @@ from .workspace import (Workspace, atomic_write_bytes, atomic_write_json, cache_
 
 __all__ = ["ranking_key", "project_ranking_key", "ranking_path", "save_ranking", "load_ranking", "save_sensitivity",
            "load_sensitivity", "cached_ranking", "search_path", "save_search", "load_search", "run_dir", "list_runs", "load_run",
-           "load_run_per_layer", "run_policy", "last_built_policy", "store_upload", "RunResult"]
+           "load_run_per_layer", "run_policy", "last_built_policy", "store_upload", "RunResult", "gpu_spec_path",
+           "save_gpu_spec", "read_gpu_specs", "load_gpu_specs", "delete_gpu_spec", "resolve_gpu"]
 
 
 # --- keys and paths ------------------------------------------------------------------------------
@@ -242,17 +243,19 @@ def store_upload(ws: Workspace, data: bytes, filename: str, kind: str, model=Non
 
 
 # --- cost-model calibrations per GPU (issue 12 §4) ------------------------------------------------
-def gpu_calibration_path(ws: Workspace, gpu_name: str) -> Path:
-    """Where the cost model calibrated on ``gpu_name`` is stored: keyed by the GPU's table entry
-    and the parameters' format version (an older format is simply not found)."""
-    return ws.sub("gpu_calibrations") / f"{gpu_entry(gpu_name).key}.v{PARAMS_VERSION}.json"
+def gpu_calibration_path(ws: Workspace, gpu_name: str | GPU) -> Path:
+    """Where the cost model calibrated on ``gpu_name`` is stored: keyed by the GPU's key (a table
+    row, a GPU saved in this workspace, or a :class:`GPU` of a ``--gpu-spec``) and the parameters'
+    format version (an older format is simply not found)."""
+    key = gpu_name.key if isinstance(gpu_name, GPU) else resolve_gpu(ws, gpu_name).key
+    return ws.sub("gpu_calibrations") / f"{key}.v{PARAMS_VERSION}.json"
 
 
-def save_gpu_calibration(ws: Workspace, gpu_name: str, params: CostParams) -> Path:
+def save_gpu_calibration(ws: Workspace, gpu_name: str | GPU, params: CostParams) -> Path:
     return atomic_write_json(gpu_calibration_path(ws, gpu_name), params.to_json())
 
 
-def load_gpu_calibration(ws: Workspace, gpu_name: str) -> CostParams | None:
+def load_gpu_calibration(ws: Workspace, gpu_name: str | GPU) -> CostParams | None:
     """The stored calibration for ``gpu_name``; None when there is none or it cannot be read
     (corrupt, damaged or of another format): the estimate then falls back to the fixture fit."""
     path = gpu_calibration_path(ws, gpu_name)
@@ -260,3 +263,80 @@ def load_gpu_calibration(ws: Workspace, gpu_name: str) -> CostParams | None:
         return CostParams.from_json(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError, TypeError, AttributeError, MixprecError):
         return None
+
+
+# --- GPUs the user describes, saved in the workspace (issue 19 §4) ----------------------------------
+# One file per GPU, gpus/<key>.json, holding the fields of a GPU table row (GPU.to_json). A file that
+# is not valid (hand-edited, truncated) is skipped with a note, never fatal, and left in place: it is
+# the user's data, not a cache.
+def gpu_spec_path(ws: Workspace, key: str) -> Path:
+    return ws.sub("gpus") / f"{key}.json"
+
+
+def save_gpu_spec(ws: Workspace, spec: GPU | dict) -> GPU:
+    """Validate the user's GPU (a :class:`GPU` or a spec document; ``core.estimate.gpus.custom_gpu``:
+    a MixprecError names each field in error) and save it atomically; returns the GPU saved. Saving
+    a key again replaces that GPU."""
+    g = custom_gpu(spec, "the GPU")
+    if g.key in GPUS:
+        raise MixprecError(f"the GPU {g.key!r} is a row of the GPU table already", f"pick it as --gpu {g.key}")
+    atomic_write_json(gpu_spec_path(ws, g.key), g.to_json())
+    return g
+
+
+def read_gpu_specs(ws: Workspace) -> tuple[dict[str, GPU], list[str]]:
+    """The GPUs saved in the workspace by key, and a note for each file skipped (not readable, not
+    JSON, not a valid GPU, or named after another key)."""
+    folder = ws.root / "gpus"
+    found: dict[str, GPU] = {}
+    notes: list[str] = []
+    try:
+        paths = sorted(p for p in folder.glob("*.json") if not p.name.startswith("."))
+    except OSError as e:
+        return {}, [f"cannot list the saved GPUs in {folder} ({e.strerror or e})"]
+    for path in paths:
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+            g = custom_gpu(doc, f"the saved GPU {path.name}")
+            if g.key != path.stem:
+                raise MixprecError(f"the saved GPU {path.name} has the key {g.key!r}", "")
+        except MixprecError as e:
+            notes.append(f"{e.what}; it is skipped (fix or delete {path})")
+            continue
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+            notes.append(f"the saved GPU {path.name} is not readable JSON ({type(e).__name__}); it is skipped "
+                         f"(fix or delete {path})")
+            continue
+        found[g.key] = g
+    return found, notes
+
+
+def load_gpu_specs(ws: Workspace) -> dict[str, GPU]:
+    """The GPUs saved in the workspace by key; a file skipped is noted (``core.workspace.take_notes``)."""
+    found, notes = read_gpu_specs(ws)
+    for n in notes:
+        cache_note(n)
+    return found
+
+
+def delete_gpu_spec(ws: Workspace, key: str) -> bool:
+    """Remove the saved GPU ``key``; False if there was none."""
+    if key in GPUS or not isinstance(key, str) or "/" in key or key.startswith("."):
+        return False
+    path = gpu_spec_path(ws, key)
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        raise MixprecError(f"cannot delete the saved GPU {path} ({e.strerror or e})",
+                           "check the workspace folder's permissions") from e
+    return True
+
+
+def resolve_gpu(ws: Workspace, name: str | GPU) -> GPU:
+    """``name`` as a GPU: a :class:`GPU` as is, else a GPU saved in the workspace (by key or exact
+    name), else the GPU table's row (``core.estimate.gpus.gpu``: keys and product names)."""
+    if isinstance(name, GPU):
+        return name
+    return gpu_entry(name, load_gpu_specs(ws) if (ws.root / "gpus").is_dir() else None)
