@@ -38,12 +38,15 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
+from onnx.external_data_helper import uses_external_data
+from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from .calibration import CalibrationResult
 from .errors import MixprecError
-from .external import ExternalWeights, Spill, attach, check_graph, dtype_of, save_compiled, values_of
+from .external import ExternalValues, ExternalWeights, Spill, attach, check_graph, dtype_of, save_compiled, values_of
 from .inventory import CONTROL_FLOW, NON_COMPUTE
 from .model import LoadedModel
+from .onnx_graph import LIGHT_FROM
 from .placement import PLACEMENT_OPS, PlacementGraph, fused_input
 from .policy import Policy
 from .trt_rules import assert_trt_rules
@@ -69,12 +72,14 @@ class CompiledModel:
     # a model with external weights (core.external): where its data files are, and the new weights' file
     weights: ExternalWeights | None = None
     spill: Spill | None = field(default=None, repr=False)
+    structure_only: bool = False  # its large weights are ShapeOnly: types and dims, no values (not runnable)
 
     @property
     def conversion_nodes(self) -> int:
         return sum(self.op_counts.get(op, 0) for op in CONVERSION_OPS)
 
     def serialized(self) -> bytes:
+        self._runnable()
         if self.weights is not None:
             raise MixprecError("this compiled model keeps its weights as external data: it has no single-file form",
                                "write it with CompiledModel.save(path)")
@@ -86,10 +91,59 @@ class CompiledModel:
         beside it, and the original model's data files beside it too (links of the workspace's copies;
         with ``copy``, real copies: an export). Keep this object while a saved file is used: its new
         weights' temp file goes with it (saved files keep their own link)."""
+        self._runnable()
         proto = self.proto if proto is None else proto
         if self.weights is None:
             return atomic_write_bytes(path, proto.SerializeToString())
         return save_compiled(proto, Path(path), self.weights, self.spill, copy)
+
+    def _runnable(self) -> None:
+        if self.structure_only:
+            raise MixprecError("this compiled model is structure-only (its weights have no values): it cannot be saved "
+                               "or run", "compile the policy without structure_only for a build")
+
+
+# --- structure-only compiles (the estimator's): weights as their type and dims only ---------------
+SHAPE_ONLY = "<mixprec structure-only: no values>"  # the external-data location a ShapeOnly tensor names
+
+
+class ShapeOnly(ExternalValues):
+    """A weight's type and dims without its values, in a structure-only compile (``compile_policy(...,
+    structure_only=True)``): the estimator reads shapes and types only. Its tensor is an external
+    reference to :data:`SHAPE_ONLY` (so the checks treat it as a weight kept elsewhere); reading it
+    is an error."""
+
+    def __init__(self, name: str, shape, dtype):
+        """``dtype``: a numpy dtype or an ONNX data type (``TensorProto.FLOAT16``)."""
+        data_type = dtype if isinstance(dtype, int) else onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+        t = onnx.TensorProto(name=name, data_type=data_type, dims=[int(d) for d in shape])
+        t.data_location = onnx.TensorProto.EXTERNAL
+        t.external_data.add(key="location", value=SHAPE_ONLY)
+        super().__init__(t, Path(SHAPE_ONLY))
+
+    def load(self):
+        raise MixprecError(f"the weight {self.tensor.name!r} of a structure-only compile has no values",
+                           "compile the policy without structure_only to read or convert weights")
+
+
+def is_shape_only(t) -> bool:
+    return isinstance(t, gs.Constant) and isinstance(t._values, ShapeOnly)
+
+
+def _shape_only(name: str, shape, dtype) -> gs.Constant:
+    return gs.Constant(name, ShapeOnly(name, shape, dtype))
+
+
+def _strip_weights(graph: gs.Graph) -> int:
+    """Make every main-graph constant of LIGHT_FROM bytes or more (or kept as external data) ShapeOnly.
+    Returns how many."""
+    n = 0
+    for t in graph.tensors().values():
+        v = t._values if isinstance(t, gs.Constant) else None
+        if type(v) is LazyValues and (v.nbytes >= LIGHT_FROM or uses_external_data(v.tensor)):  # not sparse ones
+            t._values = ShapeOnly(t.name, v.shape, v.tensor.data_type)
+            n += 1
+    return n
 
 
 def _is_float(t) -> bool:
@@ -129,11 +183,11 @@ def _weight_quant(w: np.ndarray, axis: int | None):
     return q, scale
 
 
-def _weight_axis(node: gs.Node, w: np.ndarray) -> int | None:
-    if w.ndim < 2:
+def _weight_axis(node: gs.Node, ndim: int) -> int | None:
+    if ndim < 2:
         return None
     if node.op == "MatMul":
-        return w.ndim - 1
+        return ndim - 1
     if node.op == "Gemm":
         return 0 if node.attrs.get("transB", 0) else 1
     if node.op == "Conv":
@@ -173,13 +227,16 @@ def _hoist_switch_constants(proto: onnx.ModelProto, names: set[str]) -> None:
 
 class _Compiler:
     def __init__(self, model: LoadedModel, policy: Policy, calib: CalibrationResult | None, target: str,
-                 switchable: bool = False, int8_outputs: bool = False):
+                 switchable: bool = False, int8_outputs: bool = False, structure_only: bool = False):
         if target not in TARGETS:
             raise MixprecError(f"unknown compile target {target!r}", f"use one of {', '.join(TARGETS)}")
         self.model, self.policy, self.calib, self.target = model, policy, calib, target
         self.graph = gs.import_onnx(model.proto)
+        self.structure_only = structure_only
+        if structure_only:  # large weights as their type and dims only: none is read, converted or written
+            _strip_weights(self.graph)
         # external weights are read one at a time (core.external); new weights go to a data file as made
-        self.spill = None if model.weights is None else Spill(model.weights.folder / "tmp")
+        self.spill = None if model.weights is None or structure_only else Spill(model.weights.folder / "tmp")
         if self.spill is not None:
             attach(self.graph, model.weights)
         self.opset = model.opset
@@ -236,7 +293,9 @@ class _Compiler:
             if key not in self.const_copies:
                 name, steps = f"{var.name}__{key[1]}", (np.float16,) if typed else (np.float16, np.float32)
                 streamed = self.spill.converted(name, var, steps) if self.spill is not None else None
-                if streamed is not None:  # a large external weight: converted chunk by chunk into the data file
+                if is_shape_only(var):
+                    self.const_copies[key] = _shape_only(name, var.shape, steps[-1])
+                elif streamed is not None:  # a large external weight: converted chunk by chunk into the data file
                     self.const_copies[key] = streamed
                 else:
                     vals = values_of(var).astype(np.float16)
@@ -348,15 +407,19 @@ class _Compiler:
         if c is None:
             raise MixprecError(f"no per-channel statistics for {src!r} (input of smoothed layer {node.name})",
                                "calibrate with core.calibration.calibrate_policy, which collects them for smoothed layers")
-        wv = values_of(w).astype(np.float32)
-        s = np.clip(np.maximum(c, 1e-5) ** alpha / np.maximum(np.abs(wv).max(axis=1), 1e-5) ** (1 - alpha),
-                    1e-4, 1e4).astype(np.float32)
+        if is_shape_only(w):  # a structure-only compile: unit scales, the smoothed weight's type and dims
+            wv, s = None, np.ones(int(w.shape[0]), dtype=np.float32)
+        else:
+            wv = values_of(w).astype(np.float32)
+            s = np.clip(np.maximum(c, 1e-5) ** alpha / np.maximum(np.abs(wv).max(axis=1), 1e-5) ** (1 - alpha),
+                        1e-4, 1e4).astype(np.float32)
         xs = self._node("Mul", [x, gs.Constant(f"{node.name}/smooth_inv_scale", (1.0 / s).astype(np.float32))],
                         f"{node.name}/smooth/Mul", dtype=np.float32, shape=x.shape)
         self.amax_override[xs.name] = float(np.max(c / s))
         node.inputs[0] = xs
         # per layer: layers sharing one weight (tied weights) smooth it by their own s
-        node.inputs[1] = self._constant(f"{node.name}/{w.name}__smoothed", wv * s[:, None])
+        name = f"{node.name}/{w.name}__smoothed"
+        node.inputs[1] = _shape_only(name, w.shape, np.float32) if wv is None else self._constant(name, wv * s[:, None])
 
     def _as_int8_placement(self, node):
         """An INT8 Add / pooling / Concat, placed as TensorRT fuses it (module docstring): the
@@ -420,10 +483,13 @@ class _Compiler:
     def _quantize_input(self, node, i, t, u8, w_idx):
         """The dequantized replacement of input ``i`` (None if it is not a float tensor)."""
         if isinstance(t, gs.Constant):
-            w = values_of(t)
-            axis = _weight_axis(node, w) if i == w_idx else None
-            q, scale = _weight_quant(w, axis)
-            del w
+            axis = _weight_axis(node, len(t.shape)) if i == w_idx else None
+            if is_shape_only(t):  # a structure-only compile: the int8 copy's type and dims, unit scales
+                q, scale = None, np.ones(() if axis is None else (int(t.shape[axis]),), dtype=np.float32)
+            else:
+                w = values_of(t)
+                q, scale = _weight_quant(w, axis)
+                del w
             zp = np.zeros_like(scale, dtype=np.int8)
             attrs = {"axis": axis} if axis is not None else {}
             # one int8 copy per (weight, axis): a weight shared by layers that quantize it along
@@ -432,7 +498,8 @@ class _Compiler:
             if key not in self.int8_weights:
                 suffix = "" if not any(k[0] == t.name for k in self.int8_weights) else \
                     ("_per_tensor" if axis is None else f"_axis{axis}")
-                self.int8_weights[key] = self._constant(f"{t.name}__int8{suffix}", q)
+                name = f"{t.name}__int8{suffix}"
+                self.int8_weights[key] = _shape_only(name, t.shape, np.int8) if q is None else self._constant(name, q)
             return self._node(
                 "DequantizeLinear",
                 [self.int8_weights[key], gs.Constant(f"{node.name}/w{i}_scale", scale),
@@ -516,7 +583,7 @@ class _Compiler:
         del proto.graph.value_info[:]
         proto.doc_string = f"mixprec explicit-precision model (target={self.target}, policy sha256={self.policy.sha256})"
         try:
-            if self.spill is None:
+            if self.spill is None and not self.structure_only:
                 onnx.checker.check_model(proto)
             else:  # external weights: the graph, its weights unread (core.external.check_graph)
                 check_graph(proto)
@@ -531,11 +598,12 @@ class _Compiler:
             assert_trt_rules(proto, source_nodes={n.name for n in self.model.proto.graph.node})
         switch_inputs = {layer: v.name for layer, v in (self.switches or {}).items()}
         return CompiledModel(proto, self.target, dict(Counter(n.op_type for n in proto.graph.node)), switch_inputs,
-                             self.model.weights, self.spill)
+                             self.model.weights, self.spill, self.structure_only)
 
 
 def compile_policy(model: LoadedModel, policy: Policy, calib: CalibrationResult | None = None,
-                   target: str = "ort", switchable: bool = False, int8_outputs: bool = False) -> CompiledModel:
+                   target: str = "ort", switchable: bool = False, int8_outputs: bool = False,
+                   structure_only: bool = False) -> CompiledModel:
     """Compile ``policy`` for ``model`` into an explicit-precision ONNX. ``switchable`` puts
     every INT8 layer's quantization behind a boolean graph input (``switch_inputs``), so one
     session can evaluate any subset of INT8 layers (used by the sensitivity search). An activation's
@@ -548,12 +616,18 @@ def compile_policy(model: LoadedModel, policy: Policy, calib: CalibrationResult 
     placement (inputs only, outputs in the network's float type, TensorRT's recommended Q/DQ
     placement) is the default everywhere: on MiniLM int8 outputs drop held-out cosine from 0.981
     to 0.841, almost all of it at the six FFN down-projections, whose outputs carry the residual
-    stream's outliers (``tests/test_runs.py``)."""
+    stream's outliers (``tests/test_runs.py``).
+
+    ``structure_only`` compiles the graph only: every node, tensor type and dims as a real compile
+    makes them, but no weight of LIGHT_FROM bytes or more (nor one kept as external data) is read,
+    converted or written: those, and the new weights made from them (int8, float16, smoothed), are
+    :class:`ShapeOnly`; their per-channel scales are ones. For the estimator (``core.estimate``),
+    which reads shapes and types only; such a model cannot be saved or run."""
     if policy.model_sha256 != model.sha256:
         raise MixprecError(f"the policy was made for another model ({policy.model_name}, sha256 {policy.model_sha256[:12]}…)",
                            f"load the policy with the model it was made for, or make a new policy for {model.name}")
     if "int8" in policy.layers.values() and calib is None:
         raise MixprecError("the policy has INT8 layers but no calibration was given",
                            "calibrate first (mixprec calibrates automatically in `build`), or set those layers to fp16/fp32")
-    return _Compiler(model, policy, calib, target, switchable, int8_outputs).run()
+    return _Compiler(model, policy, calib, target, switchable, int8_outputs, structure_only).run()
 

@@ -24,7 +24,8 @@ from core.cli import main as cli_main
 from core.errors import MixprecError
 from core.estimate import fusion
 from core.estimate.fusion import SMALL_VALUE, engine_layers, static_net
-from core.estimate.predict import PREDICTION_COLUMNS, predict
+from core.compile import compile_policy
+from core.estimate.predict import PREDICTION_COLUMNS, placeholder_calibration, predict
 from core.project import open_project
 from core.workspace import Workspace
 from large_models import RSS_LIMIT, big_model
@@ -151,19 +152,19 @@ def test_a_missing_data_file_is_a_mixprec_error_with_a_fix(tmp_path):
 
 
 def test_a_data_file_removed_after_loading(tmp_path, monkeypatch):
-    """The predictor reads no weight: an all-FP32 policy (nothing to convert) is still estimated; a
-    policy whose compile must read a weight is a MixprecError that says what to do."""
+    """The predictor reads no weight, not even to compile the policy (``structure_only``): every
+    policy, those that quantize and convert weights too, is still estimated, as before; a full
+    compile (a build's), which converts them, cannot."""
     monkeypatch.setenv("MIXPREC_EXTERNAL_WEIGHTS_FROM", "1")
     path = save_cnn(tmp_path / "m", True)
     p = open_project(path, ws=Workspace(tmp_path / "ws"), shapes=SHAPES)
     policies = _policies(p)
-    before = predict(p.model, policies["fp32"], p.input_shapes, "a100")
+    before = {k: predict(p.model, pol, p.input_shapes, "a100") for k, pol in policies.items()}
     path.with_name("cnn.onnx.data").unlink()
-    after = predict(p.model, policies["fp32"], p.input_shapes, "a100")
-    pd.testing.assert_frame_equal(after.layers, before.layers)
-    with pytest.raises(MixprecError, match="data file of cnn.*missing") as e:
-        predict(p.model, policies["mixed"], p.input_shapes, "a100")
-    assert "data files back" in e.value.fix
+    for k, pol in policies.items():
+        pd.testing.assert_frame_equal(predict(p.model, pol, p.input_shapes, "a100").layers, before[k].layers)
+    with pytest.raises(FileNotFoundError):
+        compile_policy(p.model, policies["mixed"], placeholder_calibration(p.model, policies["mixed"]), target="trt")
 
 
 def test_cli_estimate_of_a_model_with_a_missing_data_file_exits_2(tmp_path, monkeypatch, capsys):

@@ -61,6 +61,7 @@ import onnx
 from onnx import helper, numpy_helper
 from onnx.external_data_helper import uses_external_data
 
+from ..compile import SHAPE_ONLY
 from ..errors import MixprecError
 from ..external import INLINE_BELOW, location, read_tensor
 from ..onnx_graph import attr, with_input_dims, without_weights
@@ -968,7 +969,8 @@ def _small_value(t: onnx.TensorProto, files: dict[str, Path]) -> onnx.TensorProt
 def inference_twin(m: onnx.ModelProto, files: dict[str, Path]) -> onnx.ModelProto:
     """``m`` ready for shape inference without reading its weights: each external initializer of the
     main graph under SMALL_VALUE bytes read in (:func:`_small_value`), each larger one a graph input of
-    its type and dims (``core.onnx_graph.without_weights``). ``m`` itself when it has no external data."""
+    its type and dims (``core.onnx_graph.without_weights``); the ShapeOnly weights of a structure-only
+    compile (``core.compile.SHAPE_ONLY``) are never read. ``m`` itself when it has no external data."""
     if not any(uses_external_data(t) for t in m.graph.initializer):
         return m
     small: dict[str, onnx.TensorProto] = {}
@@ -976,6 +978,8 @@ def inference_twin(m: onnx.ModelProto, files: dict[str, Path]) -> onnx.ModelProt
     def left_out(t: onnx.TensorProto) -> bool:
         if not uses_external_data(t):
             return False
+        if location(t) == SHAPE_ONLY:
+            return True
         value = _small_value(t, files)
         if value is not None:
             small[t.name] = value

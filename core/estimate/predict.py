@@ -75,7 +75,7 @@ def predict_engine(model: LoadedModel, policy: Policy, input_shapes: dict[str, t
     compiler reads those it converts, one at a time)."""
     calib = calib if calib is not None else placeholder_calibration(model, policy)
     try:
-        compiled = compile_policy(model, policy, calib, target="trt")
+        compiled = compile_policy(model, policy, calib, target="trt", structure_only=True)
     except FileNotFoundError as e:  # a data file of a model kept external was removed after loading
         raise MixprecError(f"a data file of {model.name} is missing ({e.filename or e})",
                            "put the model's data files back beside it, then load the model again") from e
