@@ -15,7 +15,7 @@ from .backends import BACKENDS
 from .distributed import RAY_ENV
 from .errors import MixprecError
 from .estimate import command as estimate_command
-from .estimate.gpus import FIXTURE_GPU, GPUS
+from .estimate.gpus import GPUS
 from .compile import TARGETS
 from .export import DEFAULT_TRT_VERSION, EXPORT_FORMATS, export_policy
 from .policy import CALIB_METHODS, NETWORK_DEFAULTS, load_policy
@@ -264,9 +264,8 @@ def _warn_arg(sp):
 
 
 def _gpu_arg(sp):
-    sp.add_argument("--gpu", default=FIXTURE_GPU, choices=list(GPUS),
-                    help=f"GPU of the estimated TensorRT time (target tensorrt without TensorRT here; default "
-                         f"{FIXTURE_GPU}); a calibration stored for it is used")
+    """``--gpu`` / ``--gpu-spec`` of the estimated TensorRT time (target tensorrt without TensorRT here)."""
+    estimate_command.add_gpu_args(sp, check=True)
 
 
 def _trt_args(sp):
@@ -278,18 +277,22 @@ def _trt_args(sp):
 
 def cmd_search(args):
     bar = Progress("search")
+    g = estimate_command.gpu_from_args(args)  # a bad --gpu-spec fails before the model loads
     p = _project(args, bar)
+    custom = GPUS.get(g.key) != g  # a --gpu-spec or a GPU saved in the workspace travels as itself
     config = SearchConfig(budget=args.budget, workers=args.workers, ray=args.ray, smooth=args.smooth,
                           backend=args.backend,
-                          trt_options=trt_options(args), warn_below=args.warn_below, gpu=args.gpu,
-                          cost_params=load_gpu_calibration(p.ws, args.gpu))
+                          trt_options=trt_options(args), warn_below=args.warn_below, gpu=g if custom else g.key,
+                          cost_params=load_gpu_calibration(p.ws, g))
     r = search(p, config, progress=bar)
     bar.done()
     out = Path(args.out) if args.out else p.ws.sub("policies") / f"search-{r.policy.sha256[:12]}.json"
     atomic_write_text(out, r.policy.to_json())
     doc = r.to_json() | {"policy_path": str(out), "warnings": list(r.run.warnings) if r.run else [],
                          "data_generated": bool(r.run and r.run.data_generated), "target": p.target,
-                         "gpu": args.gpu}  # "objective" is r's: what ranked the candidates, a fallback included
+                         "gpu": g.key}  # "objective" is r's: what ranked the candidates, a fallback included
+    if custom:
+        doc["gpu_spec"] = g.to_json()
     text = [r.message, f"policy written to {out}  ({r.seconds:.0f} s)"]
     if r.run is not None:
         q, lat = r.run.quality, r.run.latency

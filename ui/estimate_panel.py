@@ -15,7 +15,7 @@ import streamlit as st
 from core.errors import MixprecError
 from core.estimate.cost import FITTED, CostParams
 from core.estimate.fit import calibrate
-from core.estimate.gpus import FIXTURE_GPU, GPUS
+from core.estimate.gpus import FIXTURE_GPU, GPU, GPUS
 from core.estimate.predict import Prediction
 from core.estimate.service import EstimateService
 from core.plots import plot_estimate_layers
@@ -24,28 +24,40 @@ from core.present import ms_text
 from core.project import Project
 from core.store import load_gpu_calibration, run_dir, run_policy, save_gpu_calibration
 from ui import common as ui
+from ui import gpu_form
 
 GPU_WIDGET = "estimate_gpu"      # the picker (its value is lost on pages that do not draw it)
 GPU_STATE = "estimate_gpu:value"  # the session's choice, kept across pages
 GPU_SETTING = "estimate_gpu"     # saved with the project's settings (a reload brings it back)
+GPU_PENDING = "estimate_gpu:pending"  # a GPU just added: the picker selects it at its next drawing
 LIVE_NODES = 3000                # larger models are estimated on demand (a button), not at every rerun
 ESTIMATE = "Estimate, not measured"
 CHART_ON = "estimate_chart_on"   # the per-layer chart, drawn when asked for
 
 
 # --- the GPU: picked once, kept for the session and saved with the project --------------------
+def gpus() -> dict[str, GPU]:
+    """The GPUs to pick from: the table's rows, then the GPUs saved in the workspace ("Add a GPU")."""
+    return {**GPUS, **gpu_form.saved_gpus(ui.workspace())}
+
+
+def gpu_of(key: str) -> GPU:
+    """The GPU of a key of :func:`gpus` (the A100 of the fixtures if it is no longer there)."""
+    return gpus().get(key) or GPUS[FIXTURE_GPU]
+
+
 def gpu_key() -> str:
     """The session's GPU for estimates: the picker's last value, else the project's saved setting, else the A100."""
     v = st.session_state.get(GPU_STATE)
     if v is None:
         saved = ui.saved_project()
         v = saved.settings.get(GPU_SETTING) if saved is not None else None
-    return v if v in GPUS else FIXTURE_GPU
+    return v if v in gpus() else FIXTURE_GPU
 
 
 def _picked() -> None:
     v = st.session_state.get(GPU_WIDGET)
-    if v not in GPUS:
+    if v not in gpus():
         return
     st.session_state[GPU_STATE] = v
     saved = ui.saved_project()
@@ -55,13 +67,33 @@ def _picked() -> None:
 
 
 def gpu_picker(where=st, key: str = GPU_WIDGET) -> str:
-    """A selectbox of the GPU table; returns the chosen key."""
-    keys = list(GPUS)
-    where.selectbox("GPU to estimate for", keys, index=keys.index(gpu_key()), key=key,
-                    format_func=lambda k: GPUS[k].name, on_change=_picked if key == GPU_WIDGET else None,
+    """A selectbox of the GPU table and the GPUs saved in the workspace; returns the chosen key."""
+    choices = gpus()
+    keys = list(choices)
+    added = st.session_state.pop(GPU_PENDING, None) if key == GPU_WIDGET else None
+    if added in choices:  # a GPU just added on the form below: selected before the widget is drawn
+        st.session_state[key] = added
+    elif key in st.session_state and st.session_state[key] not in choices:  # a GPU removed since
+        del st.session_state[key]
+    kw = {} if key in st.session_state else {"index": keys.index(gpu_key())}
+    where.selectbox("GPU to estimate for", keys, key=key,
+                    format_func=lambda k: choices[k].name + ("" if k in GPUS else " (added)"),
+                    on_change=_picked if key == GPU_WIDGET else None,
                     help="The estimate prices the engine TensorRT would build on this GPU (from its datasheet "
-                         "figures); no GPU or TensorRT is needed here.")
-    return st.session_state.get(key) if st.session_state.get(key) in GPUS else gpu_key()
+                         "figures); no GPU or TensorRT is needed here. A GPU that is not in the list can be "
+                         "added below.", **kw)
+    return st.session_state.get(key) if st.session_state.get(key) in choices else gpu_key()
+
+
+def _added(key: str) -> None:
+    """A GPU saved on the "Add a GPU" form: the session's GPU from now on (and the project's), then the page again."""
+    st.session_state[GPU_PENDING] = key
+    st.session_state[GPU_STATE] = key
+    saved = ui.saved_project()
+    old = dict(saved.settings) if saved is not None else {}
+    if old.get(GPU_SETTING) != key:
+        ui.save_project(settings={**old, GPU_SETTING: key})
+    st.rerun()
 
 
 # --- the prediction, cached per model, policy, shapes, GPU and cost-model parameters ----------
@@ -83,8 +115,8 @@ def _service(ws_root: str) -> EstimateService:
 
 @st.cache_resource(max_entries=64, show_spinner=False)
 def _predicted(model_sha: str, policy_sha: str, shapes: str, gpu: str, params_tag: str,
-               _p: Project, _pol: Policy, _params: CostParams) -> Future:
-    return _service(str(_p.ws.root)).submit(_p.model, _pol, _p.input_shapes, gpu, _params)
+               _p: Project, _pol: Policy, _params: CostParams, _gpu: GPU | None = None) -> Future:
+    return _service(str(_p.ws.root)).submit(_p.model, _pol, _p.input_shapes, _gpu or gpu, _params)
 
 
 def _wait() -> float:
@@ -102,7 +134,12 @@ def pending(p: Project, pol: Policy, gpu: str) -> Future:
     """The (cached) prediction of ``pol`` on ``gpu`` as a future, computed in the background."""
     params = params_for(p, gpu)
     shapes = json.dumps({k: list(v) for k, v in p.input_shapes.items()}, sort_keys=True)
-    return _predicted(p.model.sha256, pol.sha256, shapes, gpu, _tag(params), p, pol, params)
+    g = gpu_of(gpu)
+    if gpu in GPUS:
+        return _predicted(p.model.sha256, pol.sha256, shapes, gpu, _tag(params), p, pol, params)
+    # a GPU added in the workspace: keyed by its figures too (editing it is another estimate)
+    spec = hashlib.sha256(json.dumps(g.to_json(), sort_keys=True).encode()).hexdigest()[:16]
+    return _predicted(p.model.sha256, pol.sha256, shapes, f"{g.key}:{spec}", _tag(params), p, pol, params, g)
 
 
 def estimate(p: Project, pol: Policy, gpu: str, timeout: float | None = None) -> Prediction:
@@ -149,9 +186,10 @@ def section(p: Project, pol: Policy) -> Prediction | None:
     """"Estimated TensorRT latency on <GPU>" for the draft: total, predicted reformats, the basis
     and the per-layer chart; redrawn at every edit (cached), no build needed."""
     gpu = gpu_key()
-    st.subheader(f"Estimated TensorRT latency on {ui.md(GPUS[gpu].name)}")
+    st.subheader(f"Estimated TensorRT latency on {ui.md(gpu_of(gpu).name)}")
     c = st.columns([1.6, 1, 1])
     gpu = gpu_picker(c[0])
+    gpu_form.section(p.ws, _added)
     if not _on_demand(p):
         return None
     fut = pending(p, pol, gpu)
@@ -215,20 +253,21 @@ def calibration_offer(p: Project, graph, profile) -> None:
         return
     st.markdown("**Calibrate the estimator for this GPU**")
     c = st.columns([2, 1])
-    gpu = c[0].selectbox("GPU the engine was built on", list(GPUS), index=list(GPUS).index(gpu_key()),
-                         key="calib_gpu", format_func=lambda k: GPUS[k].name)
+    choices = gpus()
+    gpu = c[0].selectbox("GPU the engine was built on", list(choices), index=list(choices).index(gpu_key()),
+                         key="calib_gpu", format_func=lambda k: choices[k].name)
     have = load_gpu_calibration(p.ws, gpu)
     if have is not None:
-        st.caption(f"Stored for the {ui.md(GPUS[gpu].name)}: {ui.md(have.label())}.")
+        st.caption(f"Stored for the {ui.md(choices[gpu].name)}: {ui.md(have.label())}.")
     c[1].write("")
     if not c[1].button("Calibrate the estimator for this GPU", key="calibrate_gpu", icon=":material/tune:"):
         return
     try:
         with st.spinner("Fitting the cost model on your engine…"):
-            params = calibrate((graph, profile), gpu)
+            params = calibrate((graph, profile), choices[gpu])
             save_gpu_calibration(p.ws, gpu, params)
     except (MixprecError, OSError) as e:
         st.error(ui.md(e))
         return
-    st.success(f"Estimates on the {ui.md(GPUS[gpu].name)} now use your calibration: {ui.md(params.label())}.",
+    st.success(f"Estimates on the {ui.md(choices[gpu].name)} now use your calibration: {ui.md(params.label())}.",
                icon=":material/check:")

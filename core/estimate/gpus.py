@@ -131,12 +131,6 @@ def check_spec(doc, source: str = "the GPU spec") -> GPU:
                            'write one object: {"key": "my-gpu", "name": …, "arch": "ampere", "sm_count": …, '
                            '"fp32_tflops": …} (docs/tensorrt.md, "GPU table")')
     problems: list[tuple[str, str, str]] = []  # (field, what, fix)
-    for k in doc:
-        if k not in _FIELDS:
-            close = difflib.get_close_matches(str(k), _FIELDS, n=1)
-            problems.append((str(k)[:40], "is not a field of a GPU table row",
-                             (f"did you mean {close[0]!r}? " if close else "") + "remove it; the fields are "
-                             + ", ".join(_FIELDS)))
     for k in REQUIRED:
         if doc.get(k) is None:
             problems.append((k, "is missing", f"give {k}: {FIELD_HELP[k]}"))
@@ -188,6 +182,12 @@ def check_spec(doc, source: str = "the GPU spec") -> GPU:
         if not (isinstance(v, (list, tuple)) and all(isinstance(x, str) and x in FIGURES for x in v)):
             problems.append((lst, f"is {json.dumps(v)[:60]}, not a list of figure names",
                              f"list some of {', '.join(FIGURES)} (or leave it out)"))
+    for k in doc:
+        if k not in _FIELDS:
+            close = difflib.get_close_matches(str(k), _FIELDS, n=1)
+            problems.append((str(k)[:40], "is not a field of a GPU table row",
+                             (f"did you mean {close[0]!r}? " if close else "") + "remove it; the fields are "
+                             + ", ".join(_FIELDS)))
     if problems:
         (f, what, fix), rest = problems[0], problems[1:]
         raise MixprecError(f"{source}: {f} {what}", fix, details=[f"{f2} {w2} (fix: {x2})" for f2, w2, x2 in rest])

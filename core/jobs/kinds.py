@@ -15,7 +15,8 @@ from ..project import DEFAULT_TARGET, open_project
 from ..runs import METRICS_FILE, build_and_measure
 from ..search import SearchConfig, search
 from ..sensitivity import rank_layers, sensitivity
-from ..store import cached_ranking, load_gpu_calibration, save_ranking, save_search, save_sensitivity
+from ..estimate.gpus import GPUS, custom_gpu
+from ..store import cached_ranking, load_gpu_calibration, resolve_gpu, save_ranking, save_search, save_sensitivity
 from ..workspace import Workspace, atomic_write_json
 from .params import BuildParams, IsolatedParams, RankParams, SearchParams
 
@@ -55,8 +56,11 @@ def run_isolated(params: dict, ws: Workspace, progress) -> str:
 def run_search(params: dict, ws: Workspace, progress) -> str:
     p = SearchParams.from_params(params)
     project = _open(p, ws, progress)
-    config = SearchConfig(budget=p.budget, smooth=bool(p.smooth), workers=int(p.workers), gpu=p.gpu,
-                          cost_params=load_gpu_calibration(ws, p.gpu), ray=p.ray)
+    # a GPU not in the table comes with its figures (what was submitted, not what the workspace holds now)
+    g = custom_gpu(p.gpu_spec, "the job's GPU") if p.gpu_spec else resolve_gpu(ws, p.gpu)
+    config = SearchConfig(budget=p.budget, smooth=bool(p.smooth), workers=int(p.workers),
+                          gpu=g.key if GPUS.get(g.key) == g else g, cost_params=load_gpu_calibration(ws, g),
+                          ray=p.ray)
     result = search(project, config, progress=progress)
     return str(save_search(ws, project, result, bool(p.smooth)))
 

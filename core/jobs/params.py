@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, fields
 
 from ..distributed import LOCAL, OFF
 from ..errors import MixprecError
-from ..estimate.gpus import FIXTURE_GPU, gpu as gpu_entry
+from ..estimate.gpus import FIXTURE_GPU, GPU, GPUS, custom_gpu, gpu as gpu_entry
 from ..project import DEFAULT_TARGET
 from ..search import Budget
 from ..sensitivity import parse_memory
@@ -74,6 +74,7 @@ class SearchParams(_Params):
     smooth: bool = False
     workers: int = 2
     gpu: str = FIXTURE_GPU  # the GPU of the estimated TensorRT time (core.estimate.gpus key)
+    gpu_spec: dict | None = None  # a GPU not in the table: its figures (GPU.to_json), the job computes with them
     ray: str | None = None  # where the trials run (see the module's docstring)
 
 
@@ -161,9 +162,13 @@ def isolated_params(model: str, data: str | None = None, eval_data: str | None =
 def search_params(model: str, data: str | None = None, eval_data: str | None = None,
                   budget: str = SearchParams.budget, smooth: bool = SearchParams.smooth,
                   shapes: dict | None = None, dims: dict | None = None, batch: int = 1,
-                  target: str = DEFAULT_TARGET, gpu: str = SearchParams.gpu, ray: str | None = None) -> dict:
+                  target: str = DEFAULT_TARGET, gpu: str | GPU = SearchParams.gpu, ray: str | None = None) -> dict:
     """The parameters of a ``search`` job; the budget, the GPU and the Ray address are checked
-    (MixprecError) and normalised here (the GPU to its table key: ``NVIDIA A100-SXM4-80GB`` → ``a100``)."""
+    (MixprecError) and normalised here (the GPU to its table key: ``NVIDIA A100-SXM4-80GB`` → ``a100``; a
+    :class:`GPU` that is not a table row, a ``--gpu-spec`` or a GPU saved in the workspace, travels with its
+    figures in ``gpu_spec``)."""
+    g = custom_gpu(gpu) if isinstance(gpu, GPU) else gpu_entry(gpu)
+    spec = None if GPUS.get(g.key) == g else g.to_json()
     return SearchParams(str(model), data, eval_data, **shape_params(shapes, dims, batch), target=target,
-                        budget=str(Budget.parse(budget)), smooth=bool(smooth), gpu=gpu_entry(gpu).key,
+                        budget=str(Budget.parse(budget)), smooth=bool(smooth), gpu=g.key, gpu_spec=spec,
                         ray=ray_param(ray)).to_params()

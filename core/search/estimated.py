@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..estimate.cost import FITTED, CostParams
-from ..estimate.gpus import gpu as gpu_entry
+from ..estimate.gpus import GPU, gpu as gpu_entry
 from ..estimate.predict import Prediction, placeholder_calibration, predict
 from ..inventory import Layer, tensor_shapes
 from ..policy import Policy
@@ -39,7 +39,7 @@ class EstimatedLatency:
     project: Project
     base: Policy
     eligible: list[Layer]
-    gpu: str
+    gpu: str | GPU  # a table key, or the GPU itself (a --gpu-spec, a GPU saved in the workspace)
     params: CostParams = field(default_factory=lambda: FITTED)
     tf32: bool = True
     edges: list[Edge] = field(default_factory=list)
@@ -85,12 +85,12 @@ def _gains(lat: EstimatedLatency) -> dict[str, float]:
     return {n: saving * (macs[n] / total if total else 1.0 / len(names)) for n in names}
 
 
-def estimated_latency(project: Project, base: Policy, eligible: list[Layer], gpu: str,
+def estimated_latency(project: Project, base: Policy, eligible: list[Layer], gpu: str | GPU,
                       params: CostParams | None = None, tf32: bool = True) -> EstimatedLatency:
     """The estimate-based latency model of a search (raises MixprecError when the model cannot be
     predicted, e.g. shapes that do not infer: the search then falls back to the INT8 MAC share)."""
     shapes = tensor_shapes(project.model, project.input_shapes)
-    lat = EstimatedLatency(project, base, eligible, gpu_entry(gpu).key, params or FITTED, tf32,
+    lat = EstimatedLatency(project, base, eligible, gpu_entry(gpu), params or FITTED, tf32,
                            fusable_edges(project.model, project.layers, shapes))
     lat.wall = Gains(_gains(lat))
     fp32 = base.with_layers({l.name: "fp32" for l in project.layers})

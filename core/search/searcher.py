@@ -32,7 +32,7 @@ from ..calibration import calibrate, calibrate_policy
 from ..data import Dataset
 from ..errors import MixprecError
 from ..estimate.cost import CostParams
-from ..estimate.gpus import FIXTURE_GPU
+from ..estimate.gpus import FIXTURE_GPU, GPU
 from ..inventory import Layer, require_eligible
 from ..metrics import quality
 from ..policy import CALIB_METHODS, Policy
@@ -91,7 +91,7 @@ class SearchConfig:
     trt_options: dict | None = None
     warn_below: float = WARN_BELOW
     objective: str = "auto"
-    gpu: str = FIXTURE_GPU              # trt_estimate: the GPU of the estimate
+    gpu: str | GPU = FIXTURE_GPU        # trt_estimate: the GPU of the estimate (a table key, or a GPU of a spec)
     cost_params: CostParams | None = None  # trt_estimate: a calibration for ``gpu`` (default: the fixture fit)
     tf32: bool = True                   # trt_estimate: FP32 layers may use TF32 (trtexec's default)
 
@@ -312,7 +312,7 @@ def _fit(ctx: _Context, first: Variant) -> LatencyModel | EstimatedLatency:
     t0 = time.perf_counter()
     cfg = ctx.config
     if ctx.objective == "trt_estimate":
-        ctx.step(0.45, f"estimating TensorRT time on {cfg.gpu}")
+        ctx.step(0.45, f"estimating TensorRT time on {getattr(cfg.gpu, 'name', cfg.gpu)}")
         try:
             lat = estimated_latency(ctx.project, first.policy, ctx.eligible, cfg.gpu, cfg.cost_params, cfg.tf32)
             ctx.timings["latency_model_s"] = time.perf_counter() - t0
