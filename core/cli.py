@@ -299,8 +299,12 @@ def cmd_search(args):
         text.append(f"build {r.run.run_id}: cosine mean {q.cosine_mean:.4f} min {q.cosine_min:.4f}, speedup "
                     f"{speedup_text(lat.speedup)[0]} [{r.run.latency_label}], reformat {r.run.reformat.pct:.1f}%, INT8 MAC share "
                     f"{100 * r.run.int8_mac_fraction:.0f}%{_on_generated(r.run)}")
-    text.append("Pareto front (quality on the dev half, estimated latency):")
-    text.append(r.front.to_string(index=False))
+    front = r.front
+    if front["est_high_ms"].isna().all():  # no TensorRT estimate, no band
+        front = front.drop(columns=["est_low_ms", "est_high_ms"])
+    text.append("Pareto front (quality on the dev half, estimated latency"
+                + (", est_low_ms-est_high_ms: the estimate's band" if "est_high_ms" in front else "") + "):")
+    text.append(front.to_string(index=False))
     _emit(args, doc, "\n".join(text))
     return 0 if r.met_on_dev and r.met_on_holdout is not False else 1
 

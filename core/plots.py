@@ -385,12 +385,25 @@ def _meets(budget, quality: pd.Series) -> pd.Series:
     return q <= budget.value if budget.op == "<=" else q >= budget.value
 
 
+def _band_error(rows: pd.DataFrame) -> dict | None:
+    """Error bars from ``est_low_ms``/``est_high_ms`` (a TensorRT estimate's band), or None without a band."""
+    if not {"est_low_ms", "est_high_ms"} <= set(rows.columns) or rows.empty:
+        return None
+    x = rows["est_ms"].astype(float)
+    lo, hi = pd.to_numeric(rows["est_low_ms"], errors="coerce"), pd.to_numeric(rows["est_high_ms"], errors="coerce")
+    if not (lo.notna() & hi.notna()).any():
+        return None
+    return {"type": "data", "symmetric": False, "array": (hi - x).fillna(0.0).clip(lower=0.0).tolist(),
+            "arrayminus": (x - lo).fillna(0.0).clip(lower=0.0).tolist(), "thickness": 1.2, "width": 3}
+
+
 def plot_pareto(candidates_df: pd.DataFrame, chosen: int | None = None, budget=None, basis: str = "") -> go.Figure:
     """Quality against estimated latency of every evaluated candidate; the non-dominated ones
     highlighted and connected, ``chosen`` (a candidate id) starred. ``budget`` (a
     ``core.search.Budget``) names the y axis, draws its threshold, marks the candidates that fail
     it (an open ✕, "fails the budget" in the hover) and flips the axis when lower is better.
-    ``basis`` says what the latency estimate rests on (on the x axis)."""
+    ``basis`` says what the latency estimate rests on (on the x axis). With a TensorRT estimate's band
+    (``est_low_ms``/``est_high_ms``), the front and the chosen point carry it as horizontal error bars."""
     _check(candidates_df, PARETO_COLUMNS, "candidates")
     df = candidates_df.sort_values("est_ms")
     front = df["pareto"].astype(bool)
@@ -408,8 +421,10 @@ def plot_pareto(candidates_df: pd.DataFrame, chosen: int | None = None, budget=N
             continue
         verdict = ["fails the budget" if f else ("meets the budget" if budget is not None else "")
                    for f in fails[rows.index]]
+        band = _band_error(rows) if name in ("Pareto front", "chosen") else None
         fig.add_trace(go.Scatter(
             x=rows["est_ms"].tolist(), y=rows["quality"].tolist(), name=name, **style,
+            **({"error_x": band} if band else {}),
             customdata=[[*r, v] for r, v in zip(rows[["candidate", "n_int8", "int8_mac_share", "est_reformat_pct",
                                                       "method", "boundaries"]].values.tolist(), verdict)],
             hovertemplate="candidate %{customdata[0]} · %{customdata[4]} calibration<br>%{x:.3f} ms · %{y:.5f} "

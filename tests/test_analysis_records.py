@@ -68,7 +68,8 @@ def _search(project) -> SearchResult:
     for k in range(len(eligible) + 1):
         int8 = eligible[:k]
         rows.append((k, "minmax", k, len(eligible) - k, 0.999 - 0.001 * k, 10.0 - k, k / len(eligible), 1.0, k % 2,
-                     k < 3, True, ",".join(sorted(set(eligible) - set(int8))), ",".join(sorted(int8))))
+                     k < 3, True, ",".join(sorted(set(eligible) - set(int8))), ",".join(sorted(int8)),
+                     9.0 - k, 11.0 - k))
     cands = pd.DataFrame(rows, columns=CANDIDATE_COLUMNS)
     cands.loc[1, "pareto"] = False
     policy = base.with_layers({n: ("int8" if n in eligible[:2] else "fp16") for n in eligible})

@@ -58,7 +58,8 @@ def test_plot_sensitivity_compare(cumulative, isolated):
 def candidates():
     quality = np.array([0.999, 0.998, 0.995, 0.990, 0.997, 0.985])
     est_ms = np.array([10.0, 8.0, 6.0, 5.0, 9.0, 7.0])
-    rows = [(i, "minmax", 6 - i, i, q, ms, 0.1 * i, 1.0, i % 3, q >= 0.99, False, "", "") for i, (q, ms) in
+    rows = [(i, "minmax", 6 - i, i, q, ms, 0.1 * i, 1.0, i % 3, q >= 0.99, False, "", "", ms * 0.9, ms * 1.1)
+            for i, (q, ms) in
             enumerate(zip(quality, est_ms))]
     df = pd.DataFrame(rows, columns=CANDIDATE_COLUMNS)
     df["pareto"] = pareto_flags(quality, est_ms)

@@ -191,3 +191,90 @@ def test_histogram_failure_in_calibration_is_a_clear_error(tiny_cnn, monkeypatch
     monkeypatch.setattr(ort_calibrate.HistogramCollector, "collect", boom)
     with pytest.raises(MixprecError, match="percentile calibration cannot build its histograms.*minmax"):
         calibrate(tiny_cnn.model, tiny_cnn.calib_data, "percentile", Workspace(tmp_path))
+
+
+# --- the TensorRT estimate's band: ties ---------------------------------------------------------
+def _cand(name, est, boundaries, cos, band=0.12):
+    from core.metrics import Quality
+    from core.search.result import Candidate
+
+    q = Quality(cos, cos - 0.01, 30.0, 0.1, None, None, 8)
+    return Candidate("minmax", frozenset(name), q, est, 0.5, 0.0, True, boundaries, est / (1 + band),
+                     est * (1 + band))
+
+
+def test_candidates_inside_the_band_are_ties_broken_by_boundaries_then_quality():
+    from core.search.searcher import band_ties, tie_note
+
+    b = Budget.parse("cosine_mean>=0.99")
+    fast = _cand("a", 1.00, 4, 0.995)
+    close_fewer = _cand("ab", 1.08, 1, 0.993)      # +8 %: inside ±12 %
+    close_same = _cand("ac", 1.10, 1, 0.997)       # +10 %, same boundaries, better quality: wins
+    far = _cand("abc", 1.20, 0, 0.999)             # +20 %: outside the band, never chosen
+    tie = band_ties([far, close_fewer, fast, close_same], b)
+    assert tie.fastest is fast and tie.pick is close_same and set(map(id, tie.ties)) == {
+        id(fast), id(close_fewer), id(close_same)}
+    assert tie.pct == pytest.approx(12.0) and tie.reason == "boundaries"
+    numbers = {id(fast): 0, id(close_fewer): 1, id(close_same): 2, id(far): 3}
+    note = tie_note(tie, b, lambda c: numbers[id(c)])
+    assert note.startswith("3 candidates, among them the fastest, #0 (1 ms est., 1 layer INT8, 4 boundaries), "
+                           "and #2 (1.1 ms est., 2 layers INT8, 1 boundary), are within the estimate's band "
+                           "(±12 %) of the fastest: a tie; chose #2, the one with fewer boundaries")
+    two = band_ties([fast, close_fewer, far], b)
+    assert two.pick is close_fewer
+    assert "The fastest, #0 (1 ms est., 1 layer INT8, 4 boundaries), and #1 (1.08 ms est., 2 layers INT8, " \
+           "1 boundary) are within the estimate's band (±12 %): a tie; chose #1, the one with fewer boundaries" \
+           in tie_note(two, b, lambda c: numbers[id(c)])
+    # equal boundaries: the better quality wins the tie, and the note says so
+    same = band_ties([fast, _cand("ad", 1.05, 4, 0.998)], b)
+    assert same.reason == "quality" and "the same boundaries and the better quality (cosine_mean 0.9980 vs " \
+        "0.9950)" in tie_note(same, b, lambda c: 9)
+    # the fastest with the fewest boundaries stays, and the note says it was a tie
+    stays = band_ties([_cand("x", 1.0, 0, 0.995), _cand("y", 1.05, 2, 0.999)], b)
+    assert stays.reason == "" and "2 candidates are within the estimate's band (±12 %) of the fastest" in \
+        tie_note(stays, b, lambda c: 5) and "so it stays chosen" in tie_note(stays, b, lambda c: 5)
+    # no band (not a TensorRT estimate): no tie
+    nob = _cand("z", 1.01, 0, 0.999)
+    nob.est_low_ms = nob.est_high_ms = float("nan")
+    fast_nob = _cand("a", 1.00, 4, 0.995)
+    fast_nob.est_high_ms = float("nan")
+    assert band_ties([fast_nob, nob], b).pick is fast_nob and tie_note(band_ties([fast_nob], b), b, id) == ""
+
+
+def test_a_search_reports_a_tie_inside_the_estimates_band(tiny_cnn, monkeypatch):
+    """Planted estimates: every 3-layer INT8 set at 0.080 ms, every 4-layer set at 0.085 ms (+6 %,
+    inside a ±12 % band), all-fallback 0.2 ms. The 4-layer sets have fewer boundaries on the tiny CNN,
+    so the search chooses one of them over the faster 3-layer one and its verdict says why."""
+    from dataclasses import replace
+
+    import core.search.searcher as searcher
+    from core.estimate.validation import Band
+
+    real = searcher.estimated_latency
+    planted = {0: 0.2, 3: 0.080, 4: 0.085, 5: 0.07}
+
+    def plant(*a, **k):
+        lat = real(*a, **k)
+        lat.estimate = lambda int8: (planted.get(len(int8), 0.3), 0.0)
+        lat.band = lambda int8: Band(planted.get(len(int8), 0.3) / 1.12, planted.get(len(int8), 0.3) * 1.12,
+                                     "validated", "ampere", float(np.log(1.12)), "planted")
+        lat.estimate_text = lambda int8: f"{planted.get(len(int8), 0.3)} ms, planted"
+        return lat
+
+    monkeypatch.setattr(searcher, "estimated_latency", plant)
+    r = search(replace(tiny_cnn, target="tensorrt"),
+               SearchConfig("cosine_mean>=0.9999", methods=("minmax",), workers=1, verify=False))
+    assert r.objective == "trt_estimate"
+    c = r.candidates.set_index("candidate")
+    ok = c[c.meets_budget]
+    fastest = ok.sort_values(["est_ms", "boundaries"]).iloc[0]
+    chosen = c.loc[r.chosen]
+    assert fastest.est_ms == pytest.approx(0.080) and chosen.est_ms == pytest.approx(0.085)
+    assert chosen.boundaries < fastest.boundaries  # the planted tie: slower by 6 %, fewer boundaries
+    assert (chosen.est_low_ms, chosen.est_high_ms) == pytest.approx((0.085 / 1.12, 0.085 * 1.12))
+    assert "are within the estimate's band (±12 %)" in r.message and "a tie; chose" in r.message
+    assert f"chose #{r.chosen}, the one with fewer boundaries" in r.message and r.tie_note in r.message
+    assert f"#{fastest.name} (0.08 ms est." in r.tie_note
+    assert "estimated TensorRT time 0.085 ms, planted" in r.message
+    front = r.front
+    assert list(front.columns[4:7]) == ["est_ms", "est_low_ms", "est_high_ms"] and front.est_high_ms.notna().all()

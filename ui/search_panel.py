@@ -3,6 +3,8 @@
 preselected, applied after a confirmation, as one undoable edit."""
 from __future__ import annotations
 
+import math
+
 import plotly.graph_objects as go
 import streamlit as st
 
@@ -58,7 +60,7 @@ def _result(p: Project, result, objective: str) -> None:
     if result.run is not None and result.run.data_generated and GENERATED_NOTE not in result.message:
         st.caption(f"The search's quality numbers are {GENERATED_NOTE}.")  # a search stored before it said so
     if result.objective == "trt_estimate" and result.latency_label:
-        basis = result.latency_label
+        basis = result.latency_label + ("; bars: the estimate's band" if _has_band(result.front) else "")
     else:
         basis = "estimate from " + (result.run.latency_source.replace(", measured", "") if result.run
                                     else "the backend's") \
@@ -67,11 +69,15 @@ def _result(p: Project, result, objective: str) -> None:
     _mark_failing(fig, result.candidates)
     st.plotly_chart(fig, key="pareto_chart")
     front = result.front
-    st.dataframe(front, hide_index=True, column_config={
-        "meets_budget": st.column_config.CheckboxColumn("meets budget", help="on the dev half")})
+    shown = front if _has_band(front) else front.drop(columns=["est_low_ms", "est_high_ms"])
+    st.dataframe(shown, hide_index=True, column_config={
+        "meets_budget": st.column_config.CheckboxColumn("meets budget", help="on the dev half"),
+        "est_low_ms": st.column_config.NumberColumn("likely from (ms)", help="the estimate's band: low end"),
+        "est_high_ms": st.column_config.NumberColumn("likely to (ms)", help="the estimate's band: high end")})
     fails = {int(r.candidate) for r in front.itertuples() if not bool(r.meets_budget)}
     points = {int(r.candidate): f"#{r.candidate}{' (chosen)' if r.candidate == result.chosen else ''}: "
-              f"{r.n_int8} layers INT8, {r.method}, {r.est_ms:.3f} ms est., {100 * r.int8_mac_share:.0f}% MACs INT8, "
+              f"{r.n_int8} layers INT8, {r.method}, {r.est_ms:.3f} ms est.{_likely(r)}, "
+              f"{100 * r.int8_mac_share:.0f}% MACs INT8, "
               f"{r.quality:.4f}{' — fails the budget' if int(r.candidate) in fails else ''}" for r in front.itertuples()}
     if result.chosen is not None and result.chosen not in points:  # chosen by MAC share: not on the latency front
         points[result.chosen] = f"#{result.chosen} (chosen, by INT8 MAC share; not on the latency front)"
@@ -98,6 +104,15 @@ def _result(p: Project, result, objective: str) -> None:
     if use:
         ui.set_policy(p, new, what=f"front point #{pick} of the search {result.budget}")
         ui.flash(f"Front point #{pick} is now the current policy: Rebuild to measure it.", rerun=True)
+
+
+def _has_band(frame) -> bool:
+    return {"est_low_ms", "est_high_ms"} <= set(frame.columns) and bool(frame["est_high_ms"].notna().any())
+
+
+def _likely(r) -> str:
+    lo, hi = float(getattr(r, "est_low_ms", math.nan)), float(getattr(r, "est_high_ms", math.nan))
+    return f" (likely {lo:.3f}–{hi:.3f})" if math.isfinite(lo) and math.isfinite(hi) else ""
 
 
 def _mark_failing(fig, candidates) -> None:

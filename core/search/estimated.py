@@ -5,7 +5,9 @@ fixture engines or on the user's calibration).
 
 It has the interface the searcher uses of :class:`~core.search.latency.LatencyModel`:
 ``estimate(int8) -> (ms, reformat %)``, ``boundaries(int8)`` and per-layer ``wall.gain_ms`` (what
-putting one layer in INT8 saves, which orders the fallback). Estimates are memoised per INT8 set.
+putting one layer in INT8 saves, which orders the fallback), and ``band(int8)``: the estimate's
+uncertainty band (:mod:`core.estimate.validation`), inside which the search calls two candidates a
+tie. Estimates are memoised per INT8 set.
 
 Per-layer gains are leave-one-out from the all-INT8 candidate (est(all but l) − est(all)): the
 context the search starts from, boundaries included. Above ``EXACT_GAIN_LAYERS`` eligible layers the
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 from ..estimate.cost import FITTED, CostParams
 from ..estimate.gpus import GPU, gpu as gpu_entry
 from ..estimate.predict import Prediction, placeholder_calibration, predict
+from ..estimate.validation import Band
 from ..inventory import Layer, tensor_shapes
 from ..policy import Policy
 from ..project import Project
@@ -63,6 +66,14 @@ class EstimatedLatency:
         """Estimated TensorRT ms and reformat share (%) of the candidate with these layers INT8."""
         p = self.predict(int8)
         return p.total_ms, p.reformat_pct
+
+    def band(self, int8) -> Band | None:
+        """The uncertainty band of the candidate's estimate."""
+        return self.predict(int8).band
+
+    def estimate_text(self, int8) -> str:
+        """"0.860 ms, likely 0.785–0.942 ms" of the candidate."""
+        return self.predict(int8).estimate_text()
 
     def boundaries(self, int8) -> int:
         """Edges whose two layers run in different precisions (INT8 vs the fallback)."""

@@ -2,6 +2,7 @@
 (the one place a stored search document is assembled and read)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -19,9 +20,13 @@ from ..sensitivity import Sensitivity
 from .budget import Budget
 
 CANDIDATE_COLUMNS = ["candidate", "method", "n_int8", "n_fallback", "quality", "est_ms", "int8_mac_share",
-                     "est_reformat_pct", "boundaries", "meets_budget", "pareto", "fallback", "int8_layers"]
-FRONT_COLUMNS = ["candidate", "method", "n_int8", "quality", "est_ms", "int8_mac_share", "est_reformat_pct",
-                 "boundaries", "meets_budget"]
+                     "est_reformat_pct", "boundaries", "meets_budget", "pareto", "fallback", "int8_layers",
+                     "est_low_ms", "est_high_ms"]
+# est_low_ms / est_high_ms: the band of est_ms (core.estimate.validation) when it is a TensorRT estimate, else NaN
+BAND_COLUMNS = ["est_low_ms", "est_high_ms"]
+_V1_CANDIDATE_COLUMNS = [c for c in CANDIDATE_COLUMNS if c not in BAND_COLUMNS]
+FRONT_COLUMNS = ["candidate", "method", "n_int8", "quality", "est_ms", "est_low_ms", "est_high_ms", "int8_mac_share",
+                 "est_reformat_pct", "boundaries", "meets_budget"]
 
 
 @dataclass
@@ -34,6 +39,8 @@ class Candidate:
     est_reformat_pct: float
     meets_budget: bool
     boundaries: int = 0  # edges between an INT8 layer and an FP16 one (core.search.latency)
+    est_low_ms: float = math.nan   # the band of est_ms (a TensorRT estimate), else NaN
+    est_high_ms: float = math.nan
 
 
 def pareto_flags(quality_vals: np.ndarray, latency_vals: np.ndarray) -> np.ndarray:
@@ -50,7 +57,8 @@ def pareto_flags(quality_vals: np.ndarray, latency_vals: np.ndarray) -> np.ndarr
 def candidate_table(cands: list[Candidate], budget: Budget, eligible: list[str]) -> pd.DataFrame:
     """CANDIDATE_COLUMNS, one row per distinct (quality, estimated time), with the Pareto flag."""
     rows = [(i, c.method, len(c.int8), 0, budget.value_of(c.quality), c.est_ms, c.int8_mac_share, c.est_reformat_pct,
-             c.boundaries, c.meets_budget, False, "", ",".join(sorted(c.int8))) for i, c in enumerate(cands)]
+             c.boundaries, c.meets_budget, False, "", ",".join(sorted(c.int8)), c.est_low_ms, c.est_high_ms)
+            for i, c in enumerate(cands)]
     df = pd.DataFrame(rows, columns=CANDIDATE_COLUMNS).drop_duplicates(["quality", "est_ms"], ignore_index=True)
     cands = [cands[i] for i in df.candidate]
     q = df.quality.to_numpy() if budget.op == ">=" else -df.quality.to_numpy()
@@ -69,6 +77,16 @@ def candidate_policy(variants: dict[str, Policy], row) -> Policy:
     return base.with_layers({n: ("int8" if n in int8 else "fp16") for n in eligible_now | int8})
 
 
+def candidate_number(candidates: pd.DataFrame, cand: Candidate) -> int | None:
+    """The number of ``cand`` in the candidate table (its method and INT8 set; else the row of its
+    quality and time, which the table keeps one of), or None."""
+    key = ",".join(sorted(cand.int8))
+    rows = candidates[(candidates["method"] == cand.method) & (candidates["int8_layers"] == key)]
+    if rows.empty:
+        rows = candidates[candidates["est_ms"] == cand.est_ms]
+    return int(rows["candidate"].iloc[0]) if not rows.empty else None
+
+
 def chosen_candidate(candidates: pd.DataFrame, variants: dict[str, Policy], policy: Policy) -> int | None:
     """The number of the candidate whose policy is ``policy``, or None."""
     return next((int(row["candidate"]) for _, row in candidates.iterrows()
@@ -79,7 +97,7 @@ def chosen_candidate(candidates: pd.DataFrame, variants: dict[str, Policy], poli
 class SearchResult:
     """A finished search, stored as a ``"search"`` document (:meth:`to_json` / :meth:`from_json`)."""
 
-    FORMAT_VERSION: ClassVar[int] = 1
+    FORMAT_VERSION: ClassVar[int] = 2  # 2: the estimate's band per candidate (est_low_ms, est_high_ms), tie_note
     KIND: ClassVar[str] = "search"
 
     budget: Budget
@@ -97,6 +115,7 @@ class SearchResult:
     chosen: int | None = None  # the candidate whose policy is ``policy``
     objective: str = "latency"  # what ranked the candidates: latency / trt_estimate / mac_share
     latency_label: str = ""     # what est_ms is when it is not the backend's profile fit (trt_estimate)
+    tie_note: str = ""          # trt_estimate: candidates within the estimate's band of the fastest, and the pick
 
     @property
     def front(self) -> pd.DataFrame:
@@ -125,20 +144,27 @@ class SearchResult:
             "policy": self.policy.to_dict(), "precision_counts": self.policy.precision_counts(),
             "holdout": self.holdout.to_dict() if self.holdout else None, "run": run,
             "candidates": frame_to_json(self.candidates), "chosen": self.chosen,
-            "objective": self.objective, "latency_label": self.latency_label,
+            "objective": self.objective, "latency_label": self.latency_label, "tie_note": self.tie_note,
             "sensitivity": self.sensitivity.to_json(),
             "variants": {k: v.to_dict() for k, v in self.variants.items()},
         }
 
     @classmethod
     def from_json(cls, doc: dict, model: LoadedModel, layers: list[Layer]) -> "SearchResult":
-        """The search of a stored document; its policies are validated against ``model``."""
-        doc = check_format(doc, cls.KIND, cls.FORMAT_VERSION, "search")
+        """The search of a stored document; its policies are validated against ``model``. A document
+        of format 1 (before the band) reads with NaN bands."""
+        old = isinstance(doc, dict) and doc.get("format_version") == 1
+        doc = check_format(doc, cls.KIND, 1 if old else cls.FORMAT_VERSION, "search")
+        if old:
+            candidates = frame_from_json(doc["candidates"], _V1_CANDIDATE_COLUMNS, "search candidates")
+            candidates = candidates.assign(**{c: math.nan for c in BAND_COLUMNS})[CANDIDATE_COLUMNS]
+        else:
+            candidates = frame_from_json(doc["candidates"], CANDIDATE_COLUMNS, "search candidates")
         return cls(
             Budget.parse(doc["budget"]), policy_from_dict(doc["policy"], model, layers), bool(doc["met_on_dev"]),
             doc["met_on_holdout"], Quality.from_dict(doc["holdout"]) if doc["holdout"] else None, doc["message"],
-            frame_from_json(doc["candidates"], CANDIDATE_COLUMNS, "search candidates"),
+            candidates,
             Sensitivity.from_json(doc["sensitivity"]), RunResult.from_json(doc["run"]) if doc["run"] else None,
             float(doc["seconds"]), dict(doc["timings"]),
             {k: policy_from_dict(v, model, layers) for k, v in doc["variants"].items()}, doc["chosen"],
-            str(doc.get("objective", "latency")), str(doc.get("latency_label", "")))
+            str(doc.get("objective", "latency")), str(doc.get("latency_label", "")), str(doc.get("tie_note", "")))

@@ -17,7 +17,9 @@ The objective (``SearchConfig.objective``): ``latency`` orders and ranks candida
 model's estimate (fitted on the measuring backend's profiles); ``trt_estimate`` by each candidate's
 estimated TensorRT time on ``SearchConfig.gpu`` (``core.search.estimated``: the engine its compiled
 ONNX would build, priced by the cost model), for a TensorRT target where TensorRT does not run
-(optimising ONNX Runtime CPU time would optimise the wrong hardware); ``mac_share`` by the INT8
+(optimising ONNX Runtime CPU time would optimise the wrong hardware) — candidates whose estimates
+differ by less than the estimate's uncertainty band (``core.estimate.validation``) are a tie, broken
+by fewer INT8/float boundaries, then quality, and the verdict says so (:func:`band_ties`); ``mac_share`` by the INT8
 share of MACs, then the fewest INT8/float boundaries (hardware-neutral), the fallback when the
 estimate cannot be made. ``auto`` picks ``trt_estimate`` for a TensorRT target without TensorRT,
 else ``latency`` (:func:`search_objective`)."""
@@ -43,7 +45,7 @@ from ..sensitivity import Sensitivity, Switchable, TrialData, open_trial_pool, s
 from .budget import Budget, default_margin
 from .estimated import EstimatedLatency, estimated_latency
 from .latency import LatencyModel, latency_model
-from .result import Candidate, SearchResult, candidate_table, chosen_candidate
+from .result import Candidate, SearchResult, candidate_number, candidate_table, chosen_candidate
 
 OBJECTIVES = ("auto", "latency", "trt_estimate", "mac_share")
 MAC_SHARE_NOTE = ("Objective: INT8 MAC share, then the fewest INT8/float boundaries (hardware-neutral). The target is "
@@ -145,8 +147,10 @@ class _Searcher:
         if todo:
             for s, q in zip(todo, self.pool.evaluate([set(s) for s in todo])):
                 est, rf = self.lat.estimate(set(s))
+                band = self.lat.band(set(s)) if hasattr(self.lat, "band") else None
                 self.seen[s] = Candidate(self.method, s, q, est, sum(self.macs[l] for l in s) / self.total_macs, rf,
-                                         self.budget.met(q, self.margin), self.lat.boundaries(set(s)))
+                                         self.budget.met(q, self.margin), self.lat.boundaries(set(s)),
+                                         band.low_ms if band else math.nan, band.high_ms if band else math.nan)
         return [self.seen[frozenset(s)] for s in sets]
 
     def run(self, order: list[str]) -> Candidate:
@@ -198,7 +202,13 @@ class _Searcher:
         ok = [c for c in self.seen.values() if c.meets_budget]
         if ok:
             return min(ok, key=_preference(self.budget, self.objective))
-        return max(self.seen.values(), key=lambda c: self.budget.value_of(c.quality))
+        return max(self.seen.values(), key=lambda c: _better(self.budget, c))
+
+
+def _better(budget: Budget, c: Candidate) -> float:
+    """The candidate's quality under the budget's metric, larger is better (a ``<=`` metric negated)."""
+    v = budget.value_of(c.quality)
+    return v if budget.op == ">=" else -v
 
 
 def _preference(budget: Budget, objective: str = "latency"):
@@ -207,9 +217,68 @@ def _preference(budget: Budget, objective: str = "latency"):
     (contiguous INT8 regions), then quality."""
     def key(c: Candidate):  # latency and trt_estimate: by estimated time
         if objective == "mac_share":
-            return (-round(c.int8_mac_share, 4), c.boundaries, -budget.value_of(c.quality))
-        return (round(math.log(max(c.est_ms, 1e-9)), 3), c.boundaries, -budget.value_of(c.quality))
+            return (-round(c.int8_mac_share, 4), c.boundaries, -_better(budget, c))
+        return (round(math.log(max(c.est_ms, 1e-9)), 3), c.boundaries, -_better(budget, c))
     return key
+
+
+@dataclass
+class Tie:
+    """Candidates within the estimate's band of the fastest one, and the one chosen among them."""
+
+    fastest: Candidate
+    pick: Candidate
+    ties: list            # every candidate within the band of the fastest (the fastest included)
+    pct: float            # the band's half-width, % (the fastest's band)
+
+    @property
+    def reason(self) -> str:
+        """Why ``pick`` won the tie: "boundaries" (fewer) or "quality" (better, at equal boundaries);
+        "" when the fastest stays."""
+        if self.pick is self.fastest:
+            return ""
+        return "boundaries" if self.pick.boundaries < self.fastest.boundaries else "quality"
+
+
+def band_ties(ok: list[Candidate], budget: Budget) -> Tie:
+    """Among the candidates that meet the budget: the fastest (:func:`_preference`) and the ones
+    whose estimate is within the fastest's band (``est_high_ms`` / ``est_ms``): a tie, broken by
+    fewer boundaries, then better quality, then the estimate. Without a band, no tie."""
+    fastest = min(ok, key=_preference(budget, "trt_estimate"))
+    spread = math.log(fastest.est_high_ms / fastest.est_ms) if fastest.est_ms > 0 and \
+        math.isfinite(fastest.est_high_ms) and fastest.est_high_ms > fastest.est_ms else 0.0
+    ties = [c for c in ok if c is fastest or (c.est_ms > 0 and abs(math.log(c.est_ms / fastest.est_ms)) <= spread)]
+    pick = min(ties, key=lambda c: (c.boundaries, -_better(budget, c), c.est_ms))
+    if (pick.boundaries, -_better(budget, pick)) == (fastest.boundaries, -_better(budget, fastest)):
+        pick = fastest  # nothing beats the fastest on the tie-breaks: it stays
+    return Tie(fastest, pick, ties, 100.0 * math.expm1(spread))
+
+
+def _point(number: int | None, c: Candidate) -> str:
+    return (f"#{number}" if number is not None else "a candidate") + \
+        f" ({c.est_ms:.4g} ms est., {_n(len(c.int8), 'layer')} INT8, {_n(c.boundaries, 'boundary', 'boundaries')})"
+
+
+def _n(k: int, one: str, many: str | None = None) -> str:
+    return f"{k} {one if k == 1 else (many or one + 's')}"
+
+
+def tie_note(tie: Tie | None, budget: Budget, number) -> str:
+    """What the verdict says about a tie inside the estimate's band (``number``: candidate -> its number)."""
+    if tie is None or len(tie.ties) < 2:
+        return ""
+    f, p, band = tie.fastest, tie.pick, f"the estimate's band (±{tie.pct:.0f} %)"
+    if p is f:
+        return (f"{len(tie.ties)} candidates are within {band} of the fastest, {_point(number(f), f)}: a tie; "
+                f"it has the fewest boundaries (then the best quality) among them, so it stays chosen")
+    why = ("fewer boundaries" if tie.reason == "boundaries" else
+           f"the same boundaries and the better quality ({budget.metric} {budget.value_of(p.quality):.4f} vs "
+           f"{budget.value_of(f.quality):.4f})")
+    who = (f"the fastest, {_point(number(f), f)}, and {_point(number(p), p)} are within {band}" if len(tie.ties) == 2
+           else f"{len(tie.ties)} candidates, among them the fastest, {_point(number(f), f)}, and "
+                f"{_point(number(p), p)}, are within {band} of the fastest")
+    return f"{who[0].upper()}{who[1:]}: a tie; chose {'#' + str(number(p)) if number(p) is not None else 'it'}, " \
+        f"the one with {why}"
 
 
 # --- the steps ------------------------------------------------------------------------------
@@ -338,9 +407,10 @@ def _search_variant(ctx: _Context, v: Variant, lat: LatencyModel) -> tuple[Candi
         return s.run(order), list(s.seen.values())
 
 
-def _choose(ctx: _Context, variants: list[Variant], lat: LatencyModel) -> tuple[Candidate, bool, str, list[Candidate]]:
-    """The best candidate over all variants, whether it meets the budget on dev, the message, and
-    every evaluated candidate."""
+def _choose(ctx: _Context, variants: list[Variant], lat: LatencyModel) \
+        -> tuple[Candidate, bool, str, list[Candidate], Tie | None]:
+    """The best candidate over all variants, whether it meets the budget on dev, the message, every
+    evaluated candidate, and (``trt_estimate``) the tie inside the estimate's band it was chosen from."""
     chosen, everything = [], []
     for k, v in enumerate(variants):
         t0 = time.perf_counter()
@@ -352,16 +422,22 @@ def _choose(ctx: _Context, variants: list[Variant], lat: LatencyModel) -> tuple[
         ctx.timings[f"search_{v.name}_s"] = time.perf_counter() - t0
     budget, n = ctx.budget, len(ctx.eligible)
     ok = [c for c in chosen if c.meets_budget]
+    tie = None
     if ok:
         pick = min(ok, key=_preference(budget, ctx.objective))
+        if ctx.objective == "trt_estimate":  # ties inside the band, over every candidate that meets the budget
+            tie = band_ties([c for c in everything if c.meets_budget], budget)
+            pick = tie.pick
         message = (f"meets {budget} on the dev half with {len(pick.int8)}/{n} layers INT8 "
                    f"({100 * pick.int8_mac_share:.0f}% of eligible MACs), {pick.method} calibration")
+        if ctx.objective == "trt_estimate" and hasattr(lat, "estimate_text"):
+            message += f", estimated TensorRT time {lat.estimate_text(pick.int8)}"
     else:
-        pick = max(everything, key=lambda c: budget.value_of(c.quality))
+        pick = max(everything, key=lambda c: _better(budget, c))
         message = (f"NO policy meets {budget}: the best candidate reaches {budget.metric}="
                    f"{budget.value_of(pick.quality):.4f} ({len(pick.int8)} layers INT8). Relax the budget, or "
                    "add calibration data")
-    return pick, bool(ok), message, everything
+    return pick, bool(ok), message, everything, tie
 
 
 def _verify(ctx: _Context, policy: Policy, sens: Sensitivity) -> tuple[RunResult, str]:
@@ -386,17 +462,20 @@ def search(project: Project, config: SearchConfig, progress=None, should_stop=No
     ctx = _prepare(project, config, progress, should_stop)
     variants, sens = _variants(ctx)
     lat = _fit(ctx, variants[0])
-    pick, met_on_dev, message, everything = _choose(ctx, variants, lat)
+    pick, met_on_dev, message, everything, tie = _choose(ctx, variants, lat)
     by_name = {v.name: v.policy for v in variants}
     policy = by_name[pick.method].with_layers({l.name: ("int8" if l.name in pick.int8 else "fp16")
                                                for l in ctx.eligible})
     table = candidate_table(everything, ctx.budget, [l.name for l in ctx.eligible])
+    ties = tie_note(tie, ctx.budget, lambda c: candidate_number(table, c))
     run = None
     if config.verify:
         run, verdict = _verify(ctx, policy, sens)
         message += verdict
     if run.data_generated if run else is_generated(ctx.dev):
         message += f" (quality {GENERATED_NOTE}: give real evaluation data for numbers that hold)"
+    if ties:
+        message += f". {ties}"
     if ctx.objective == "mac_share":
         message += f". {MAC_SHARE_NOTE}"
     elif ctx.objective == "trt_estimate":
@@ -407,4 +486,4 @@ def search(project: Project, config: SearchConfig, progress=None, should_stop=No
     return SearchResult(ctx.budget, policy, met_on_dev, ctx.budget.met(run.quality) if run else None,
                         run.quality if run else None, message, table, sens, run, time.perf_counter() - t_start,
                         ctx.timings, by_name, chosen_candidate(table, by_name, policy), ctx.objective,
-                        lat.label() if isinstance(lat, EstimatedLatency) else "")
+                        lat.label() if isinstance(lat, EstimatedLatency) else "", ties)
