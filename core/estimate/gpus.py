@@ -306,8 +306,8 @@ GPUS: dict[str, GPU] = {g.key: g for g in (
         ("fp32_tflops", *_TENSOR)),
     GPU("orin-nano-8gb", "NVIDIA Jetson Orin Nano 8GB", "ampere", 8, 1.28, 5.0, 10.0, 10.0, 20.0, 68.0, 8,
         ("int8_tops",), ("fp32_tflops", *_FROM_INT8)),
-    GPU("orin-nano-4gb", "NVIDIA Jetson Orin Nano 4GB", "ampere", 4, 0.64, 2.5, 5.0, 5.0, 10.0, 34.0, 4,
-        ("int8_tops",), ("fp32_tflops", *_FROM_INT8)),
+    GPU("orin-nano-4gb", "NVIDIA Jetson Orin Nano 4GB", "ampere", 4, 0.64, 2.5, 5.0, 5.0, 10.0, 34.0, 4, (),
+        ("fp32_tflops", *_FROM_INT8, "bandwidth_gbs")),
     GPU("orin-nano-8gb-super", "NVIDIA Jetson Orin Nano 8GB (Super)", "ampere", 8, 2.09, 8.375, 16.75, 16.75,
         33.5, 102.0, 8, ("int8_tops",), ("fp32_tflops", *_FROM_INT8)),
 )}
