@@ -83,6 +83,8 @@ class CostParams:
     knee: float = 4.0                   # p of the soft roofline (p → ∞: max(compute, memory))
     int8_linear_out: float = 1.0        # INT8 tensor-core math writing a linear float output
     math_eff: dict[str, float] = field(default_factory=_unit_math)  # tensor-core factor per math precision
+    gemm_tile: float = 0.0              # transformer GEMM/attention output tile edge (0: no wave term)
+    clock_alpha: float = 1.0            # sustained clock = base + alpha·(boost − base) (1: the boost clock)
     gpu: str = FIXTURE_GPU              # the GPU the parameters were fitted on
     basis: str = FIXTURE_BASIS          # "fit on A100 fixtures" or "your calibration"
     n_layers: int = 0                   # layers the fit used
@@ -95,7 +97,8 @@ class CostParams:
                 "compute_eff": dict(self.compute_eff), "memory_eff": dict(self.memory_eff),
                 "overhead_us": dict(self.overhead_us), "simt_eff": self.simt_eff,
                 "lowc_channels": self.lowc_channels, "knee": self.knee,
-                "int8_linear_out": self.int8_linear_out, "math_eff": dict(self.math_eff), "gpu": self.gpu, "basis": self.basis,
+                "int8_linear_out": self.int8_linear_out, "math_eff": dict(self.math_eff),
+                "gemm_tile": self.gemm_tile, "clock_alpha": self.clock_alpha, "gpu": self.gpu, "basis": self.basis,
                 "n_layers": self.n_layers,
                 "median_err": None if math.isnan(self.median_err) else self.median_err,
                 "fitted_on": list(self.fitted_on), "fitted": list(self.fitted)}
@@ -110,6 +113,7 @@ class CostParams:
         math = {**_unit_math(), **{m: float(v) for m, v in dict(doc.get("math_eff") or {}).items()}}
         return cls(**per_class, math_eff=math, simt_eff=float(doc["simt_eff"]), lowc_channels=float(doc["lowc_channels"]),
                    knee=float(doc["knee"]), int8_linear_out=float(doc["int8_linear_out"]),
+                   gemm_tile=float(doc.get("gemm_tile", 0.0)), clock_alpha=float(doc.get("clock_alpha", 1.0)),
                    gpu=str(doc["gpu"]), basis=str(doc["basis"]), n_layers=int(doc.get("n_layers", 0)),
                    median_err=math.nan if err is None else float(err),
                    fitted_on=tuple(doc.get("fitted_on", ())), fitted=tuple(doc.get("fitted", ())))
@@ -190,7 +194,7 @@ def flops(layer: EngineLayer) -> float:
         return float(out.elements * window)
     if cls == "elementwise":
         return float(out.elements * max(1, len(layer.inputs)))
-    if cls == "softmax_norm":
+    if cls in ("softmax_norm", "transformer_norm"):
         return 5.0 * out.elements
     return 0.0
 
@@ -218,6 +222,52 @@ def _is_simt(layer: EngineLayer, precision: str) -> bool:
     return precision == "fp32" or bool(_SIMT_TACTIC.search(tactic))
 
 
+TRANSFORMER_CLASSES = ("transformer", "attention", "transformer_norm")
+# base and boost clocks (MHz) of the GPUs the transformer fit and validation use, until the GPU table has them
+_CLOCKS = {"a100": (1095, 1410), "a100-40gb": (1095, 1410), "t4": (585, 1590), "a30": (930, 1440),
+           "l40s": (1110, 2520), "v100": (1290, 1530), "v100-sxm2": (1290, 1530), "v100-pcie": (1245, 1380),
+           "titanrtx": (1350, 1770), "l4": (795, 2040), "h100": (1590, 1980), "a10": (885, 1695)}
+
+
+def clocks(gpu: GPU) -> tuple[float, float] | None:
+    """(base, boost) clock in MHz of ``gpu`` (its table row, else the known pairs), or None."""
+    base, boost = getattr(gpu, "base_clock_mhz", 0) or 0, getattr(gpu, "boost_clock_mhz", 0) or 0
+    if base > 0 and boost > 0:
+        return float(base), float(boost)
+    return _CLOCKS.get(gpu.key)
+
+
+def sustained_clock(gpu: GPU, params: CostParams) -> float:
+    """The share of the datasheet peak (given at the boost clock) that sustained tensor-core work gets:
+    (base + alpha·(boost − base)) / boost. Power-limited parts (a 70 W T4: base 585, boost 1590 MHz) fall far
+    below their boost clock under full load; 1 when the clocks are unknown or alpha is 1."""
+    c = clocks(gpu)
+    if c is None or params.clock_alpha >= 1.0:
+        return 1.0
+    base, boost = c
+    return (base + params.clock_alpha * (boost - base)) / boost
+
+
+def wave_utilisation(layer: EngineLayer, gpu: GPU, params: CostParams) -> float:
+    """The share of the GPU's SMs a transformer GEMM or attention kernel keeps busy: its output split into
+    ``gemm_tile``-edged tiles (attention: one tile per ``gemm_tile`` query rows of each batch·head), run in
+    waves of ``sm_count``; the last wave's idle SMs are lost. 1 without a tile size."""
+    tile = params.gemm_tile
+    if tile <= 0 or not layer.outputs:
+        return 1.0
+    if layer.layer_class == "attention":
+        scores = tuple(layer.attrs.get("scores") or ())
+        if len(scores) < 2:
+            return 1.0
+        tiles = math.prod(scores[:-2]) * math.ceil(scores[-2] / tile)
+    else:
+        rows = layer.outputs[0].dims[0] if layer.outputs[0].dims else 1
+        tiles = math.ceil(rows / tile) * math.ceil(max(1, layer.out_maps) / tile)
+    sms = max(1, gpu.sm_count)
+    waves = math.ceil(tiles / sms)
+    return tiles / (waves * sms)
+
+
 def math_factor(params: CostParams, precision: str, layer_class: str = "") -> float:
     """The tensor-core efficiency factor of ``precision``'s math (``math_eff``; 1 when absent). A class
     may have its own (``math_eff["transformer.fp16"]``: the transformer GEMMs' FP16 kernels, fitted on
@@ -242,6 +292,8 @@ def _compute_ms(layer: EngineLayer, gpu: GPU, params: CostParams, precision: str
             eff *= min(1.0, input_channels(layer) / params.lowc_channels)
         if layer.layer_class in _TENSOR_CORE_CLASSES:
             eff *= math_factor(params, precision, layer.layer_class)
+        if layer.layer_class in ("transformer", "attention"):
+            eff *= wave_utilisation(layer, gpu, params) * sustained_clock(gpu, params)
         if precision == "int8" and linear_float_output(layer) and layer.layer_class == "conv_gemm":
             eff *= params.int8_linear_out
     return ops / (peak * 1e12 * max(eff, 1e-6)) * 1e3
@@ -380,3 +432,10 @@ FITTED = CostParams.from_json({
         "math_eff[fp16]"
     ]
 })
+
+# the transformer classes (transformer GEMMs, attention, transformer_norm) are fitted on NVIDIA's published
+# BERT latencies, not on the CNN engines above (core.estimate.transformer; transformer_fit.json)
+from .transformer_fit import merged as _with_transformer_fit  # noqa: E402
+
+FITTED = _with_transformer_fit(FITTED)
+

@@ -11,7 +11,7 @@ import numpy as np
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "int8": 1, "fp8": 1, "int32": 4, "int64": 8, "bool": 1}
 # the layer classes whose efficiencies the cost model fits
 LAYER_CLASSES = ("conv_gemm", "pooling", "elementwise", "reformat", "softmax_norm", "transformer", "attention",
-                 "other")
+                 "transformer_norm", "other")
 
 
 @dataclass(frozen=True)

@@ -362,7 +362,8 @@ class _Fuser:
         g.nodes += tail
         g.outputs = [net.nodes[tail[-1]].output[0] if tail else out]
         scores = net.shape(net.nodes[k1].output[0])
-        g.attrs = {"flops": 2.0 * _count(scores) * (_last(net.shape(inputs[0])) + _last(net.shape(net.nodes[k2].output[0]))),
+        head = _last(net.shape(net.nodes[k1].input[0]))  # Q's head size (the reduction of Q·Kᵀ)
+        g.attrs = {"flops": 2.0 * _count(scores) * (head + _last(net.shape(net.nodes[k2].output[0]))),
                    "scores": tuple(scores), "softmax": net.nodes[softmax].name}
         self.claim(g.nodes)
         return g
@@ -574,7 +575,8 @@ class _Fuser:
             self.embeddings_into(members, external)
         outs = [t for m in members for t in net.nodes[m].output if net.live(t) and (
             t in net.graph_outputs or any(c not in members for c in net.consumers.get(t, [])))]
-        g = Group("pointwise", members, external, outs, net.dtype(outs[0]) if outs else "fp32", anchor=k)
+        g = Group("pointwise", members, external, outs, net.dtype(outs[0]) if outs else "fp32", anchor=k,
+                  layer_class="transformer_norm" if self.transformer else "")
         self.claim(members)
         self.quantized_region(g)
         if self.transformer and g.precision != "int8":
@@ -890,6 +892,7 @@ def _plain_layer(net: Net, g: Group) -> EngineLayer:
     cls = layer_class(layer_type, names[0])
     if g.kind == "pointwise" and cls == "other":
         cls = "elementwise"
+    cls = g.layer_class or cls  # the pointwise/normalization kernels of a transformer engine
     return EngineLayer(" + ".join(names), layer_type, cls, g.precision, ins, outs, onnx_nodes=names,
                        attrs={"predicted": True})
 
