@@ -16,6 +16,7 @@ pointed at stderr, so nothing a library prints can corrupt the replies). Request
 from this module on both ends; the pipe is never exposed to anything else."""
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import struct
@@ -120,18 +121,30 @@ def _answer(models: OrderedDict, ws: Workspace, req):
         models[(source, sha)] = model
         while len(models) > MODELS_KEPT:
             models.popitem(last=False)
+        _settle()
     models.move_to_end((source, sha))
     return predict(model, policy, shapes, gpu, params)
 
 
+def _settle() -> None:
+    """After a model is loaded: collect, then freeze what is left (the loaded models), so that the
+    collections of later estimates do not walk it again and again."""
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+
+
 def serve(ws_root: str, inp, out) -> None:
-    """Answer requests from ``inp`` on ``out`` until ``inp`` closes."""
+    """Answer requests from ``inp`` on ``out`` until ``inp`` closes. No garbage collection runs while
+    an estimate is computed (on BERT-base it took ~15 % of an estimate): the estimate's garbage (its
+    compiled graph's reference cycles) is collected once its reply is sent, while the child waits."""
     ws, models = Workspace(Path(ws_root)), OrderedDict()
     while True:
         try:
             req = _recv(inp)
         except EOFError:
             return
+        gc.disable()
         try:
             reply = (True, _answer(models, ws, req))
         except MixprecError as e:
@@ -139,7 +152,11 @@ def serve(ws_root: str, inp, out) -> None:
         except Exception as e:  # noqa: BLE001 - any failure is an answer, never a dead server
             reply = (False, (f"the estimate failed: {type(e).__name__}: {e}",
                              "edit the policy again; if it keeps failing, the Build page still measures it"))
-        _send(out, reply)
+        try:
+            _send(out, reply)
+        finally:
+            gc.enable()
+            gc.collect()
 
 
 def main() -> None:
