@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Mapping
 
 from ..errors import MixprecError
+from ..workspace import read_user_file
 
 ARCHITECTURES = ("volta", "turing", "ampere", "ada", "hopper", "blackwell")
 TF32_ARCHITECTURES = ARCHITECTURES[ARCHITECTURES.index("ampere"):]  # TF32 tensor cores from Ampere on
@@ -218,7 +219,6 @@ def custom_gpu(spec: GPU | dict, source: str = "the GPU spec") -> GPU:
 def load_gpu_spec(path: str | Path) -> GPU:
     """The GPU described by the JSON file ``path`` (``--gpu-spec``): a bad or missing file, bad
     JSON or a field in error is a MixprecError that says what to fix."""
-    from ..workspace import read_user_file  # here: core.workspace is heavier than this table
     data = read_user_file(path, "GPU spec", SPEC_MAX_BYTES)
     try:
         doc = json.loads(data.decode("utf-8"))
