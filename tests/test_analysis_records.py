@@ -99,6 +99,20 @@ def test_search_result_round_trips(tiny_cnn):
     assert "pick one of the front's points: 0, 2, 3" in str(e.value)
 
 
+def test_a_search_of_format_1_reads_without_bands(tiny_cnn):
+    """Searches stored before the estimate's band (format 1: no est_low_ms/est_high_ms, no tie_note)."""
+    from core.records import frame_to_json
+
+    r = _search(tiny_cnn)
+    doc = _through_json(r.to_json())
+    assert doc["format_version"] == 2 and doc["tie_note"] == ""
+    old = {k: v for k, v in doc.items() if k != "tie_note"} | {
+        "format_version": 1, "candidates": frame_to_json(r.candidates.drop(columns=["est_low_ms", "est_high_ms"]))}
+    back = SearchResult.from_json(_through_json(old), tiny_cnn.model, tiny_cnn.layers)
+    assert list(back.candidates.columns) == CANDIDATE_COLUMNS and back.candidates.est_high_ms.isna().all()
+    assert back.tie_note == "" and back.chosen == 2 and list(back.front.columns) == FRONT_COLUMNS
+
+
 def test_other_format_versions_and_kinds_are_refused(tiny_cnn):
     doc = _search(tiny_cnn).to_json()
     with pytest.raises(MixprecError, match="older than this mixprec reads"):

@@ -131,3 +131,48 @@ def test_export_bundle_labels_the_estimate(ws):
     readme = b.files[README_NAME].decode()
     assert "an estimate, not measured" in readme and "NVIDIA H100" in readme and "basis" in readme
     assert ESTIMATE_NAME not in export_bundle(p, pol).files
+
+
+def test_the_search_panel_shows_the_band_and_the_tie_of_a_stored_search(ws, monkeypatch):
+    """A TensorRT-estimate search whose planted estimates make a tie inside a ±12 % band: the verdict
+    says so, the front's table and picker show each point's band, the Pareto chart draws it as error bars."""
+    import numpy as np
+
+    import core.search.searcher as searcher
+    from core.estimate.validation import Band
+    from core.search import SearchConfig, search
+    from core.store import save_search
+
+    real, planted = searcher.estimated_latency, {0: 0.2, 3: 0.080, 4: 0.085, 5: 0.07}
+
+    def plant(*a, **k):
+        lat = real(*a, **k)
+        lat.estimate = lambda int8: (planted.get(len(int8), 0.3), 0.0)
+        lat.band = lambda int8: Band(planted.get(len(int8), 0.3) / 1.12, planted.get(len(int8), 0.3) * 1.12,
+                                     "validated", "ampere", float(np.log(1.12)), "planted")
+        return lat
+
+    monkeypatch.setattr(searcher, "estimated_latency", plant)
+    p = open_project(MODEL, ws=ws)
+    assert p.target == "tensorrt"
+    budget = "cosine_mean>=0.9999"
+    r = search(p, SearchConfig(budget, methods=("minmax",), workers=1, verify=False))
+    assert "a tie; chose" in r.message
+    save_search(ws, p, r, smooth=False)
+    at = ok(page("precision"))
+    at.text_input(key="search_budget").input(budget).run()
+    ok(at)
+    verdict = " ".join(shown(s) for s in at.success)
+    assert "within the estimate's band (±12 %)" in verdict and f"chose #{r.chosen}, the one with fewer boundaries" \
+        in verdict
+    pick = at.selectbox(key="front_pick")
+    chosen = r.candidates.set_index("candidate").loc[r.chosen]  # a tie: it may be off the raw front
+    assert pick.value == r.chosen
+    assert f"(likely {chosen.est_low_ms:.3f}–{chosen.est_high_ms:.3f})" in pick.format_func(r.chosen)
+    (chart,) = at.get("plotly_chart")
+    spec = json.loads(chart.proto.spec)
+    front = next(t for t in spec["data"] if t["name"] == "Pareto front")
+    assert front["error_x"]["array"] and front["error_x"]["arrayminus"]
+    assert "bars: the estimate's band" in spec["layout"]["xaxis"]["title"]["text"]
+    table = next(d for d in at.dataframe if "est_low_ms" in d.value.columns)
+    assert table.value["est_high_ms"].notna().all()

@@ -292,6 +292,10 @@ def test_cli_search_estimates_on_the_chosen_gpu_with_its_stored_calibration(caps
     assert seen[0].gpu == "t4" and seen[0].cost_params == _t4_calibration()
     assert doc["objective"] == "trt_estimate" and doc["gpu"] == "t4"
     assert "NVIDIA T4" in doc["latency_label"] and "calibrated on 21 layers of your engine" in doc["latency_label"]
+    cols = doc["candidates"]["columns"]  # every candidate's band (Turing: the TITAN RTX engines' spread)
+    low, high, est = (cols.index(c) for c in ("est_low_ms", "est_high_ms", "est_ms"))
+    assert all(r[low] < r[est] < r[high] for r in doc["candidates"]["rows"])
+    assert "estimated TensorRT time" in doc["message"] and ", likely " in doc["message"]
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(argv[:-3] + ["--gpu", "no-such-gpu"])
 

@@ -79,8 +79,14 @@ def _result(p: Project, result, objective: str) -> None:
               f"{r.n_int8} layers INT8, {r.method}, {r.est_ms:.3f} ms est.{_likely(r)}, "
               f"{100 * r.int8_mac_share:.0f}% MACs INT8, "
               f"{r.quality:.4f}{' — fails the budget' if int(r.candidate) in fails else ''}" for r in front.itertuples()}
-    if result.chosen is not None and result.chosen not in points:  # chosen by MAC share: not on the latency front
-        points[result.chosen] = f"#{result.chosen} (chosen, by INT8 MAC share; not on the latency front)"
+    if result.chosen is not None and result.chosen not in points:  # chosen by MAC share, or a tie: off the front
+        if result.tie_note:  # a tie inside the estimate's band, won on boundaries or quality
+            r = next(result.candidates[result.candidates["candidate"] == result.chosen].itertuples())
+            points[result.chosen] = (f"#{result.chosen} (chosen: a tie inside the estimate's band, see the "
+                                     f"verdict; not on the front of the point estimates): {r.n_int8} layers INT8, {r.method}, "
+                                     f"{r.est_ms:.3f} ms est.{_likely(r)}, {r.boundaries} boundaries, {r.quality:.4f}")
+        else:
+            points[result.chosen] = f"#{result.chosen} (chosen, by INT8 MAC share; not on the latency front)"
     keys = list(points)
     default = keys.index(result.chosen) if result.chosen in points else \
         next((i for i, c in enumerate(keys) if c not in fails), 0)
