@@ -38,6 +38,11 @@ def test_round_trip_of_every_table_row_and_of_a_spec():
     again = GPU.from_json(json.loads(json.dumps(g.to_json())))
     assert again == g and pickle.loads(pickle.dumps(g)) == g
     assert GPU.from_json(spec(arch="Ampere", memory_gb=...)).arch == "ampere"  # case, optional memory
+    clocked = GPU.from_json(spec(base_clock_mhz=1410, boost_clock_mhz=1800))
+    assert (clocked.base_clock_mhz, clocked.boost_clock_mhz) == (1410.0, 1800.0)
+    assert GPU.from_json(json.loads(json.dumps(clocked.to_json()))) == clocked
+    from core.estimate.cost import clocks
+    assert clocks(clocked) == (1410.0, 1800.0)  # the cost model's sustained-clock term reads a spec's clocks
     turing = GPU.from_json(spec(key="t-1", arch="turing", tf32_tflops=None))
     assert not turing.has_tf32 and turing.peak_tflops("tf32") == turing.fp32_tflops
 
@@ -68,6 +73,8 @@ def test_round_trip_of_every_table_row_and_of_a_spec():
     ({"halved": ["int8"]}, "halved", "not a list of figure names"),
     ({"memory_gb": -1}, "memory_gb", "not a memory size"),
     ({"fp16": 154.8}, "fp16", "not a field"),
+    ({"boost_clock_mhz": -1}, "boost_clock_mhz", "not a clock in MHz"),
+    ({"base_clock_mhz": 1800, "boost_clock_mhz": 1410}, "base_clock_mhz", "above boost_clock_mhz"),
 ])
 def test_each_problem_names_its_field_and_how_to_fix_it(changes, field, words):
     with pytest.raises(MixprecError) as e:

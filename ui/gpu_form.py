@@ -20,7 +20,8 @@ _NUMBERS = (("sm_count", "SMs", "%d"), ("fp32_tflops", "FP32 TFLOPS (CUDA cores)
             ("fp16_tflops", "FP16 tensor TFLOPS, FP32 accumulate", "%.2f"),
             ("fp16_acc16_tflops", "FP16 tensor TFLOPS, FP16 accumulate", "%.2f"),
             ("int8_tops", "INT8 tensor TOPS", "%.2f"), ("bandwidth_gbs", "Memory bandwidth, GB/s", "%.1f"),
-            ("memory_gb", "Memory, GB (optional)", "%.1f"))
+            ("memory_gb", "Memory, GB (optional)", "%.1f"), ("base_clock_mhz", "Base clock, MHz (optional)", "%.0f"),
+            ("boost_clock_mhz", "Boost clock, MHz (optional)", "%.0f"))
 
 
 def saved_gpus(ws: Workspace) -> dict[str, GPU]:

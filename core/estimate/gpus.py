@@ -54,6 +54,9 @@ FIELD_HELP = {
     "int8_tops": "peak INT8 tensor-core TOPS, dense (a datasheet figure with sparsity, marked *, is halved)",
     "bandwidth_gbs": "memory bandwidth, GB/s",
     "memory_gb": "memory size, GB (optional; 0 = not given)",
+    "base_clock_mhz": "base clock, MHz (optional; 0 = not given; with the boost clock, what the cost model takes "
+                      "as the clock sustained under load)",
+    "boost_clock_mhz": "boost clock, MHz, the clock the datasheet's peaks are given at (optional; 0 = not given)",
     "halved": "figures the source gives with sparsity only, halved here (a list of field names)",
     "derived": "figures the source does not give, derived (a list of field names)",
 }
@@ -74,6 +77,8 @@ class GPU:
     memory_gb: float = 0.0
     halved: tuple[str, ...] = ()  # figures the source gives with sparsity only, halved here
     derived: tuple[str, ...] = ()  # figures the source does not give, derived (docs/tensorrt.md says how)
+    base_clock_mhz: float = 0.0   # optional (0: not given): the cost model's sustained-clock term reads them
+    boost_clock_mhz: float = 0.0
 
     @property
     def has_tf32(self) -> bool:
@@ -178,6 +183,18 @@ def check_spec(doc, source: str = "the GPU spec") -> GPU:
     if mem is not None and not (_number(mem) and math.isfinite(mem) and 0 <= mem <= MAX_FIGURE):
         problems.append(("memory_gb", f"is {json.dumps(mem)[:40]}, not a memory size",
                          "give memory_gb as a number of GB (or leave it out)"))
+    clocks = {}
+    for c in ("base_clock_mhz", "boost_clock_mhz"):
+        v = doc.get(c)
+        if v is not None and not (_number(v) and math.isfinite(v) and 0 <= v <= 10_000):
+            problems.append((c, f"is {json.dumps(v)[:40]}, not a clock in MHz",
+                             f"give {c} in MHz (e.g. 1410), or leave it out"))
+        elif v is not None:
+            clocks[c] = float(v)
+    if clocks.get("base_clock_mhz", 0) > 0 and clocks.get("boost_clock_mhz", 0) > 0 \
+            and clocks["base_clock_mhz"] > clocks["boost_clock_mhz"]:
+        problems.append(("base_clock_mhz", f"({clocks['base_clock_mhz']:g}) is above boost_clock_mhz "
+                         f"({clocks['boost_clock_mhz']:g})", "swap the two clocks"))
     for lst in ("halved", "derived"):
         v = doc.get(lst, [])
         if not (isinstance(v, (list, tuple)) and all(isinstance(x, str) and x in FIGURES for x in v)):
@@ -196,7 +213,7 @@ def check_spec(doc, source: str = "the GPU spec") -> GPU:
                tf32_tflops=None if tf32 is None else float(tf32), fp16_tflops=float(acc32),
                fp16_acc16_tflops=float(acc16), int8_tops=float(doc["int8_tops"]),
                bandwidth_gbs=float(doc["bandwidth_gbs"]), memory_gb=float(mem or 0.0),
-               halved=tuple(doc.get("halved", ())), derived=tuple(doc.get("derived", ())))
+               halved=tuple(doc.get("halved", ())), derived=tuple(doc.get("derived", ())), **clocks)
 
 
 def custom_gpu(spec: GPU | dict, source: str = "the GPU spec") -> GPU:
