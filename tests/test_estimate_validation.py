@@ -67,7 +67,11 @@ def test_the_schema_check_refuses_a_bad_row(change, message):
 
 def test_layer_families():
     assert family_of("transformer") == "transformer" and family_of("fused_attention") == "transformer"
-    assert family_of("Attention") == "transformer"
+    assert family_of("Attention") == "transformer" and family_of("transformer_norm") == "transformer"
+    from core.estimate.engine import LAYER_CLASSES
+
+    assert {c for c in LAYER_CLASSES if family_of(c) == "transformer"} == {"transformer", "attention",
+                                                                          "transformer_norm"}
     assert {family_of(c) for c in ("conv_gemm", "pooling", "elementwise", "reformat", "softmax_norm", "other")} \
         == {"cnn"}
 

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import MixprecError
+from .cost import TRANSFORMER_CLASSES as _COST_TRANSFORMER_CLASSES
 
 KIND = "mixprec.estimate_validation"
 FORMAT_VERSION = 1
@@ -39,8 +40,9 @@ ROW_COLUMNS = ["case", "source", "gpu", "arch", "model", "precision", "batch", "
                "measured_ms", "estimated_ms", "rel_err", "median_layer_err", "family"]
 SPLITS = ("in-sample", "leave-one-engine-out", "leave-one-gpu-out", "held-out published")
 FAMILIES = ("cnn", "transformer")
-# the layer classes of the transformer family (besides every class whose name says attention)
-TRANSFORMER_CLASSES = {"transformer"}
+# the layer classes of the transformer family: the cost model's transformer classes (transformer GEMMs,
+# attention, transformer_norm), and any other class whose name says attention or transformer
+TRANSFORMER_CLASSES = {"transformer", *_COST_TRANSFORMER_CLASSES}
 QUANTILE = 0.85          # of |log(est / measured)| over a family's cases on one architecture
 MIN_SPREAD = math.log(1.05)  # no band narrower than ±5 %: a handful of lucky cases promises no more
 NO_DATA_SPREAD = math.log(2.0)  # the "widest known spread" when there is no validation data at all
@@ -52,9 +54,9 @@ _STRINGS = ("case", "source", "gpu", "arch", "model", "precision", "split", "fam
 
 def family_of(layer_class: str) -> str:
     """``transformer`` for the transformer layer classes (:data:`TRANSFORMER_CLASSES`, any attention
-    class), else ``cnn``."""
+    or transformer class), else ``cnn``."""
     c = str(layer_class).lower()
-    return "transformer" if c in TRANSFORMER_CLASSES or "attention" in c else "cnn"
+    return "transformer" if c in TRANSFORMER_CLASSES or "attention" in c or "transformer" in c else "cnn"
 
 
 def arch_name(arch: str) -> str:
