@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import pickle
 import sys
 import time
@@ -35,22 +34,11 @@ def export(model: str, out: Path) -> Path:
     path = out / model / "model.onnx"
     if path.is_file():
         return path
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    import torch
-    from transformers import BertConfig, BertModel
-
-    from core.samples import _export_minilm, sentence_embedding, split_corpus, tokenize_sentences
+    from core.nets import bert_onnx
     from core.workspace import atomic_write_bytes
 
-    size = tr.BERT_SIZES[model]
-    torch.manual_seed(0)
-    cfg = BertConfig(hidden_size=size["hidden"], num_hidden_layers=size["layers"], num_attention_heads=size["heads"],
-                     intermediate_size=size["intermediate"], attn_implementation="eager")
-    module = sentence_embedding(BertModel(cfg, add_pooling_layer=False).eval())
-    calib = tokenize_sentences(split_corpus(8, 4)[0], 32)
-    data = _export_minilm(module, calib)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, data)
+    atomic_write_bytes(path, bert_onnx(model))
     return path
 
 

@@ -170,3 +170,32 @@ def branchy_onnx(batch: int = 2, seed: int = 0) -> bytes:
         torch.onnx.export(model, (example,), buf, dynamo=False, opset_version=OPSET,
                           input_names=["input"], output_names=["output"], do_constant_folding=True)
     return buf.getvalue()
+
+
+BERT_SIZES = {"bert-base": {"hidden": 768, "layers": 12, "heads": 12, "intermediate": 3072},
+              "bert-large": {"hidden": 1024, "layers": 24, "heads": 16, "intermediate": 4096}}
+
+
+def bert_onnx(size: str = "bert-base", layers: int | None = None, vocab: int = 30522, seed: int = 0) -> bytes:
+    """``transformers.BertModel`` of ``size`` (:data:`BERT_SIZES`; ``layers`` overrides the depth), seeded
+    random weights, no download, with the minilm sample's mean pooling, exported as that sample is
+    (TorchScript, opset 17, dynamic batch and sequence; inputs input_ids / attention_mask / token_type_ids).
+    A structure and latency reference (the estimator's transformer fit and tests), not a language model."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import numpy as np
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from .samples import _export_minilm, sentence_embedding
+
+    s = BERT_SIZES[size]
+    torch.manual_seed(seed)
+    cfg = BertConfig(hidden_size=s["hidden"], num_hidden_layers=layers or s["layers"], num_attention_heads=s["heads"],
+                     intermediate_size=s["intermediate"], vocab_size=vocab, attn_implementation="eager")
+    module = sentence_embedding(BertModel(cfg, add_pooling_layer=False).eval())
+    rng = np.random.default_rng(seed)
+    example = {"input_ids": rng.integers(0, vocab, (2, 16), dtype=np.int64),
+               "attention_mask": np.ones((2, 16), dtype=np.int64), "token_type_ids": np.zeros((2, 16), dtype=np.int64)}
+    return _export_minilm(module, example)

@@ -44,8 +44,6 @@ FREE = (("compute_eff", "transformer"), ("memory_eff", "transformer"), ("overhea
 _BOUNDS = {"compute_eff": (0.02, 1.0), "memory_eff": (0.02, 1.5), "overhead_us": (0.05, 50.0),
            "math_eff": (0.2, 3.0), "gemm_tile": (16.0, 512.0), "clock_alpha": (0.001, 1.0)}
 _START = {"gemm_tile": 128.0, "clock_alpha": 0.3}
-BERT_SIZES = {"bert-base": {"hidden": 768, "layers": 12, "heads": 12, "intermediate": 3072},
-              "bert-large": {"hidden": 1024, "layers": 24, "heads": 16, "intermediate": 4096}}
 FIT_BASIS = "published TensorRT BERT-base latencies (A100-40GB, T4)"
 
 
