@@ -17,6 +17,8 @@ from __future__ import annotations
 import io
 import warnings
 
+from .samples import _export_minilm, sentence_embedding
+
 OPSET = 17
 
 
@@ -187,8 +189,6 @@ def bert_onnx(size: str = "bert-base", layers: int | None = None, vocab: int = 3
     import numpy as np
     import torch
     from transformers import BertConfig, BertModel
-
-    from .samples import _export_minilm, sentence_embedding
 
     s = BERT_SIZES[size]
     torch.manual_seed(seed)

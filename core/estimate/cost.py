@@ -326,6 +326,8 @@ def math_precisions(layer: EngineLayer, gpu: GPU, tf32: bool = True) -> tuple[st
     A100 fixture does); an FP32 convolution with other C (a 3-channel network input) runs a SIMT
     kernel, as the fixture's first convolution (``…scudnn…``) does."""
     p = layer.precision
+    if p == "int8" and layer.layer_class in ("transformer", "attention") and gpu.int8_tops <= gpu.fp16_tflops:
+        return ("int8", "fp16")  # no INT8 tensor cores (Volta): the FP16 GEMM after the dequantize is faster
     tf32_ok = tf32 and gpu.has_tf32
     if p == "tf32":
         return ("tf32",) if tf32_ok else ("fp32",)

@@ -95,6 +95,9 @@ DATA_TYPES = ("fp32", "fp16", "bf16", "int8")
 # between the two matmuls of an attention: scale, mask, Casts, Softmax, the probabilities' Q/DQ
 SCORE_OPS = frozenset({"Mul", "Div", "Add", "Sub", "Where", "Cast", "Softmax", "QuantizeLinear", "DequantizeLinear",
                        "Max", "Min", "Clip"})
+# TensorRT's INT8 fused-MHA conditions (developer guide, as quoted in TensorRT issues #2981 and #4167)
+INT8_MHA_HEADS = (16, 32, 64)
+INT8_MHA_MAX_KEYS = 512
 LAYOUT = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Cast"})
 REGION_WINDOW = 64  # nodes ahead that a pointwise region looks at for members
 # formats (channel layouts of 4-D activations) and the vectorisation they report
@@ -291,6 +294,8 @@ class _Fuser:
                 kind = "copy" if op in COPY_TYPES else "other"
                 self.groups.append(Group(kind, [k], net.live_inputs(k), [o for o in n.output if net.live(o)],
                                          net.dtype(n.output[0])))
+        if self.transformer:
+            self.groups = self.horizontal(self.groups)
         for k, n in enumerate(net.nodes):  # embedding lookups no region took in
             if k not in self.claimed and self.transformer and self.embedding(k):
                 self.claim([k])
@@ -299,6 +304,23 @@ class _Fuser:
         return topological(self.groups)
 
     # --- transformer blocks (TensorRT's Myelin backend) ----------------------------------
+    def horizontal(self, groups: list[Group]) -> list[Group]:
+        """Transformer GEMMs that read the same tensor in the same precision (the Q, K and V projections) as
+        one GEMM with their output columns side by side (Myelin's horizontal fusion: one kernel, one launch)."""
+        net, out, by_input = self.net, [], {}
+        for g in groups:
+            if g.kind == "conv" and g.layer_class == "transformer" and g.residual is None and g.inputs:
+                key = (g.inputs[0], g.precision)
+                if key in by_input:
+                    first = by_input[key]
+                    first.nodes += g.nodes
+                    first.outputs += g.outputs
+                    first.attrs.setdefault("anchors", [first.anchor]).append(g.anchor)
+                    continue
+                by_input[key] = g
+            out.append(g)
+        return out
+
     def embedding(self, k: int) -> bool:
         """A Gather of a constant table by run-time indices (a token/position embedding lookup)."""
         n = self.net.nodes[k]
@@ -351,18 +373,25 @@ class _Fuser:
                 inputs.append(net.nodes[layout[0]].input[0] if layout else t)
             quantized.append(dq is not None)
         probs_q = any(net.op(c) == "DequantizeLinear" for c in chain)
+        out = net.nodes[k2].output[0]
+        to_q = _to_quantize(net, out, through=PASS_THROUGH + ("Transpose",))
+        scores = net.shape(net.nodes[k1].output[0])
+        head = _last(net.shape(net.nodes[k1].input[0]))  # Q's head size (the reduction of Q·Kᵀ)
+        if any(quantized) or probs_q:
+            # INT8 MHA fusion needs Q/DQ before both matmuls, after Softmax and after the context, a head
+            # size of 16/32/64 and at most 512 keys; otherwise TensorRT runs INT8 GEMM, Softmax, INT8 GEMM
+            # unfused (TensorRT issues #2981, #3714): no attention layer here either
+            if not (all(quantized) and probs_q and to_q is not None and head in INT8_MHA_HEADS
+                    and scores and scores[-1] <= INT8_MHA_MAX_KEYS):
+                return None
         int8 = all(quantized) and probs_q
         float_in = [net.dtype(t) for t, q in zip(inputs, quantized) if not q]
         precision = "int8" if int8 else ("fp16" if "fp16" in float_in or not float_in else float_in[0])
         nodes += chain + [k2]
         g = Group("attention", nodes, inputs + masks, [], precision, anchor=k1)
-        out = net.nodes[k2].output[0]
-        to_q = _to_quantize(net, out, through=PASS_THROUGH + ("Transpose",)) if int8 else None
-        tail = to_q if to_q is not None else self.layout_after(out)
+        tail = to_q if int8 else self.layout_after(out)
         g.nodes += tail
         g.outputs = [net.nodes[tail[-1]].output[0] if tail else out]
-        scores = net.shape(net.nodes[k1].output[0])
-        head = _last(net.shape(net.nodes[k1].input[0]))  # Q's head size (the reduction of Q·Kᵀ)
         g.attrs = {"flops": 2.0 * _count(scores) * (head + _last(net.shape(net.nodes[k2].output[0]))),
                    "scores": tuple(scores), "softmax": net.nodes[softmax].name}
         self.claim(g.nodes)
@@ -497,7 +526,9 @@ class _Fuser:
                 pass
             elif op in POINTWISE and net.live_inputs(c) == [cur]:
                 pass  # activation, bias, scale
-            elif op in ("Add", "Sum") and g.residual is None and self.owners.get(c) == g.anchor:
+            elif op in ("Add", "Sum") and g.residual is None and self.owners.get(c) == g.anchor \
+                    and not (self.transformer and net.op(g.anchor) == "MatMul"):
+                # (Myelin takes a transformer's residual Add into the LayerNorm kernel that follows it)
                 g.residual = next(t for t in net.live_inputs(c) if t != cur)
             elif op == "MaxPool" and int8 and g.pool is None and g.residual is None \
                     and _to_quantize(net, node.output[0]) is not None:
@@ -824,10 +855,22 @@ def _conv_layer(net: Net, g: Group) -> EngineLayer:
         ins = [Tensor(t.name, t.dims + (1, 1) if len(t.dims) == 2 else t.dims, t.dtype, t.vector) for t in ins]
         outs = [Tensor(t.name, t.dims + (1, 1) if len(t.dims) == 2 else t.dims, t.dtype, t.vector) for t in outs]
     elif n.op_type == "MatMul" and ins and outs and ins[0].dims and outs[0].dims:
-        # as TensorRT's GEMM cost reads: rows × K into rows × N, a 1x1 convolution over the rows
-        out_maps, kernel = int(outs[0].dims[-1]), (1, 1)
+        # as TensorRT's GEMM cost reads: rows × K into rows × N, a 1x1 convolution over the rows; the GEMMs
+        # of a horizontal fusion (Q, K, V) side by side: N the sum of theirs
+        anchors = g.attrs.get("anchors") or [g.anchor]
+        ws = [net.const_dims(net.nodes[a].input[1]) for a in anchors]
         ins[0] = _as_rows(ins[0])
-        outs = [_as_rows(t) for t in outs]
+        rows = ins[0].dims[0]
+        if all(d is not None and len(d) == 2 for d in ws):
+            out_maps = sum(int(d[-1]) for d in ws)
+            if len(anchors) > 1:
+                w = (int(ws[0][0]), out_maps)
+                bs = [net.const_dims(net.nodes[a].input[2]) if len(net.nodes[a].input) > 2 else None for a in anchors]
+                b = (sum(_count(d) for d in bs),) if any(bs) else b
+        else:
+            out_maps = int(net.shape(n.output[0])[-1]) if net.shape(n.output[0]) else int(outs[0].dims[-1])
+        kernel = (1, 1)
+        outs = [Tensor(t.name, (rows, max(1, t.elements // max(1, rows)), 1, 1), t.dtype, t.vector) for t in outs]
     layer_type = CONV_TYPES[n.op_type]
     if g.pool is not None:
         layer_type = "ConvActPool"

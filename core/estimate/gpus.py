@@ -127,15 +127,7 @@ def _figure_problem(name: str, v, unit: str) -> tuple[str, str] | None:
     return None
 
 
-def check_spec(doc, source: str = "the GPU spec") -> GPU:
-    """Validate a GPU spec document (the fields of a GPU table row) and return its :class:`GPU`.
-    Every problem is listed in one MixprecError: the first is its message, the others its details,
-    each naming the field and how to fix it."""
-    if not isinstance(doc, dict):
-        kind = "a JSON list" if isinstance(doc, list) else f"a JSON {type(doc).__name__}"
-        raise MixprecError(f"{source} is {kind}, not an object with the fields of a GPU table row",
-                           'write one object: {"key": "my-gpu", "name": …, "arch": "ampere", "sm_count": …, '
-                           '"fp32_tflops": …} (docs/tensorrt.md, "GPU table")')
+def _identity_problems(doc: dict):
     problems: list[tuple[str, str, str]] = []  # (field, what, fix)
     for k in REQUIRED:
         if doc.get(k) is None:
@@ -154,6 +146,11 @@ def check_spec(doc, source: str = "the GPU spec") -> GPU:
     if arch is not None and arch not in ARCHITECTURES:
         problems.append(("arch", f"{json.dumps(arch)[:40]} is not a known architecture",
                          "use one of " + ", ".join(ARCHITECTURES)))
+    return problems, key, name, arch
+
+
+def _figure_problems(doc: dict, arch):
+    problems: list[tuple[str, str, str]] = []
     sms = doc.get("sm_count")
     if sms is not None:
         if not (_number(sms) and math.isfinite(sms) and float(sms).is_integer() and 0 < sms <= MAX_SMS):
@@ -183,6 +180,11 @@ def check_spec(doc, source: str = "the GPU spec") -> GPU:
     if mem is not None and not (_number(mem) and math.isfinite(mem) and 0 <= mem <= MAX_FIGURE):
         problems.append(("memory_gb", f"is {json.dumps(mem)[:40]}, not a memory size",
                          "give memory_gb as a number of GB (or leave it out)"))
+    return problems, sms, tf32, acc32, acc16, mem
+
+
+def _other_problems(doc: dict):
+    problems: list[tuple[str, str, str]] = []
     clocks = {}
     for c in ("base_clock_mhz", "boost_clock_mhz"):
         v = doc.get(c)
@@ -206,6 +208,22 @@ def check_spec(doc, source: str = "the GPU spec") -> GPU:
             problems.append((str(k)[:40], "is not a field of a GPU table row",
                              (f"did you mean {close[0]!r}? " if close else "") + "remove it; the fields are "
                              + ", ".join(_FIELDS)))
+    return problems, clocks
+
+
+def check_spec(doc, source: str = "the GPU spec") -> GPU:
+    """Validate a GPU spec document (the fields of a GPU table row) and return its :class:`GPU`.
+    Every problem is listed in one MixprecError: the first is its message, the others its details,
+    each naming the field and how to fix it."""
+    if not isinstance(doc, dict):
+        kind = "a JSON list" if isinstance(doc, list) else f"a JSON {type(doc).__name__}"
+        raise MixprecError(f"{source} is {kind}, not an object with the fields of a GPU table row",
+                           'write one object: {"key": "my-gpu", "name": …, "arch": "ampere", "sm_count": …, '
+                           '"fp32_tflops": …} (docs/tensorrt.md, "GPU table")')
+    problems, key, name, arch = _identity_problems(doc)
+    more, sms, tf32, acc32, acc16, mem = _figure_problems(doc, arch)
+    rest_, clocks = _other_problems(doc)
+    problems += more + rest_
     if problems:
         (f, what, fix), rest = problems[0], problems[1:]
         raise MixprecError(f"{source}: {f} {what}", fix, details=[f"{f2} {w2} (fix: {x2})" for f2, w2, x2 in rest])

@@ -19,6 +19,7 @@ per-kernel overhead, and their FP16 tensor-core factor relative to INT8); the po
 and reformat classes keep the CNN fit (:data:`core.estimate.cost.FITTED`)."""
 from __future__ import annotations
 
+import datetime
 import json
 import math
 from collections import Counter
@@ -27,8 +28,14 @@ from pathlib import Path
 
 import numpy as np
 
+from ..compile import compile_policy
 from ..errors import MixprecError
+from ..policy import default_policy, uniform_policy
+from ..workspace import atomic_write_bytes
 from .cost import CostParams, layer_ms
+from .fit import _nelder_mead
+from .fusion import predicted, static_net
+from .predict import data_files, placeholder_calibration
 from .engine import EngineLayer
 from .gpus import gpu as gpu_entry
 
@@ -116,8 +123,6 @@ def _with(params: CostParams, values) -> CostParams:
 
 def fit_transformer(cases: list[Case], start: CostParams, restarts: int = 3) -> CostParams:
     """The transformer classes' parameters minimising the mean squared log error of the cases' totals."""
-    from .fit import _nelder_mead
-
     x0 = np.log([_get(start, k) for k in FREE])
 
     def loss(x):
@@ -148,8 +153,6 @@ def score(cases: list[Case], params: CostParams) -> list[dict]:
 def bert_policies(model, layers) -> dict:
     """The policies matching NVIDIA's BERT engines: ``fp16`` every layer FP16; ``int8`` every MatMul INT8
     (attention's too) and everything else FP16 (the default policy with the FP16 network default)."""
-    from ..policy import default_policy, uniform_policy
-
     return {"fp16": uniform_policy(model, layers, "fp16"), "int8": default_policy(model, layers, "fp16")}
 
 
@@ -157,15 +160,11 @@ def bert_engines(model, layers, shapes: list[tuple[int, int]], precisions=("fp16
     """``{(precision, seq, batch): predicted engine}`` of a BERT ONNX at each (seq, batch): each policy is
     compiled once (placeholder ranges: the structure needs no calibration), then the engine is predicted
     at every shape."""
-    from ..compile import compile_policy
-    from .fusion import predicted, static_net
-    from .predict import data_files, placeholder_calibration
-
     out = {}
     inputs = [i.name for i in model.proto.graph.input]
     for precision in precisions:
         policy = bert_policies(model, layers)[precision]
-        compiled = compile_policy(model, policy, placeholder_calibration(model, policy), target="trt")
+        compiled = compile_policy(model, policy, placeholder_calibration(model, policy), target="trt", structure_only=True)
         files = data_files(compiled)
         for seq, batch in shapes:
             engine, _ = predicted(static_net(compiled.proto, {i: (batch, seq) for i in inputs}, files))
@@ -181,13 +180,43 @@ FIT_KIND = "mixprec.transformer_fit"
 
 def save_fit(params: CostParams, cases: list[Case], command: str, path: Path = FIT_FILE) -> dict:
     """Write the fitted transformer parameters (and their in-sample errors) to ``path``."""
-    import datetime
-
     rel = [c.estimate(params) / c.measured_ms - 1 for c in cases]
     doc = {"kind": FIT_KIND, "format_version": 1, "values": fitted_values(params), "fitted_on": FIT_BASIS,
            "rows": len(cases), "median_abs_err": float(np.median(np.abs(rel))), "max_abs_err": float(np.max(np.abs(rel))),
            "command": command, "date": datetime.date.today().isoformat()}
-    from ..workspace import atomic_write_bytes
-
     atomic_write_bytes(path, (json.dumps(doc, indent=1) + "\n").encode())
     return doc
+
+
+VALIDATION_FILE = Path(__file__).with_name("transformer_validation.json")
+VALIDATION_KIND = "mixprec.transformer_validation"
+
+
+def case_row(row: dict, split: str) -> dict:
+    """A scored published row in the validation schema (``core.estimate.validation``)."""
+    g = gpu_entry(row["gpu"])
+    return {"case": f"{row['model']} {row['precision']} seq {row['seq']} batch {row['batch']} on {row['gpu']}",
+            "source": "NVIDIA published TensorRT BERT latency", "gpu": g.key, "arch": g.arch, "model": row["model"],
+            "precision": row["precision"], "batch": int(row["batch"]), "seq": int(row["seq"]),
+            "held_out": split != "in-sample", "split": split, "measured_ms": float(row["measured_ms"]),
+            "estimated_ms": float(row["estimated_ms"]), "rel_err": float(row["rel_err"]), "median_layer_err": None,
+            "family": "transformer"}
+
+
+def save_validation(rows: list[dict], command: str, path: Path = VALIDATION_FILE) -> None:
+    doc = {"kind": VALIDATION_KIND, "format_version": 1, "command": command,
+           "date": datetime.date.today().isoformat(), "rows": rows}
+    atomic_write_bytes(path, (json.dumps(doc, indent=1) + "\n").encode())
+
+
+def validation_rows(path: Path = VALIDATION_FILE) -> list[dict]:
+    """The transformer validation cases (in-sample fit rows, leave-one-GPU-out rows, held-out published rows),
+    as ``bench/bench_bert_estimate.py`` last scored them (it needs BERT exports, so it is not recomputed
+    here); [] when the file is absent or unreadable."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(doc, dict) or doc.get("kind") != VALIDATION_KIND:
+        return []
+    return list(doc.get("rows") or [])
