@@ -41,8 +41,15 @@ guide:
   reports those copies as ``NoOp``). A layer that can write several formats writes the one most of its
   consumers read.
 
-What it does not simulate: Myelin's fusion of whole transformer blocks, tactic choice beyond these
-formats, multi-stream overlap.
+* **Transformer engines** (TensorRT's Myelin backend; sources in docs/tensorrt.md "Transformer engines"):
+  in a graph with an attention (two activation×activation MatMuls joined by a Softmax), each attention
+  is one fused kernel (:meth:`_Fuser.attention`; INT8 only under TensorRT's INT8 MHA conditions, else
+  left unfused), Q/K/V projections reading one tensor are one GEMM (:meth:`_Fuser.horizontal`), GEMM
+  epilogues take in bias and decomposed activations (GELU), a residual Add + LayerNorm (or embedding
+  lookups + Add + LayerNorm) is one normalization kernel that also writes the quantized copy its
+  readers need (:meth:`_Fuser.quantized_outputs`), and no reformat sits inside.
+
+What it does not simulate: tactic choice beyond these formats, multi-stream overlap, FP8 attention limits.
 
 No weight value is read: the cost model needs FLOPs and bytes, which shapes, types and attributes
 give (a weight's dims from its initializer's metadata). A model whose weights stay in external data
