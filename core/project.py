@@ -119,7 +119,7 @@ def _generated(model: LoadedModel, n: int, seed: int, shapes: dict[str, tuple[in
 
 def open_project(model_spec, data=None, eval_data=None, ws: Workspace | None = None, batch: int = 1,
                  shape_overrides: dict[str, int] | None = None, shapes: dict | None = None,
-                 progress=None, target: str = DEFAULT_TARGET) -> Project:
+                 progress=None, target: str = DEFAULT_TARGET, sample_data: bool = True) -> Project:
     """Load a model (path or ``sample:NAME``) with its data, at the input shapes given
     (``shapes``: whole inputs, ``shape_overrides``: named dims, ``batch``; see ``core.shapes``).
 
@@ -127,11 +127,12 @@ def open_project(model_spec, data=None, eval_data=None, ws: Workspace | None = N
     else generated data. Evaluation data: ``eval_data``, else the sample's eval.npz, else the
     last quarter of ``data`` (which is then not used for calibration), else generated data
     with another seed. Evaluation never sees calibration samples. ``target``: where the model is
-    deployed (``DEPLOY_TARGETS``; default TensorRT, where mixprec's users deploy)."""
+    deployed (``DEPLOY_TARGETS``; default TensorRT, where mixprec's users deploy). ``sample_data=False``:
+    a sample's own data is not used (generated data at the shapes given instead)."""
     check_target(target)
     ws = ws or Workspace.default()
     model = load_model(model_spec, ws, progress=progress)
-    if model.sample:
+    if model.sample and sample_data:  # sample_data=False: generated data at the shapes given (estimates need none)
         paths = materialize_sample(model.sample, ws)
         data = data if data is not None else paths.calib
         eval_data = eval_data if eval_data is not None else paths.eval

@@ -114,7 +114,9 @@ def run(args) -> int:
     """The ``estimate`` command: predict, price and print (text, or one JSON document)."""
     g = gpu_from_args(args)  # before the model loads: a bad GPU fails at once
     shapes = dict(parse_shape(s) for s in args.shape or [])
-    p = open_project(args.model, batch=args.batch, shape_overrides=_dims(args.dim), shapes=shapes)
+    # the estimate needs no data: a sample's own data must not pin the shapes the user asks for
+    p = open_project(args.model, batch=args.batch, shape_overrides=_dims(args.dim), shapes=shapes,
+                     sample_data=not (shapes or args.dim or args.batch != 1))
     policy = load_policy(args.policy, p.model, p.layers) if args.policy else p.default_policy(args.network_default)
     params = None if args.fixture_fit else load_gpu_calibration(p.ws, g)
     r = predict(p.model, policy, p.input_shapes, g, params or FITTED, tf32=not args.no_tf32)
