@@ -1,11 +1,12 @@
 """Every validation case of the TensorRT estimate, and the uncertainty band it gives (issue 19 §5, §6).
 
-    .venv/bin/python bench/bench_estimate_validation.py [--fixtures ../shared/fixtures]
+    .venv/bin/python bench/bench_estimate_validation.py [--fixtures ../shared/fixtures] [--without-transformer]
 
 Writes ``core/estimate/validation.json`` (the data every estimate's band is computed from:
 ``core.estimate.validation``) and ``docs/estimate-validation.md`` (the same cases as tables, by
 GPU, model, precision and batch: engine totals and per-layer medians, in-sample and held out,
-with the command and date that made them).
+with the command and date that made them, and the difference bands the search's ties use: the
+error of an estimated ratio over pairs of cases of one model on one GPU).
 
 The rows come from two providers:
 
@@ -95,8 +96,9 @@ def _call(provider, fixtures: Path):
         else provider()
 
 
-def collect(fixtures: Path) -> tuple[list[dict], list[str], dict]:
-    """Every validation row, the notes on what is missing, and which provider made each family's rows."""
+def collect(fixtures: Path, without_transformer: bool = False) -> tuple[list[dict], list[str], dict]:
+    """Every validation row, the notes on what is missing, and which provider made each family's rows
+    (``without_transformer``: leave the transformer rows out, e.g. while their data file is regenerated)."""
     notes, sources = [], {}
     if hasattr(fit, "validation_rows"):
         cnn = list(_call(fit.validation_rows, fixtures))
@@ -110,7 +112,11 @@ def collect(fixtures: Path) -> tuple[list[dict], list[str], dict]:
         provider = getattr(transformer, "validation_rows")
     except (ImportError, AttributeError):
         provider = None
-    if provider is None:
+    if without_transformer:
+        tr = []
+        notes.append(NOT_AVAILABLE + " (left out: --without-transformer): every transformer estimate is unvalidated")
+        sources["transformer"] = "none (--without-transformer)"
+    elif provider is None:
         tr = []
         notes.append(NOT_AVAILABLE + " (core.estimate.transformer.validation_rows() does not exist yet): every "
                      "transformer estimate is unvalidated")
@@ -162,6 +168,44 @@ def _summary(rows: list[dict]) -> list[str]:
     return out
 
 
+def _difference_section(v: Validation) -> list[str]:
+    """The difference bands (the search's tie window) and the pairs they come from."""
+    pairs = v.pairs()
+    out = ["## The difference band the search's ties use", "",
+           "The band above is the error of one absolute estimate. The search compares two policies of the same "
+           "model on the same GPU, whose errors largely cancel: two of its candidates are a tie when their "
+           "estimates differ by less than the **difference band** — per family and GPU architecture, the "
+           f"{int(round(100 * QUANTILE))}th percentile of |log((est_a / est_b) / (measured_a / measured_b))| over "
+           "the pairs of validation cases of one model on one GPU (same batch, sequence and split, another "
+           "precision or policy; held-out pairs, in-sample ones only when no pair was held out), at least "
+           f"±{100 * math.expm1(MIN_SPREAD):.0f} %, weighted by each family's share of the estimated time. A "
+           "family or architecture without a pair is **unvalidated** and takes the widest difference band known "
+           f"(±{100 * math.expm1(v.widest_diff()):.0f} %). The displayed ranges (\"likely …–… ms\") keep the "
+           "absolute band.", "",
+           "| family | architecture | difference band | absolute band | pairs | from |", "|---|---|---|---|---|---|"]
+    spreads = v.spreads()
+    for (fam, arch), s in sorted(v.diff_spreads().items()):
+        a = spreads.get((fam, arch))
+        out.append(f"| {fam} | {arch_name(arch)} | ±{s.pct:.0f} % | {f'±{a.pct:.0f} %' if a else '—'} | {s.cases} | "
+                   f"{'held-out' if s.held_out else 'in-sample only (no pair held out)'} ({', '.join(s.gpus)}) |")
+    if not pairs:
+        out.append("| — | — | — | — | 0 | no pair of validation cases |")
+    missing = sorted({(f, a) for f, a in spreads} - set(v.diff_spreads()))
+    if missing:
+        out += ["", "Validated without a pair (their difference band is unvalidated): "
+                + ", ".join(f"{f} on {arch_name(a)}" for f, a in missing) + "."]
+    if pairs:
+        out += ["", f"### The pairs ({len(pairs)}; a: the faster measured case)", "",
+                "| family | GPU | model | batch | seq | split | case a | case b | measured a/b | estimated a/b | "
+                "ratio error |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for p in sorted(pairs, key=lambda p: (p.family, p.arch, p.gpu, p.model, p.batch, p.seq or 0,
+                                              SPLITS.index(p.split), p.case_a, p.case_b)):
+            out.append(f"| {p.family} | {p.gpu} | {p.model} | {p.batch} | {p.seq if p.seq is not None else '—'} | "
+                       f"{p.split} | {p.case_a} | {p.case_b} | {p.measured_ratio:.3f} | {p.estimated_ratio:.3f} | "
+                       f"{_pct(math.expm1(p.log_err))} |")
+    return out
+
+
 def page(v: Validation) -> str:
     rows = v.rows
     spreads = v.spreads()
@@ -186,14 +230,18 @@ def page(v: Validation) -> str:
     for (fam, arch), s in sorted(spreads.items()):
         lines.append(f"| {fam} | {arch_name(arch)} | ±{s.pct:.0f} % | {s.cases} | "
                      f"{'held-out' if s.held_out else 'in-sample only (nothing held out)'} ({', '.join(s.gpus)}) |")
-    lines += ["", "What that gives on each GPU of the table (an all-CNN and an all-transformer estimate of 1 ms):", "",
-              "| GPU | architecture | CNN estimate | transformer estimate |", "|---|---|---|---|"]
+    lines += ["", "What that gives on each GPU of the table (an all-CNN and an all-transformer estimate of 1 ms: "
+              "its band, and the difference band the search's ties use):", "",
+              "| GPU | architecture | CNN estimate | CNN difference band | transformer estimate | "
+              "transformer difference band |", "|---|---|---|---|---|---|"]
     for key, g in GPUS.items():
         cells = []
         for fam in FAMILIES:
             b = band(1.0, {fam: 1.0}, g.arch, v)
-            cells.append(f"{b.status}: {sig(b.low_ms)}–{sig(b.high_ms)} ms (±{b.pct:.0f} %)")
-        lines.append(f"| {key} ({g.name}) | {arch_name(g.arch)} | {cells[0]} | {cells[1]} |")
+            cells += [f"{b.status}: {sig(b.low_ms)}–{sig(b.high_ms)} ms (±{b.pct:.0f} %)",
+                      f"{b.diff_status}: ±{b.diff_pct:.0f} %"]
+        lines.append(f"| {key} ({g.name}) | {arch_name(g.arch)} | {' | '.join(cells)} |")
+    lines += ["", *_difference_section(v)]
     lines += ["", "## Summary by GPU and split", "", *_summary(rows), ""]
     for fam in FAMILIES:
         fam_rows = [r for r in rows if r["family"] == fam]
@@ -213,11 +261,13 @@ def main(argv=None) -> int:
     ap.add_argument("--fixtures", type=Path, default=FIXTURES, help="folder holding trt-engine-reports etc.")
     ap.add_argument("--json", type=Path, default=PATH, help="where to write the validation data")
     ap.add_argument("--doc", type=Path, default=DOC, help="where to write the page")
+    ap.add_argument("--without-transformer", action="store_true",
+                    help="leave the transformer rows out (while core.estimate.transformer's data is regenerated)")
     args = ap.parse_args(argv)
     command = ".venv/bin/python bench/bench_estimate_validation.py" + "".join(f" {a}" for a in (argv or sys.argv[1:]))
     t0 = time.perf_counter()
     try:
-        rows, notes, sources = collect(args.fixtures)
+        rows, notes, sources = collect(args.fixtures, args.without_transformer)
     except MixprecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -227,6 +277,9 @@ def main(argv=None) -> int:
     atomic_write_text(args.doc, page(v) + "\n")
     for (fam, arch), s in sorted(v.spreads().items()):
         print(f"{fam:12} {arch:8} ±{s.pct:.1f} %  ({s.cases} {'held-out' if s.held_out else 'in-sample'} cases)")
+    for (fam, arch), s in sorted(v.diff_spreads().items()):
+        print(f"{fam:12} {arch:8} difference ±{s.pct:.1f} %  ({s.cases} {'held-out' if s.held_out else 'in-sample'} "
+              "pairs)")
     for n in notes:
         print(n)
     print(f"{len(rows)} cases -> {args.json}, {args.doc} ({time.perf_counter() - t0:.0f} s)")
