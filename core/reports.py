@@ -21,7 +21,9 @@ Definitions (each is tested in ``tests/test_reports.py``):
 ``is_reformat``
     ``LayerType == "Reformat"``: TensorRT's reformat copies (``Reformatting CopyNode for ...``) and
     the Q/DQ nodes it runs as reformats (``Origin == "QDQ"``, e.g. ``QuantizeLinear_2``), plus any
-    ``Reformatting CopyNode`` that runs under another kernel type. CopyNodes that TensorRT made
+    ``Reformatting CopyNode`` that runs under another kernel type, and the Q/DQ nodes TensorRT 8.2
+    ran as ``Scale`` layers (named after Q/DQ nodes only, INT8 on one side: :func:`is_qdq_scale`);
+    their ``precision`` is, as a reformat's, what they convert to. CopyNodes that TensorRT made
     ``NoOp`` run no kernel (0 ms); they are counted apart, as ``ReformatSummary.elided``.
 ``onnx_nodes`` / ``qdq_nodes``
     ONNX node names the layer came from: the ``Metadata`` field split on ``\\x1E``/``\\x1F`` (with
@@ -134,6 +136,29 @@ def onnx_names(layer_name: str, metadata: str | None = None) -> tuple[list[str],
     return [p for p in parts if not _QDQ.search(p)], [p for p in parts if _QDQ.search(p)]
 
 
+_INT_TYPES = ("INT8", "UINT8", "INT4", "FP8", "FP4")
+
+
+def is_qdq_scale(raw: dict) -> bool:
+    """A TensorRT 8.2 Q/DQ layer: 8.2 ran an explicit-precision network's QuantizeLinear /
+    DequantizeLinear nodes as ``Scale`` layers (8.4 and later show them as ``Reformat``): named after
+    Q/DQ nodes only, one side quantized (INT8) and the other not."""
+    if str(raw.get("LayerType", "")) != "Scale":
+        return False
+    nodes, qdq = onnx_names(str(raw.get("Name", "")), raw.get("Metadata"))
+    types = [datatype(str(t.get("Format/Datatype", ""))) for key in ("Inputs", "Outputs")
+             for t in (raw.get(key) or [])[:1] if isinstance(t, dict)]
+    return bool(qdq) and not nodes and len(types) == 2 and (types[0] in _INT_TYPES) != (types[1] in _INT_TYPES)
+
+
+def is_reformat_layer(raw: dict) -> bool:
+    """``is_reformat`` of one layer-info record (the module docstring): a ``Reformat``, a
+    ``Reformatting CopyNode`` that runs a kernel, or a TensorRT 8.2 Q/DQ ``Scale`` layer."""
+    layer_type = str(raw.get("LayerType", ""))
+    return (layer_type == "Reformat" or (layer_type != "NoOp" and bool(_COPY_NODE.match(str(raw.get("Name", "")))))
+            or is_qdq_scale(raw))
+
+
 def _read_json(source, what: str, flag: str):
     """Parsed JSON of a path, raw bytes, or an already-parsed object."""
     if isinstance(source, (dict, list)):
@@ -231,7 +256,7 @@ def _layer_row(raw: dict) -> dict:
     in_formats = [str(t.get("Format/Datatype", "")) for t in ins]
     out_formats = [str(t.get("Format/Datatype", "")) for t in outs]
     layer_type = str(raw.get("LayerType", ""))
-    source = out_formats if layer_type == "Reformat" or not in_formats else in_formats
+    source = out_formats if layer_type == "Reformat" or is_qdq_scale(raw) or not in_formats else in_formats
     nodes, qdq = onnx_names(raw["Name"], raw.get("Metadata"))
     return {
         "name": raw["Name"],
@@ -245,8 +270,7 @@ def _layer_row(raw: dict) -> dict:
         "origin": str(raw.get("Origin", "")),
         "onnx_nodes": nodes,
         "qdq_nodes": qdq,
-        "is_reformat": layer_type == "Reformat"
-                       or (layer_type != "NoOp" and bool(_COPY_NODE.match(raw["Name"]))),
+        "is_reformat": is_reformat_layer(raw),
     }
 
 

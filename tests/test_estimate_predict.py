@@ -199,7 +199,7 @@ def test_cli_estimate_json_is_labelled_with_gpu_and_basis(capsys, tmp_path, monk
     assert cli_main(["estimate", "sample:tiny-cnn", "--gpu", "t4", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["label"] == "estimate" and doc["gpu"] == {"key": "t4", "name": "NVIDIA T4"}
-    assert doc["basis"] == "fit on A100 fixtures" and doc["layers"]["columns"] == PREDICTION_COLUMNS
+    assert doc["basis"] == cost.FIXTURE_BASIS and doc["layers"]["columns"] == PREDICTION_COLUMNS
     assert doc["total_ms"] == pytest.approx(sum(r[3] for r in doc["layers"]["rows"]))
     from core.workspace import Workspace
 

@@ -11,8 +11,10 @@ GPU of the table (:mod:`core.estimate.gpus`), roofline style::
 
 * ``peak`` is the GPU's dense peak for the layer's math: tensor cores at TF32 / FP16 / INT8, or the
   CUDA cores (``simt``: FP32 SIMT kernels such as ``…scudnn…``, INT8 ``…int8x4…`` DP4A kernels,
-  taken as 4 INT8 multiply-adds per FP32 FMA slot) with ``simt_eff`` in place of
-  ``compute_eff``. An FP32 layer uses TF32 tensor cores on Ampere and later, as trtexec's FP32
+  taken as 4 INT8 multiply-adds per FP32 FMA slot, ``…_simt`` kernels, INT8 kernels of sm ≤ 7.0,
+  TensorRT's ``CudaDepthwiseConvolution``) with ``simt_eff`` in place of ``compute_eff``. DP4A
+  takes its 4 multiply-adds along the channels: a convolution with C < 4 channels per group fills
+  C of the 4 lanes (a depthwise convolution's one). An FP32 layer uses TF32 tensor cores on Ampere and later, as trtexec's FP32
   engines do (``tf32=True``, the default); ``tf32=False`` is ``--noTF32``. A layer whose precision
   is plain ``fp32`` and whose tactic is unknown (a predicted layer) costs what the faster of the
   TF32 and the SIMT kernel costs, as TensorRT times both and keeps the faster.
@@ -30,6 +32,25 @@ GPU of the table (:mod:`core.estimate.gpus`), roofline style::
 * ``int8_linear_out``: INT8 tensor-core kernels compute in channel-interleaved tiles
   (``vect_c_32``); one that writes a *linear* float output (``…i8f32…nchw`` into an FP32 layer)
   runs its epilogue as a transposing, strided store — its compute efficiency gets this factor.
+* **Tensor-core convolutions as tiles** (``model`` 2; :func:`_tiled_compute_ms`): the implicit
+  GEMM (M = N·P·Q output pixels, N = output channels per group, K = C/groups·R·S) is cut into
+  Mt × Nt output tiles (the tile the tactic names, ``tilesize64x32x64`` / ``…cudnn_128x128``; for a
+  predicted layer the fastest of :data:`TILES`: TensorRT times its tactics), dealt to the GPU's
+  SMs; the busiest SM computes ``ceil(tiles / SMs)`` full tiles one after another, padding
+  included (wave and tile quantization: at batch 1 a 7×7 layer is one or two tiles and keeps one
+  or two of the 72 SMs busy; a depthwise convolution is C tiles of one output channel each). Each
+  tile reduces over K in k-steps of 64 bytes (the tactic's ``x64`` / ``x32``), and each k-step
+  takes at least ``step_us / stages``: the latency of its loads, hidden ``stages`` deep by the
+  kernel's pipeline (the tactic's ``stage4`` / ``stages_64x3``; for a predicted layer 3 on GPUs
+  with asynchronous copies, Ampere on, else 1: every TITAN RTX tactic is ``stage1``). The
+  compute time is the larger of that throughput and that latency chain.
+* **Kernels the CUDA cores run** (``model`` 2, :func:`math_options`): a predicted INT8/FP16
+  convolution may also run on CUDA cores (TensorRT's depthwise and DP4A kernels); it costs what
+  the faster kernel costs, so a depthwise convolution (one channel per group: tensor-core tiles
+  1/64 full) prices as the memory-bound CUDA-core kernel TensorRT runs.
+* ``overhead_us`` is a layer's fixed cost, per class: the kernel launch and the work of a kernel
+  that does not scale with its size, as a per-layer profile measures it (at batch 1 most layers
+  are little more than this).
 * ``bytes`` counts every input and output tensor once (padded to its format's channel vector) plus
   the weights and bias: an engine layer reads its inputs from and writes its outputs to memory.
 * NoOp layers run no kernel: 0 ms.
@@ -42,11 +63,18 @@ is priced with ``int8_linear_out``), ``kernel``, ``out_maps``, ``groups``, ``wei
 ``weights_dtype``, ``attrs["conv_out"]`` for a convolution fused with a pooling, and no tactic.
 
 The parameters (:class:`CostParams`) are fitted on real engine reports (:mod:`core.estimate.fit`);
-:data:`FITTED` holds the fit on the five A100 ResNet-18 reports that the estimate ships with."""
+:data:`FITTED` holds the one parameter set the estimate ships with, fitted jointly on the nine
+fixture engines (five A100 ResNet-18 at batch 32, four TITAN RTX MobileNetV2 QAT at batch 1), its
+transformer classes on published BERT latencies. Documents written before the tile model
+(``model`` 1) are priced without the tiles, the k-step latency, DP4A's channel lanes and the
+CUDA-core option of predicted convolutions, as they were fitted."""
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import re
+import threading
 from dataclasses import dataclass, field, replace
 
 from ..records import check_format
@@ -55,9 +83,30 @@ from .gpus import FIXTURE_GPU, GPU, gpu as gpu_entry
 
 PARAMS_KIND = "mixprec.cost_params"
 PARAMS_VERSION = 1
-FIXTURE_BASIS = "fit on A100 fixtures"
+FIXTURE_BASIS = "fit on the fixture engines (A100 ResNet-18, TITAN RTX MobileNetV2)"
 CALIBRATION_BASIS = "your calibration"
-_SIMT_TACTIC = re.compile(r"scudnn|sgemm|int8x4|icudnn|_f32f32_f32f32_")
+# CUDA-core (not tensor-core) kernels: FP32 SIMT, INT8 DP4A (``int8x4``, ``icudnn``), kernels named
+# ``…_simt``, and INT8 kernels of architectures without INT8 tensor cores (sm5x/sm6x/sm70: the
+# ``sm70_xmma_fprop_conv1x1_i8f32…_simt`` of the TITAN RTX engines' classifier)
+_SIMT_TACTIC = re.compile(r"scudnn|sgemm|int8x4|icudnn|_f32f32_f32f32_|_simt|^sm(5\d|6\d|70)_\w*(i8|int8)")
+_DEPTHWISE_TYPE = re.compile(r"depthwise", re.I)
+# the tile a tensor-core convolution kernel names: xmma ``tilesize128x64x64_stage4`` (M × N × K:
+# output pixels × output channels × reduction step), cuDNN ``h16816cudnn_256x64``, ``i8816cudnn_int8_128x128``
+_XMMA_TILE = re.compile(r"tilesize(\d+)x(\d+)x(\d+)")
+_CUDNN_TILE = re.compile(r"(?:cudnn|int8x4)_(?:int8_)?(\d+)x(\d+)_")
+_STAGES = re.compile(r"_stages?_?(?:\d+x)?(\d+)")
+# the tiles (M × N: output pixels × output channels) of TensorRT's implicit-GEMM convolution kernels
+# (the A100 fixtures' tactics run 64×32…256×128, the TITAN RTX ones 32×32…64×128): a layer whose
+# tactic names none may take any (see :func:`conv_tile`)
+TILES = ((256, 128), (128, 256), (128, 128), (256, 64), (128, 64), (64, 128), (64, 64), (64, 32), (32, 64),
+         (32, 32))
+K_STEP_BYTES = 64           # the reduction depth of one k-step of a tile, in bytes of the input type
+# GPUs whose SMs copy global → shared memory asynchronously (Ampere's cp.async and later): their
+# convolution kernels pipeline several k-steps (``stage3``…``stage6`` in the A100 tactics); Turing's
+# xmma kernels are single-stage (``stage1`` in every TITAN RTX tactic)
+PIPELINED_ARCHS = ("ampere", "ada", "hopper", "blackwell")
+PIPELINED_STAGES = 3
+CURRENT_MODEL = 2
 _ACC32_TACTIC = re.compile(r"f16f16f32|f16f16_f16f32|f16f16_f32")
 TF32_CHANNEL_ALIGN = 4
 # the math precisions with their own tensor-core factor (math_eff); others map onto these
@@ -82,11 +131,13 @@ class CostParams:
     lowc_channels: float = 8.0
     knee: float = 4.0                   # p of the soft roofline (p → ∞: max(compute, memory))
     int8_linear_out: float = 1.0        # INT8 tensor-core math writing a linear float output
+    step_us: float = 0.0                # latency of one unpipelined k-step of a convolution tile (µs)
+    model: int = CURRENT_MODEL          # 1: the model before tiles/waves and CUDA-core grouped convs
     math_eff: dict[str, float] = field(default_factory=_unit_math)  # tensor-core factor per math precision
     gemm_tile: float = 0.0              # transformer GEMM/attention output tile edge (0: no wave term)
     clock_alpha: float = 1.0            # sustained clock = base + alpha·(boost − base) (1: the boost clock)
     gpu: str = FIXTURE_GPU              # the GPU the parameters were fitted on
-    basis: str = FIXTURE_BASIS          # "fit on A100 fixtures" or "your calibration"
+    basis: str = FIXTURE_BASIS          # FIXTURE_BASIS or "your calibration"
     n_layers: int = 0                   # layers the fit used
     median_err: float = math.nan        # per-layer median |relative error| of the fit on its own data
     fitted_on: tuple[str, ...] = ()     # the reports fitted on
@@ -97,7 +148,8 @@ class CostParams:
                 "compute_eff": dict(self.compute_eff), "memory_eff": dict(self.memory_eff),
                 "overhead_us": dict(self.overhead_us), "simt_eff": self.simt_eff,
                 "lowc_channels": self.lowc_channels, "knee": self.knee,
-                "int8_linear_out": self.int8_linear_out, "math_eff": dict(self.math_eff),
+                "int8_linear_out": self.int8_linear_out, "step_us": self.step_us, "model": self.model,
+                "math_eff": dict(self.math_eff),
                 "gemm_tile": self.gemm_tile, "clock_alpha": self.clock_alpha, "gpu": self.gpu, "basis": self.basis,
                 "n_layers": self.n_layers,
                 "median_err": None if math.isnan(self.median_err) else self.median_err,
@@ -113,6 +165,8 @@ class CostParams:
         math = {**_unit_math(), **{m: float(v) for m, v in dict(doc.get("math_eff") or {}).items()}}
         return cls(**per_class, math_eff=math, simt_eff=float(doc["simt_eff"]), lowc_channels=float(doc["lowc_channels"]),
                    knee=float(doc["knee"]), int8_linear_out=float(doc["int8_linear_out"]),
+                   # documents written before the tile model priced without it (model 1, no k-step latency)
+                   step_us=float(doc.get("step_us", 0.0)), model=int(doc.get("model", 1)),
                    gemm_tile=float(doc.get("gemm_tile", 0.0)), clock_alpha=float(doc.get("clock_alpha", 1.0)),
                    gpu=str(doc["gpu"]), basis=str(doc["basis"]), n_layers=int(doc.get("n_layers", 0)),
                    median_err=math.nan if err is None else float(err),
@@ -135,15 +189,46 @@ def _per_class(value: float) -> dict[str, float]:
 
 # Priors: where a fit has no layer of a class, these stand (see fit.TIED for what is tied to what).
 PRIOR = CostParams(compute_eff=_per_class(0.4), memory_eff=_per_class(0.6), overhead_us=_per_class(3.0),
-                   basis="prior (not fitted)")
+                   step_us=0.3, basis="prior (not fitted)")
 
 
 # ---------------------------------------------------------------------------- FLOPs and bytes
+
+_MEMO = threading.local()
+
+
+@contextlib.contextmanager
+def memoized():
+    """Within this block (this thread only), the per-layer quantities that do not depend on the
+    parameters (FLOPs, bytes, tiles, kernel options) are computed once per layer object: a fit prices
+    the same layers thousands of times. Each memo entry holds its layer, so no id is reused."""
+    outer = getattr(_MEMO, "table", None)
+    _MEMO.table = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _MEMO.table = outer
+
+
+def _memo(fn):
+    @functools.wraps(fn)
+    def wrapper(layer, *args):
+        table = getattr(_MEMO, "table", None)
+        if table is None:
+            return fn(layer, *args)
+        key = (fn.__name__, id(layer), *[a.key if isinstance(a, GPU) else a for a in args])
+        hit = table.get(key)
+        if hit is None:
+            hit = table[key] = (layer, fn(layer, *args))
+        return hit[1]
+    return wrapper
+
 
 def _channels(t: Tensor) -> int:
     return t.dims[1] if len(t.dims) >= 2 else (t.dims[0] if t.dims else 1)
 
 
+@_memo
 def padded_bytes(t: Tensor) -> float:
     """Bytes of a tensor in memory: the channel axis (axis 1) padded to the format's vector."""
     c = _channels(t)
@@ -152,10 +237,12 @@ def padded_bytes(t: Tensor) -> float:
     return t.bytes * (math.ceil(c / t.vector) * t.vector) / c
 
 
+@_memo
 def is_conv(layer: EngineLayer) -> bool:
     return layer.layer_class == "conv_gemm" and bool(_CONV_TYPES.search(layer.layer_type) or layer.out_maps)
 
 
+@_memo
 def input_channels(layer: EngineLayer) -> int:
     """Input channels per group of a convolution/GEMM (the reduction depth per kernel tap)."""
     if not layer.inputs:
@@ -172,6 +259,7 @@ def _conv_flops(layer: EngineLayer) -> float:
     return 2.0 * n * k * math.prod(spatial) * input_channels(layer) * taps
 
 
+@_memo
 def flops(layer: EngineLayer) -> float:
     """Arithmetic operations of one engine layer (a multiply-add counts 2).
 
@@ -199,6 +287,7 @@ def flops(layer: EngineLayer) -> float:
     return 0.0
 
 
+@_memo
 def bytes_moved(layer: EngineLayer) -> float:
     """Bytes one engine layer reads and writes: every input and output tensor (padded to its
     channel vector) plus the weights and bias (bias in FP32); NoOp: 0."""
@@ -212,14 +301,77 @@ def bytes_moved(layer: EngineLayer) -> float:
 
 # ---------------------------------------------------------------------------- time
 
+@_memo
 def linear_float_output(layer: EngineLayer) -> bool:
     """A layer writing a float tensor in a linear (not channel-vectorized) format."""
     return bool(layer.outputs) and layer.outputs[0].dtype in ("fp32", "fp16", "bf16") and layer.outputs[0].vector <= 1
 
 
 def _is_simt(layer: EngineLayer, precision: str) -> bool:
+    """The layer's math runs on the CUDA cores: FP32 math, a CUDA-core tactic, or TensorRT's
+    depthwise convolution kernel (``CudaDepthwiseConvolution``: no tactic name, never tensor cores)."""
     tactic = str(layer.attrs.get("tactic", "")).lower()
-    return precision == "fp32" or bool(_SIMT_TACTIC.search(tactic))
+    return precision == "fp32" or bool(_SIMT_TACTIC.search(tactic)) or bool(_DEPTHWISE_TYPE.search(layer.layer_type))
+
+
+@_memo
+def _gemm_shape(layer: EngineLayer) -> tuple[int, int, int, int]:
+    """(M, N, K, groups) of a convolution as an implicit GEMM per group: M output pixels (N·P·Q),
+    N output channels per group, K = C/groups·R·S the reduction."""
+    out = layer.outputs[0].dims if layer.outputs else ()
+    spatial = tuple(layer.attrs.get("conv_out") or out[2:])
+    m = (out[0] if out else 1) * math.prod(spatial)
+    groups = max(1, layer.groups)
+    k_out = layer.out_maps or (_channels(layer.outputs[0]) if layer.outputs else 1)
+    taps = math.prod(layer.kernel) if layer.kernel else 1
+    return max(1, m), max(1, k_out // groups), max(1, input_channels(layer) * taps), groups
+
+
+@_memo
+def conv_tile(layer: EngineLayer, gpu: GPU, precision: str) -> tuple[tuple[int, int], ...]:
+    """The (Mt, Nt) output tiles the tensor-core kernel of a convolution may use: the one its
+    tactic names, else (a predicted layer, a kernel whose name gives none) every tile of
+    :data:`TILES`: TensorRT times its tactics and keeps the fastest."""
+    tactic = str(layer.attrs.get("tactic", "")).lower()
+    m = _XMMA_TILE.search(tactic) or _CUDNN_TILE.search(tactic)
+    return ((int(m.group(1)), int(m.group(2))),) if m else TILES
+
+
+@_memo
+def conv_steps(layer: EngineLayer, gpu: GPU, precision: str) -> tuple[int, int]:
+    """(k-step depth in elements, pipeline stages) of a convolution's kernel: the tactic's
+    (``tilesize…x…x64``, ``stage4`` / ``stages_64x3``), else a :data:`K_STEP_BYTES` step of the
+    math type and :data:`PIPELINED_STAGES` on GPUs that copy asynchronously (one stage before)."""
+    tactic = str(layer.attrs.get("tactic", "")).lower()
+    m = _XMMA_TILE.search(tactic)
+    kt = int(m.group(3)) if m else max(1, K_STEP_BYTES // DTYPE_BYTES.get(precision, 2))
+    st = _STAGES.search(tactic)
+    stages = int(st.group(1)) if st else PIPELINED_STAGES if gpu.arch in PIPELINED_ARCHS else 1
+    return kt, stages
+
+
+def _tiled_compute_ms(layer: EngineLayer, gpu: GPU, params: CostParams, precision: str, eff: float,
+                      peak: float) -> float:
+    """A tensor-core convolution as the tiles its kernel computes: each SM works through its share
+    of the output tiles one after another (``ceil(tiles / SMs)`` on the busiest SM, each a full tile
+    however much of it is padding: wave and tile quantization), and each tile reduces over K in
+    k-steps of at least ``step_us / stages`` (the load latency the kernel's pipelining hides): the
+    larger of that throughput and that latency chain, for the fastest tile (:func:`conv_tile`)."""
+    k, steps, tiles = _tiling(layer, gpu, precision)
+    chain = steps * params.step_us / 1e3
+    rate = peak * 1e12 * max(eff, 1e-6) / max(1, gpu.sm_count)
+    return min(per_sm * max(2.0 * area * k / rate * 1e3, chain) for per_sm, area in tiles)
+
+
+@_memo
+def _tiling(layer: EngineLayer, gpu: GPU, precision: str) -> tuple[int, float, tuple[tuple[int, int], ...]]:
+    """(K, k-steps / stages, ((tiles on the busiest SM, tile area) per candidate tile))."""
+    big, n, k, groups = _gemm_shape(layer)
+    kt, stages = conv_steps(layer, gpu, precision)
+    sms = max(1, gpu.sm_count)
+    tiles = tuple((math.ceil(groups * math.ceil(big / mt) * math.ceil(n / nt) / sms), mt * nt)
+                  for mt, nt in conv_tile(layer, gpu, precision))
+    return k, math.ceil(k / kt) / max(1, stages), tiles
 
 
 TRANSFORMER_CLASSES = ("transformer", "attention", "transformer_norm")
@@ -277,13 +429,18 @@ def math_factor(params: CostParams, precision: str, layer_class: str = "") -> fl
     return float(own if own is not None else params.math_eff.get(m, 1.0))
 
 
-def _compute_ms(layer: EngineLayer, gpu: GPU, params: CostParams, precision: str) -> float:
+def _compute_ms(layer: EngineLayer, gpu: GPU, params: CostParams, precision: str, simt: bool | None = None) -> float:
     ops = flops(layer)
     if ops <= 0:
         return 0.0
     tactic = str(layer.attrs.get("tactic", "")).lower()
-    if _is_simt(layer, precision):
-        peak = gpu.fp32_tflops * (4.0 if precision == "int8" else 1.0)
+    if simt is None:
+        simt = _is_simt(layer, precision)
+    if simt:
+        # INT8 on CUDA cores is DP4A: a 4-channel dot product per FP32 slot, so a convolution with
+        # C < 4 channels per group fills C of its 4 lanes (a depthwise convolution's 1)
+        lanes = 4.0 if params.model < 2 or not is_conv(layer) else float(min(4, input_channels(layer)))
+        peak = gpu.fp32_tflops * (lanes if precision == "int8" else 1.0)
         eff = params.simt_eff
     else:
         peak = gpu.peak_tflops(precision, accumulate16=not _ACC32_TACTIC.search(tactic))
@@ -296,6 +453,8 @@ def _compute_ms(layer: EngineLayer, gpu: GPU, params: CostParams, precision: str
             eff *= wave_utilisation(layer, gpu, params) * sustained_clock(gpu, params)
         if precision == "int8" and linear_float_output(layer) and layer.layer_class == "conv_gemm":
             eff *= params.int8_linear_out
+        if params.model >= 2 and is_conv(layer):
+            return _tiled_compute_ms(layer, gpu, params, precision, eff, peak)
     return ops / (peak * 1e12 * max(eff, 1e-6)) * 1e3
 
 
@@ -338,26 +497,40 @@ def math_precisions(layer: EngineLayer, gpu: GPU, tf32: bool = True) -> tuple[st
     return (p,)
 
 
+def math_options(layer: EngineLayer, gpu: GPU, params: CostParams, tf32: bool = True) -> tuple[tuple[str, bool], ...]:
+    """(precision, on CUDA cores) of each kernel TensorRT may run the layer with (it keeps the
+    fastest): :func:`math_precisions`, on tensor cores unless the tactic or the precision says CUDA
+    cores; a predicted INT8/FP16 convolution (no tactic) may also run on the CUDA cores (INT8 DP4A
+    ``int8x4`` kernels, TensorRT's depthwise kernel), which win where few channels per group leave
+    the tensor-core tiles mostly empty (depthwise convolutions) or at batch 1."""
+    options = [(p, _is_simt(layer, p)) for p in math_precisions(layer, gpu, tf32)]
+    if (params.model >= 2 and is_conv(layer) and not layer.attrs.get("tactic")
+            and not _DEPTHWISE_TYPE.search(layer.layer_type)):
+        options += [(p, True) for p, simt in options if not simt and p in ("int8", "fp16", "bf16")]
+    return tuple(options)
+
+
 def layer_breakdown(layer: EngineLayer, gpu: GPU | str, params: CostParams | None = None,
                     tf32: bool = True) -> dict:
-    """``{ms, compute_ms, memory_ms, overhead_ms, bound, math}`` of one layer (see :func:`layer_ms`)."""
+    """``{ms, compute_ms, memory_ms, overhead_ms, bound, math, simt}`` of one layer (see :func:`layer_ms`)."""
     g, params = gpu_entry(gpu), params or FITTED
     if layer.layer_type == "NoOp":
-        return {"ms": 0.0, "compute_ms": 0.0, "memory_ms": 0.0, "overhead_ms": 0.0, "bound": "none", "math": ""}
+        return {"ms": 0.0, "compute_ms": 0.0, "memory_ms": 0.0, "overhead_ms": 0.0, "bound": "none", "math": "",
+                "simt": False}
     memory = _memory_ms(layer, g, params)
     overhead = params.overhead_us.get(layer.layer_class, PRIOR.overhead_us["other"]) / 1e3
     options = []
-    for p in math_precisions(layer, g, tf32):
-        compute = _compute_ms(layer, g, params, p)
-        options.append((_soft_max(compute, memory, params.knee), compute, p))
-    best, compute, precision = min(options)
+    for p, simt in math_options(layer, g, params, tf32):
+        compute = _compute_ms(layer, g, params, p, simt)
+        options.append((_soft_max(compute, memory, params.knee), compute, p, simt))
+    best, compute, precision, simt = min(options)
     return {"ms": best + overhead, "compute_ms": compute, "memory_ms": memory, "overhead_ms": overhead,
-            "bound": "compute" if compute >= memory else "memory", "math": precision}
+            "bound": "compute" if compute >= memory else "memory", "math": precision, "simt": simt}
 
 
 def layer_ms(layer: EngineLayer, gpu: GPU | str, params: CostParams | None = None, tf32: bool = True) -> float:
     """Estimated time of one engine layer on ``gpu`` (a :class:`GPU` or its name), in ms.
-    ``params`` default to :data:`FITTED` (the fit on the A100 fixtures); ``tf32=False`` is
+    ``params`` default to :data:`FITTED` (the fit on the fixture engines); ``tf32=False`` is
     trtexec's ``--noTF32``."""
     return layer_breakdown(layer, gpu, params, tf32)["ms"]
 
@@ -367,57 +540,72 @@ def engine_ms(layers, gpu: GPU | str, params: CostParams | None = None, tf32: bo
     return float(sum(layer_ms(layer, gpu, params, tf32) for layer in layers))
 
 
-# The fit on the five A100 ResNet-18 fixture engines (bench/bench_trt_estimate.py prints it;
-# tests/test_estimate_cost.py checks that fitting the fixtures again gives these numbers).
+# One parameter set fitted jointly on the nine fixture engines: five A100 ResNet-18 (batch 32) and four
+# TITAN RTX MobileNetV2 QAT (batch 1), each priced on its own GPU (bench/bench_trt_estimate.py
+# --print-fit prints it; tests/test_estimate_cost.py checks that fitting the fixtures again gives it).
 FITTED = CostParams.from_json({
     "kind": "mixprec.cost_params",
     "format_version": 1,
     "compute_eff": {
-        "conv_gemm": 0.6543,
+        "conv_gemm": 0.5951,
         "pooling": 0.4,
         "elementwise": 0.4,
         "reformat": 0.4,
         "softmax_norm": 0.4,
-        "transformer": 0.6543,
+        "transformer": 0.5951,
+        "attention": 0.4,
+        "transformer_norm": 0.4,
         "other": 0.4
     },
     "memory_eff": {
-        "conv_gemm": 1.464,
-        "pooling": 0.7399,
-        "elementwise": 0.4645,
-        "reformat": 0.4645,
-        "softmax_norm": 0.4645,
-        "transformer": 1.464,
-        "other": 0.4645
+        "conv_gemm": 0.8639,
+        "pooling": 0.7264,
+        "elementwise": 0.4248,
+        "reformat": 0.4248,
+        "softmax_norm": 0.4248,
+        "transformer": 0.8639,
+        "attention": 0.6,
+        "transformer_norm": 0.6,
+        "other": 0.4248
     },
     "overhead_us": {
-        "conv_gemm": 9.511,
-        "pooling": 8.318,
-        "elementwise": 7.336,
-        "reformat": 7.336,
-        "softmax_norm": 7.336,
-        "transformer": 9.511,
-        "other": 7.336
+        "conv_gemm": 5.036,
+        "pooling": 7.564,
+        "elementwise": 5.055,
+        "reformat": 5.055,
+        "softmax_norm": 5.055,
+        "transformer": 5.036,
+        "attention": 3.0,
+        "transformer_norm": 3.0,
+        "other": 5.055
     },
-    "simt_eff": 0.7657,
-    "lowc_channels": 9.506,
-    "knee": 1.096,
-    "int8_linear_out": 0.3203,
+    "simt_eff": 0.8656,
+    "lowc_channels": 9.154,
+    "knee": 1.147,
+    "int8_linear_out": 0.346,
+    "step_us": 0.3177,
+    "model": 2,
     "math_eff": {
-        "tf32": 1.0,
-        "fp16": 1.196,
+        "tf32": 1.175,
+        "fp16": 1.333,
         "int8": 1.0
     },
-    "gpu": "a100",
-    "basis": "fit on A100 fixtures",
-    "n_layers": 132,
-    "median_err": 0.05486,
+    "gemm_tile": 0.0,
+    "clock_alpha": 1.0,
+    "gpu": "a100+titanrtx",
+    "basis": "fit on the fixture engines (A100 ResNet-18, TITAN RTX MobileNetV2)",
+    "n_layers": 401,
+    "median_err": 0.0924,
     "fitted_on": [
         "a100-resnet-fp32",
         "a100-resnet-fp16",
         "a100-resnet-qat",
         "a100-resnet-qat-residual",
-        "a100-resnet-qat-residual-qgap"
+        "a100-resnet-qat-residual-qgap",
+        "titanrtx-mobilenetv2-qat-trt82",
+        "titanrtx-mobilenetv2-qat-trt84",
+        "titanrtx-mobilenetv2res-qat-trt82",
+        "titanrtx-mobilenetv2res-qat-trt84"
     ],
     "fitted": [
         "knee",
@@ -431,7 +619,9 @@ FITTED = CostParams.from_json({
         "simt_eff",
         "lowc_channels",
         "int8_linear_out",
-        "math_eff[fp16]"
+        "math_eff[fp16]",
+        "math_eff[tf32]",
+        "step_us"
     ]
 })
 

@@ -4,21 +4,29 @@ cost model prices.
 
 What is read from each layer:
 
-* ``LayerType`` → the layer class (:func:`layer_class`): convolution/GEMM, pooling,
-  elementwise/activation, reformat/copy, softmax/normalization, fused transformer blocks
-  (Myelin / ForeignNode), other (NoOp and the rest);
+* ``LayerType`` → the layer class (:func:`layer_class`): convolution/GEMM (``CaskConvolution``,
+  ``CudaDepthwiseConvolution``, ``FusedConvActConvolution``, ``CaskGemm…``), pooling (``CaskPooling``,
+  ``TiledPooling``, ``CudaPooling``), elementwise/activation, reformat/copy, softmax/normalization,
+  fused transformer blocks (Myelin / ForeignNode), other (NoOp and the rest). TensorRT 8.2 ran the
+  Q/DQ nodes of an explicit-precision network as ``Scale`` layers (``ParameterType: Scale``, named
+  after the ``QuantizeLinear``/``DequantizeLinear`` node, a float input and an INT8 output or the
+  reverse); 8.4 and later show the same conversion as a ``Reformat``. Such a ``Scale`` layer is a
+  reformat here (:func:`is_qdq_scale`), priced as one, its precision that of what it converts to;
 * ``Inputs``/``Outputs``: dims and ``Format/Datatype`` → :class:`Tensor` (storage type, and the
   channel vectorisation or padding of the format: ``Thirty-two wide channel vectorized`` → 32,
   ``Channel major FP16 format where channel % 8 == 0`` → 8, linear → 1);
 * the math precision (:func:`math_precision`) from the tactic name (``…tf32…`` → ``tf32``,
-  ``i8i8``/``i8f16``/``int8x4`` → ``int8``, ``f16f16``/``h16816``/``hmma`` → ``fp16``,
-  ``scudnn``/``sgemm`` → ``fp32``), else the weights' type, else the first input's datatype;
+  ``i8i8``/``i8f16``/``i8f32``/``i8816``/``int8x4`` → ``int8``, ``f16f16``/``h16816``/``hmma`` →
+  ``fp16``, ``scudnn``/``sgemm`` → ``fp32``), else the weights' type (``CudaDepthwiseConvolution``
+  and ``FusedConvActConvolution`` name no tactic: their ``Int8``/``Half``/``Float`` weights say it),
+  else the first input's datatype (for a reformat: the output's);
 * convolution parameters (``Kernel``/``ConvKernel``, ``Stride``, padding, ``OutMaps``, ``Groups``,
   ``Weights``/``Bias`` counts and types). For a fused ``ConvActPool`` layer the convolution's own
   output size (before the pooling) is kept in ``attrs["conv_out"]``.
 
-Reformat detection is :mod:`core.reports`'s: ``LayerType == "Reformat"`` or a ``Reformatting
-CopyNode`` that is not a ``NoOp``; NoOp layers run no kernel."""
+Reformat detection is :mod:`core.reports`'s (:func:`core.reports.is_reformat_layer`): ``LayerType ==
+"Reformat"``, a ``Reformatting CopyNode`` that is not a ``NoOp``, or a TensorRT 8.2 Q/DQ ``Scale``
+layer; NoOp layers run no kernel."""
 from __future__ import annotations
 
 import math
@@ -26,7 +34,7 @@ import re
 
 from ..errors import MixprecError
 from ..reports import (GRAPH_FLAG, PROFILE_FLAG, EngineReport, _COPY_NODE, _raw_layers, _read_json,
-                       datatype, load_engine_report, onnx_names)
+                       datatype, is_qdq_scale, is_reformat_layer, load_engine_report, onnx_names)
 from .engine import EngineLayer, Tensor
 
 _DTYPES = {"FP32": "fp32", "FP16": "fp16", "BF16": "bf16", "INT8": "int8", "UINT8": "int8", "FP8": "fp8",
@@ -37,7 +45,7 @@ _VECTOR_WORDS = {"two": 2, "four": 4, "eight": 8, "sixteen": 16, "thirty-two": 3
 # tactic-name tokens → math precision, most specific first (an INT8 conv with an FP16 output is
 # ``i8f16_i8i32``: the math is int8)
 _TACTIC_PRECISION = (
-    (re.compile(r"i8i8|i8f16|i8f32|int8|imma|_i8_"), "int8"),
+    (re.compile(r"i8i8|i8f16|i8f32|i8816|int8|imma|_i8_"), "int8"),
     (re.compile(r"tf32"), "tf32"),
     (re.compile(r"bf16"), "bf16"),
     (re.compile(r"e4m3|fp8"), "fp8"),
@@ -72,11 +80,13 @@ def format_vector(fmt: str) -> int:
     return int(m.group(1)) if m else 1
 
 
-def layer_class(layer_type: str, name: str = "") -> str:
-    """The cost-model class of a TensorRT ``LayerType`` (see :data:`~core.estimate.engine.LAYER_CLASSES`)."""
+def layer_class(layer_type: str, name: str = "", raw: dict | None = None) -> str:
+    """The cost-model class of a TensorRT ``LayerType`` (see :data:`~core.estimate.engine.LAYER_CLASSES`);
+    ``raw``, the layer-info record, tells a TensorRT 8.2 Q/DQ ``Scale`` layer (a reformat) from a
+    plain scale."""
     if layer_type == "NoOp":
         return "other"
-    if layer_type == "Reformat" or _COPY_NODE.match(name):
+    if layer_type == "Reformat" or _COPY_NODE.match(name) or (raw is not None and is_qdq_scale(raw)):
         return "reformat"
     for pattern, cls in _CLASSES:
         if pattern.search(layer_type):
@@ -93,7 +103,7 @@ def math_precision(raw: dict, inputs: tuple[Tensor, ...], outputs: tuple[Tensor,
     weights = raw.get("Weights") or raw.get("ConvWeights")
     if isinstance(weights, dict) and str(weights.get("Type", "")).lower() in _WEIGHT_TYPES:
         return _WEIGHT_TYPES[str(weights["Type"]).lower()]
-    if str(raw.get("LayerType")) == "Reformat" and outputs:
+    if (str(raw.get("LayerType")) == "Reformat" or is_qdq_scale(raw)) and outputs:
         return outputs[0].dtype
     source = inputs or outputs
     return source[0].dtype if source else "fp32"
@@ -137,7 +147,7 @@ def engine_layer(raw: dict) -> EngineLayer:
     weights, weights_dtype = _count(raw, "Weights", "ConvWeights")
     bias, _ = _count(raw, "Bias", "ConvBias")
     nodes, qdq = onnx_names(name, raw.get("Metadata"))
-    is_reformat = layer_type == "Reformat" or (layer_type != "NoOp" and bool(_COPY_NODE.match(name)))
+    is_reformat = is_reformat_layer(raw)
     attrs = {"tactic": str(raw.get("TacticName") or ""), "origin": str(raw.get("Origin", "")),
              "stride": _ints(raw.get(f"{prefix}Stride")), "qdq_nodes": tuple(qdq)}
     if prefix or "Kernel" in raw:
@@ -145,7 +155,7 @@ def engine_layer(raw: dict) -> EngineLayer:
     if "PoolingType" in raw or "PoolingPoolingType" in raw:
         attrs["pooling"] = str(raw.get("PoolingType") or raw.get("PoolingPoolingType"))
     return EngineLayer(
-        name=name, layer_type=layer_type, layer_class=layer_class(layer_type, name),
+        name=name, layer_type=layer_type, layer_class=layer_class(layer_type, name, raw),
         precision=math_precision(raw, inputs, outputs), inputs=inputs, outputs=outputs, kernel=kernel,
         groups=int(raw.get(f"{prefix}Groups") or 1), out_maps=int(raw.get(f"{prefix}OutMaps") or 0),
         weights=weights, weights_dtype=weights_dtype, bias=bias, onnx_nodes=tuple(nodes),
