@@ -31,7 +31,7 @@ def test_toggle_a_layer_changes_the_estimate_without_a_build(ws):
     assert any(s.value.startswith("Estimated TensorRT latency on NVIDIA A100") for s in at.subheader)
     before, reformats = _metric(at, "Estimated TensorRT time"), _metric(at, "Predicted reformats")
     text = _labels(at)
-    assert "Estimate, not measured" in text and "on NVIDIA A100" in text and "basis: fit on A100 fixtures" in text
+    assert "Estimate, not measured" in text and "on NVIDIA A100" in text and "basis: fit on the fixture engines (A100 ResNet-18, TITAN RTX MobileNetV2)" in text
     p = open_project(MODEL, ws=ws)
     want = predict(p.model, p.default_policy(), p.input_shapes, "a100")
     assert before == ms_text(want.total_ms) and reformats == str(want.reformat_count)
@@ -100,7 +100,7 @@ def test_results_page_shows_the_estimate_beside_the_measured_latency(ws):
     want = predict(p.model, p.default_policy(), p.input_shapes, "a100")
     assert est and est[0].proto.delta == f"estimate · likely {want.band.range_text()}"
     text = _labels(res)
-    assert "Measured: " in text and "Estimate, not measured" in text and "basis: fit on A100 fixtures" in text
+    assert "Measured: " in text and "Estimate, not measured" in text and "basis: fit on the fixture engines (A100 ResNet-18, TITAN RTX MobileNetV2)" in text
     assert want.estimate_text() in text and "held-out cases: a100" in text  # the band and what it rests on
 
 
@@ -126,7 +126,7 @@ def test_export_bundle_labels_the_estimate(ws):
     r = predict(p.model, pol, p.input_shapes, "h100")
     b = export_bundle(p, pol, estimate=r)
     doc = json.loads(b.files[ESTIMATE_NAME])
-    assert doc["label"] == "estimate" and doc["gpu"]["key"] == "h100" and doc["basis"] == "fit on A100 fixtures"
+    assert doc["label"] == "estimate" and doc["gpu"]["key"] == "h100" and doc["basis"] == "fit on the fixture engines (A100 ResNet-18, TITAN RTX MobileNetV2)"
     assert abs(doc["total_ms"] - r.total_ms) < 1e-12
     readme = b.files[README_NAME].decode()
     assert "an estimate, not measured" in readme and "NVIDIA H100" in readme and "basis" in readme

@@ -42,7 +42,7 @@ def test_toggle_a_layer_and_the_estimate_changes_without_a_build(server, browser
     _idle(page)
     assert _estimate(page) == (ms_text(default.total_ms), str(default.reformat_count))
     panel = page.get_by_text("Estimate, not measured", exact=False).first
-    assert "NVIDIA A100" in panel.inner_text() and "basis: fit on A100 fixtures" in panel.inner_text()
+    assert "NVIDIA A100" in panel.inner_text() and "basis: fit on the fixture engines" in panel.inner_text()
 
     page.get_by_label("Layer name (regular expression)").fill(LAYER + "$")
     page.get_by_role("button", name="Set by name").click()  # the form's precision is FP16 by default

@@ -1,7 +1,7 @@
 """The estimated TensorRT engine time of a policy on a GPU (core.estimate), without TensorRT or a
 GPU: the Precision page's live panel for the draft, the estimate beside a run's measured latency,
 and the calibration of the estimator on an imported engine report. Every number is labelled as an
-estimate, with its GPU and its basis (the fit on the A100 fixtures, or the user's calibration)."""
+estimate, with its GPU and its basis (the fit on the fixture engines, or the user's calibration)."""
 from __future__ import annotations
 
 import hashlib
@@ -98,7 +98,7 @@ def _added(key: str) -> None:
 
 # --- the prediction, cached per model, policy, shapes, GPU and cost-model parameters ----------
 def params_for(p: Project, gpu: str) -> CostParams:
-    """The user's calibration stored for ``gpu``, else the shipped fit on the A100 fixtures."""
+    """The user's calibration stored for ``gpu``, else the shipped fit on the fixture engines."""
     return load_gpu_calibration(p.ws, gpu) or FITTED
 
 

@@ -1,6 +1,6 @@
 """``python -m core estimate MODEL [--policy P] --gpu a100 [--shape …] [--json]``: the TensorRT engine a
 policy would build on a GPU and its estimated time, without TensorRT or a GPU. Every number it prints
-is labelled as an estimate, with its GPU and its basis (the fit on the A100 fixtures, or the user's
+is labelled as an estimate, with its GPU and its basis (the fit on the fixture engines, or the user's
 calibration stored for that GPU).
 
 ``--gpu`` takes a key of the GPU table, a product name as ``nvidia-smi`` prints it, or the key of a
@@ -41,7 +41,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                     help="the full shape of an input (every dim, named or not; repeatable)")
     sp.add_argument("--no-tf32", action="store_true", help="FP32 layers without TF32 (trtexec --noTF32)")
     sp.add_argument("--fixture-fit", action="store_true",
-                    help="use the shipped fit on the A100 fixtures even when a calibration for this GPU is stored")
+                    help="use the shipped fit on the fixture engines even when a calibration for this GPU is stored")
     sp.add_argument("--top", type=int, default=0, help="print only the N slowest layers (default: all)")
     sp.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     sp.set_defaults(func=run)

@@ -4,7 +4,7 @@ time, without TensorRT or a GPU.
 :func:`predict` compiles the policy for the ``trt`` target (``core.compile.compile_policy``: exactly
 the Q/DQ and Cast placement TensorRT gets), simulates TensorRT's fusions, precisions and reformats on
 that graph (:mod:`core.estimate.fusion`) and prices every predicted engine layer with the cost model
-(:func:`core.estimate.cost.layer_breakdown`, fitted on the A100 fixture engines or on the user's own
+(:func:`core.estimate.cost.layer_breakdown`, fitted on the fixture engines (A100, TITAN RTX) or on the user's own
 engine). The result is labelled as an estimate everywhere: its GPU and its basis travel with it.
 
 The total is the **sum of per-layer times**, what a trtexec profile's per-layer times sum to (the
@@ -111,7 +111,7 @@ class Prediction:
     total_ms: float
     gpu: str                        # the GPU table's key (a100, t4, …)
     gpu_name: str
-    basis: str                      # "fit on A100 fixtures" or "your calibration"
+    basis: str                      # cost.FIXTURE_BASIS or "your calibration"
     basis_detail: str               # e.g. "calibrated on 32 layers of your engine, median error 7 %"
     tf32: bool = True
     model_name: str = ""
@@ -194,7 +194,7 @@ def predict(model: LoadedModel, policy: Policy, input_shapes: dict[str, tuple[in
             tf32: bool = True) -> Prediction:
     """Predict the engine TensorRT builds for ``policy`` at ``input_shapes`` and estimate its time on
     ``gpu`` (a key of the GPU table or a product name). ``params``: the cost model's parameters (default
-    the shipped fit on the A100 fixtures; pass a stored calibration for "your calibration"). ``calib``:
+    the shipped fit on the fixture engines; pass a stored calibration for "your calibration"). ``calib``:
     activation ranges (optional: the structure does not depend on them). ``tf32=False`` is ``--noTF32``."""
     g = gpu_entry(gpu)
     params = params or FITTED
