@@ -141,6 +141,42 @@ def test_new_rows_and_their_dense_figures():
             assert g.tf32_tflops == pytest.approx(g.fp16_tflops / 2, rel=0.01), g.key
 
 
+# dense FP16 tensor FLOP per SM per clock of the rows whose tensor peak NVIDIA publishes
+_FP16_PER_SM_CLOCK = {"v100": 1024, "v100-pcie": 1024, "t4": 1024, "titanrtx": 1024, "rtx2080ti": 1024,
+                      "a10": 1024, "rtx3090": 1024, "a30": 2048, "a100": 2048, "a100-40gb": 2048, "l4": 1024,
+                      "l40": 512, "l40s": 1024, "rtx4090": 1024, "h100": 4096, "h100-pcie": 4096, "h200": 4096}
+_HOPPER_TENSOR_MHZ = {"h100": 1830, "h100-pcie": 1620, "h200": 1830}
+
+
+def test_every_row_has_its_base_and_boost_clocks_and_the_cost_model_reads_only_them():
+    assert len(GPUS) == 40
+    for g in GPUS.values():
+        assert 0 < g.base_clock_mhz <= g.boost_clock_mhz <= 3000, g.key
+        assert cost.clocks(g) == (g.base_clock_mhz, g.boost_clock_mhz), g.key
+        assert GPU.from_json(json.loads(json.dumps(g.to_json()))) == g  # the clocks go through --gpu-spec
+    # the two GPUs the transformer fit uses keep their clocks (nvidia-smi: default application / max clocks)
+    assert cost.clocks(GPUS["t4"]) == (585.0, 1590.0) and cost.clocks(GPUS["a100-40gb"]) == (1095.0, 1410.0)
+    # the boost clock is the clock the row's tensor peak holds at (SMs x rate x boost), within 1.5 %; Hopper's
+    # tensor peaks hold at a lower clock than its maximum boost (1,830 / 1,620 MHz; docs/tensorrt.md, "Clocks")
+    for key, per_sm in _FP16_PER_SM_CLOCK.items():
+        g = GPUS[key]
+        mhz = _HOPPER_TENSOR_MHZ.get(key, g.boost_clock_mhz)
+        assert g.base_clock_mhz < mhz <= g.boost_clock_mhz, key
+        assert g.sm_count * per_sm * mhz * 1e-6 == pytest.approx(g.fp16_acc16_tflops, rel=0.015), key
+    # power-limited parts sustain far below boost: a 70 W T4 below an A100 with the shipped alpha
+    alpha = cost.FITTED.clock_alpha
+    assert 0 <= alpha < 1
+    t4, a100, a100_40 = (cost.sustained_clock(GPUS[k], cost.FITTED) for k in ("t4", "a100", "a100-40gb"))
+    assert t4 < a100_40 <= a100 <= 1.0
+    assert t4 == pytest.approx((585 + alpha * (1590 - 585)) / 1590)
+    # no table of clocks behind the rows: a GPU that gives none is priced at its boost clock (factor 1)
+    assert not hasattr(cost, "_CLOCKS")
+    bare = GPU.from_json({k: v for k, v in GPUS["t4"].to_json().items()
+                          if k not in ("base_clock_mhz", "boost_clock_mhz")} | {"key": "my-t4", "name": "My T4"})
+    assert (bare.base_clock_mhz, bare.boost_clock_mhz) == (0.0, 0.0)
+    assert cost.clocks(bare) is None and cost.sustained_clock(bare, cost.FITTED) == 1.0
+
+
 # nvidia-smi / TensorRT names -> the row they must resolve to
 NAMES = {
     "Tesla V100-SXM2-16GB": "v100", "Tesla V100-SXM2-32GB": "v100", "Tesla V100-PCIE-32GB": "v100-pcie",

@@ -375,18 +375,15 @@ def _tiling(layer: EngineLayer, gpu: GPU, precision: str) -> tuple[int, float, t
 
 
 TRANSFORMER_CLASSES = ("transformer", "attention", "transformer_norm")
-# base and boost clocks (MHz) of the GPUs the transformer fit and validation use, until the GPU table has them
-_CLOCKS = {"a100": (1095, 1410), "a100-40gb": (1095, 1410), "t4": (585, 1590), "a30": (930, 1440),
-           "l40s": (1110, 2520), "v100": (1290, 1530), "v100-sxm2": (1290, 1530), "v100-pcie": (1245, 1380),
-           "titanrtx": (1350, 1770), "l4": (795, 2040), "h100": (1590, 1980), "a10": (885, 1695)}
 
 
 def clocks(gpu: GPU) -> tuple[float, float] | None:
-    """(base, boost) clock in MHz of ``gpu`` (its table row, else the known pairs), or None."""
+    """(base, boost) clock in MHz of ``gpu`` as its table row or spec gives them (every table row has them;
+    docs/tensorrt.md, "GPU table", "Clocks"), or None when the GPU gives none (then the boost clock is taken)."""
     base, boost = getattr(gpu, "base_clock_mhz", 0) or 0, getattr(gpu, "boost_clock_mhz", 0) or 0
     if base > 0 and boost > 0:
         return float(base), float(boost)
-    return _CLOCKS.get(gpu.key)
+    return None
 
 
 def sustained_clock(gpu: GPU, params: CostParams) -> float:
