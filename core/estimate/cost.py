@@ -14,8 +14,9 @@ GPU of the table (:mod:`core.estimate.gpus`), roofline style::
   taken as 4 INT8 multiply-adds per FP32 FMA slot, ``…_simt`` kernels, INT8 kernels of sm ≤ 7.0,
   TensorRT's ``CudaDepthwiseConvolution``) with ``simt_eff`` in place of ``compute_eff``. DP4A
   takes its 4 multiply-adds along the channels: a convolution with C < 4 channels per group fills
-  C of the 4 lanes (a depthwise convolution's one). An FP32 layer uses TF32 tensor cores on Ampere and later, as trtexec's FP32
-  engines do (``tf32=True``, the default); ``tf32=False`` is ``--noTF32``. A layer whose precision
+  C of the 4 lanes (a depthwise convolution's one). An FP32 layer uses TF32 tensor cores on
+  Ampere and later, as trtexec's FP32 engines do (``tf32=True``, the default); ``tf32=False`` is
+  ``--noTF32``. A layer whose precision
   is plain ``fp32`` and whose tactic is unknown (a predicted layer) costs what the faster of the
   TF32 and the SIMT kernel costs, as TensorRT times both and keeps the faster.
 * ``math_eff`` is a per-math-precision factor on the tensor-core efficiency of the convolution/GEMM
@@ -177,7 +178,7 @@ class CostParams:
         if self.basis == CALIBRATION_BASIS:
             err = "" if math.isnan(self.median_err) else f", median error {self.median_err * 100:.0f} %"
             return f"calibrated on {self.n_layers} layers of your engine{err}"
-        return f"{self.basis} ({len(self.fitted_on)} engines, {self.n_layers} layers)"
+        return f"{self.basis}: {self.n_layers} layers of {len(self.fitted_on)} reports"
 
     def with_values(self, **changes) -> CostParams:
         return replace(self, **changes)
