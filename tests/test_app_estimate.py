@@ -134,8 +134,9 @@ def test_export_bundle_labels_the_estimate(ws):
 
 
 def test_the_search_panel_shows_the_band_and_the_tie_of_a_stored_search(ws, monkeypatch):
-    """A TensorRT-estimate search whose planted estimates make a tie inside a ±12 % band: the verdict
-    says so, the front's table and picker show each point's band, the Pareto chart draws it as error bars."""
+    """A TensorRT-estimate search whose planted estimates make a tie inside a ±12 % difference band: the
+    verdict says so, the front's table and picker show each point's band, the Pareto chart draws it as
+    error bars."""
     import numpy as np
 
     import core.search.searcher as searcher
@@ -149,7 +150,8 @@ def test_the_search_panel_shows_the_band_and_the_tie_of_a_stored_search(ws, monk
         lat = real(*a, **k)
         lat.estimate = lambda int8: (planted.get(len(int8), 0.3), 0.0)
         lat.band = lambda int8: Band(planted.get(len(int8), 0.3) / 1.12, planted.get(len(int8), 0.3) * 1.12,
-                                     "validated", "ampere", float(np.log(1.12)), "planted")
+                                     "validated", "ampere", float(np.log(1.12)), "planted",
+                                     diff_log_spread=float(np.log(1.12)), diff_status="validated")
         return lat
 
     monkeypatch.setattr(searcher, "estimated_latency", plant)
@@ -163,8 +165,8 @@ def test_the_search_panel_shows_the_band_and_the_tie_of_a_stored_search(ws, monk
     at.text_input(key="search_budget").input(budget).run()
     ok(at)
     verdict = " ".join(shown(s) for s in at.success)
-    assert "within the estimate's band (±12 %)" in verdict and f"chose #{r.chosen}, the one with fewer boundaries" \
-        in verdict
+    assert "within the estimate's ±12 % difference band" in verdict and \
+        f"chose #{r.chosen}, the one with fewer boundaries" in verdict
     pick = at.selectbox(key="front_pick")
     chosen = r.candidates.set_index("candidate").loc[r.chosen]  # a tie: it may be off the raw front
     assert pick.value == r.chosen

@@ -1,6 +1,8 @@
 """Isolated sensitivity, search under a budget, Pareto front."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -241,14 +243,54 @@ def test_candidates_inside_the_band_are_ties_broken_by_boundaries_then_quality()
     assert band_ties([fast_nob, nob], b).pick is fast_nob and tie_note(band_ties([fast_nob], b), b, id) == ""
 
 
+def _planted_band(est, pct, diff_pct, status="validated", arch="ampere"):
+    from core.estimate.validation import Band
+
+    return Band(est / (1 + pct), est * (1 + pct), "validated", arch, float(np.log1p(pct)), "planted",
+                diff_log_spread=float(np.log1p(diff_pct)), diff_status=status, diff_basis="planted pairs")
+
+
+def test_ties_use_the_difference_band_not_the_band_of_an_absolute_estimate():
+    """Two policies of one model on one GPU: their estimates' errors largely cancel, so the tie window is
+    the difference band (the error of an estimated ratio), not the band of one absolute estimate."""
+    from core.search.searcher import band_ties, tie_note
+
+    b = Budget.parse("cosine_mean>=0.99")
+    # A100-like: absolute ±5 %, difference ±14 %: +10 % is a tie (outside the absolute band), +16 % is not
+    fast = _cand("a", 1.00, 4, 0.995, band=0.05)
+    inside = _cand("ab", 1.10, 1, 0.993, band=0.05)
+    outside = _cand("abc", 1.16, 0, 0.999, band=0.05)
+    asked = []
+    a100 = lambda c: asked.append(c) or _planted_band(c.est_ms, 0.05, 0.14)  # noqa: E731
+    tie = band_ties([outside, inside, fast], b, a100)
+    assert asked == [fast]  # the window is the fastest's difference band
+    assert tie.kind == "difference band" and tie.pct == pytest.approx(14.0)
+    assert tie.pick is inside and set(map(id, tie.ties)) == {id(fast), id(inside)} and tie.reason == "boundaries"
+    numbers = {id(fast): 1, id(inside): 2, id(outside): 3}
+    assert tie_note(tie, b, lambda c: numbers[id(c)]) == (
+        "The fastest, #1 (1 ms est., 1 layer INT8, 4 boundaries), and #2 (1.1 ms est., 2 layers INT8, 1 boundary) "
+        "are within the estimate's ±14 % difference band: a tie; chose #2, the one with fewer boundaries")
+    # the absolute band alone (no difference band known) would not call +10 % a tie
+    alone = band_ties([outside, inside, fast], b)
+    assert alone.kind == "band" and alone.pick is fast and alone.ties == [fast]
+    assert band_ties([outside, inside, fast], b, lambda c: replace(a100(c), diff_log_spread=float("nan"))).pick is fast
+    # TITAN RTX-like: absolute ±53 %, difference ±24 %: +30 % is no tie, though inside the absolute band
+    f2, far = _cand("a", 1.00, 4, 0.995, band=0.53), _cand("ab", 1.30, 0, 0.999, band=0.53)
+    t2 = band_ties([f2, far], b, lambda c: _planted_band(c.est_ms, 0.53, 0.24))
+    assert t2.pick is f2 and t2.ties == [f2] and tie_note(t2, b, lambda c: 1) == ""
+    assert band_ties([f2, far], b).pick is far  # what the absolute band said
+    # a difference band without a validation pair on the GPU's architecture: the verdict says so
+    t3 = band_ties([fast, inside], b, lambda c: _planted_band(c.est_ms, 0.53, 0.14, "unvalidated", "hopper"))
+    assert t3.pick is inside and "within the estimate's ±14 % difference band (unvalidated on Hopper GPUs): a tie" \
+        in tie_note(t3, b, lambda c: numbers[id(c)])
+
+
 def test_a_search_reports_a_tie_inside_the_estimates_band(tiny_cnn, monkeypatch):
     """Planted estimates: every 3-layer INT8 set at 0.080 ms, every 4-layer set at 0.085 ms (+6 %,
-    inside a ±12 % band), all-fallback 0.2 ms. The 4-layer sets have fewer boundaries on the tiny CNN,
-    so the search chooses one of them over the faster 3-layer one and its verdict says why."""
-    from dataclasses import replace
-
+    inside a ±12 % difference band, outside the ±3 % band of one estimate), all-fallback 0.2 ms. The
+    4-layer sets have fewer boundaries on the tiny CNN, so the search chooses one of them over the
+    faster 3-layer one and its verdict says why and which window it used."""
     import core.search.searcher as searcher
-    from core.estimate.validation import Band
 
     real = searcher.estimated_latency
     planted = {0: 0.2, 3: 0.080, 4: 0.085, 5: 0.07}
@@ -256,8 +298,7 @@ def test_a_search_reports_a_tie_inside_the_estimates_band(tiny_cnn, monkeypatch)
     def plant(*a, **k):
         lat = real(*a, **k)
         lat.estimate = lambda int8: (planted.get(len(int8), 0.3), 0.0)
-        lat.band = lambda int8: Band(planted.get(len(int8), 0.3) / 1.12, planted.get(len(int8), 0.3) * 1.12,
-                                     "validated", "ampere", float(np.log(1.12)), "planted")
+        lat.band = lambda int8: _planted_band(planted.get(len(int8), 0.3), 0.03, 0.12)
         lat.estimate_text = lambda int8: f"{planted.get(len(int8), 0.3)} ms, planted"
         return lat
 
@@ -271,8 +312,8 @@ def test_a_search_reports_a_tie_inside_the_estimates_band(tiny_cnn, monkeypatch)
     chosen = c.loc[r.chosen]
     assert fastest.est_ms == pytest.approx(0.080) and chosen.est_ms == pytest.approx(0.085)
     assert chosen.boundaries < fastest.boundaries  # the planted tie: slower by 6 %, fewer boundaries
-    assert (chosen.est_low_ms, chosen.est_high_ms) == pytest.approx((0.085 / 1.12, 0.085 * 1.12))
-    assert "are within the estimate's band (±12 %)" in r.message and "a tie; chose" in r.message
+    assert (chosen.est_low_ms, chosen.est_high_ms) == pytest.approx((0.085 / 1.03, 0.085 * 1.03))  # the band shown
+    assert "are within the estimate's ±12 % difference band" in r.message and "a tie; chose" in r.message
     assert f"chose #{r.chosen}, the one with fewer boundaries" in r.message and r.tie_note in r.message
     assert f"#{fastest.name} (0.08 ms est." in r.tie_note
     assert "estimated TensorRT time 0.085 ms, planted" in r.message

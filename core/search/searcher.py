@@ -18,7 +18,8 @@ model's estimate (fitted on the measuring backend's profiles); ``trt_estimate`` 
 estimated TensorRT time on ``SearchConfig.gpu`` (``core.search.estimated``: the engine its compiled
 ONNX would build, priced by the cost model), for a TensorRT target where TensorRT does not run
 (optimising ONNX Runtime CPU time would optimise the wrong hardware) — candidates whose estimates
-differ by less than the estimate's uncertainty band (``core.estimate.validation``) are a tie, broken
+differ by less than the estimate's difference band (``core.estimate.validation``: the error of the ratio
+of two estimates of one model on one GPU, measured on pairs of validation engines) are a tie, broken
 by fewer INT8/float boundaries, then quality, and the verdict says so (:func:`band_ties`); ``mac_share`` by the INT8
 share of MACs, then the fewest INT8/float boundaries (hardware-neutral), the fallback when the
 estimate cannot be made. ``auto`` picks ``trt_estimate`` for a TensorRT target without TensorRT,
@@ -224,12 +225,23 @@ def _preference(budget: Budget, objective: str = "latency"):
 
 @dataclass
 class Tie:
-    """Candidates within the estimate's band of the fastest one, and the one chosen among them."""
+    """Candidates within the estimate's difference band of the fastest one (or, without one, within its
+    band), and the one chosen among them."""
 
     fastest: Candidate
     pick: Candidate
-    ties: list            # every candidate within the band of the fastest (the fastest included)
-    pct: float            # the band's half-width, % (the fastest's band)
+    ties: list            # every candidate within the window of the fastest (the fastest included)
+    pct: float            # the window's half-width, % (the fastest's difference band, else its band)
+    kind: str = "band"    # "difference band": the error of an estimated ratio; "band": the absolute estimate's
+    qualifier: str = ""   # what the window rests on when it is not validated ("unvalidated on Hopper GPUs")
+
+    @property
+    def window(self) -> str:
+        """"the estimate's ±14 % difference band" / "the estimate's band (±12 %)"."""
+        if self.kind == "difference band":
+            return f"the estimate's ±{self.pct:.0f} % difference band" + \
+                (f" ({self.qualifier})" if self.qualifier else "")
+        return f"the estimate's band (±{self.pct:.0f} %)"
 
     @property
     def reason(self) -> str:
@@ -240,18 +252,26 @@ class Tie:
         return "boundaries" if self.pick.boundaries < self.fastest.boundaries else "quality"
 
 
-def band_ties(ok: list[Candidate], budget: Budget) -> Tie:
-    """Among the candidates that meet the budget: the fastest (:func:`_preference`) and the ones
-    whose estimate is within the fastest's band (``est_high_ms`` / ``est_ms``): a tie, broken by
-    fewer boundaries, then better quality, then the estimate. Without a band, no tie."""
+def band_ties(ok: list[Candidate], budget: Budget, band_of=None) -> Tie:
+    """Among the candidates that meet the budget: the fastest (:func:`_preference`) and the ones whose
+    estimate is within the fastest's *difference band* (``band_of(candidate)``: its
+    :class:`~core.estimate.validation.Band`, whose ``diff_log_spread`` is the error of the ratio of two
+    estimates of one model on one GPU: |log(est / est_fastest)| <= it) — a tie, broken by fewer
+    boundaries, then better quality, then the estimate. Without a difference band, the fastest's band
+    (``est_high_ms`` / ``est_ms``: the error of one absolute estimate); without either, no tie."""
     fastest = min(ok, key=_preference(budget, "trt_estimate"))
-    spread = math.log(fastest.est_high_ms / fastest.est_ms) if fastest.est_ms > 0 and \
-        math.isfinite(fastest.est_high_ms) and fastest.est_high_ms > fastest.est_ms else 0.0
+    b = band_of(fastest) if band_of is not None else None
+    if b is not None and getattr(b, "has_diff", False) and b.diff_log_spread > 0:
+        spread, kind, qualifier = b.diff_log_spread, "difference band", b.diff_qualifier()
+    else:
+        spread = math.log(fastest.est_high_ms / fastest.est_ms) if fastest.est_ms > 0 and \
+            math.isfinite(fastest.est_high_ms) and fastest.est_high_ms > fastest.est_ms else 0.0
+        kind, qualifier = "band", ""
     ties = [c for c in ok if c is fastest or (c.est_ms > 0 and abs(math.log(c.est_ms / fastest.est_ms)) <= spread)]
     pick = min(ties, key=lambda c: (c.boundaries, -_better(budget, c), c.est_ms))
     if (pick.boundaries, -_better(budget, pick)) == (fastest.boundaries, -_better(budget, fastest)):
         pick = fastest  # nothing beats the fastest on the tie-breaks: it stays
-    return Tie(fastest, pick, ties, 100.0 * math.expm1(spread))
+    return Tie(fastest, pick, ties, 100.0 * math.expm1(spread), kind, qualifier)
 
 
 def _point(number: int | None, c: Candidate) -> str:
@@ -264,10 +284,11 @@ def _n(k: int, one: str, many: str | None = None) -> str:
 
 
 def tie_note(tie: Tie | None, budget: Budget, number) -> str:
-    """What the verdict says about a tie inside the estimate's band (``number``: candidate -> its number)."""
+    """What the verdict says about a tie inside the estimate's difference band (or band): "… are within the
+    estimate's ±14 % difference band: a tie; chose #3, …" (``number``: candidate -> its number)."""
     if tie is None or len(tie.ties) < 2:
         return ""
-    f, p, band = tie.fastest, tie.pick, f"the estimate's band (±{tie.pct:.0f} %)"
+    f, p, band = tie.fastest, tie.pick, tie.window
     if p is f:
         return (f"{len(tie.ties)} candidates are within {band} of the fastest, {_point(number(f), f)}: a tie; "
                 f"it has the fewest boundaries (then the best quality) among them, so it stays chosen")
@@ -426,7 +447,8 @@ def _choose(ctx: _Context, variants: list[Variant], lat: LatencyModel) \
     if ok:
         pick = min(ok, key=_preference(budget, ctx.objective))
         if ctx.objective == "trt_estimate":  # ties inside the band, over every candidate that meets the budget
-            tie = band_ties([c for c in everything if c.meets_budget], budget)
+            tie = band_ties([c for c in everything if c.meets_budget], budget,
+                            (lambda c: lat.band(c.int8)) if hasattr(lat, "band") else None)
             pick = tie.pick
         message = (f"meets {budget} on the dev half with {len(pick.int8)}/{n} layers INT8 "
                    f"({100 * pick.int8_mac_share:.0f}% of eligible MACs), {pick.method} calibration")
