@@ -186,7 +186,8 @@ def _difference_section(v: Validation) -> list[str]:
     spreads = v.spreads()
     for (fam, arch), s in sorted(v.diff_spreads().items()):
         a = spreads.get((fam, arch))
-        out.append(f"| {fam} | {arch_name(arch)} | ±{s.pct:.0f} % | {f'±{a.pct:.0f} %' if a else '—'} | {s.cases} | "
+        absolute = f"±{a.pct:.0f} %" if a else "—"
+        out.append(f"| {fam} | {arch_name(arch)} | ±{s.pct:.0f} % | {absolute} | {s.cases} | "
                    f"{'held-out' if s.held_out else 'in-sample only (no pair held out)'} ({', '.join(s.gpus)}) |")
     if not pairs:
         out.append("| — | — | — | — | 0 | no pair of validation cases |")
@@ -195,6 +196,18 @@ def _difference_section(v: Validation) -> list[str]:
         out += ["", "Validated without a pair (their difference band is unvalidated): "
                 + ", ".join(f"{f} on {arch_name(a)}" for f, a in missing) + "."]
     if pairs:
+        out += ["", "By GPU and split (the band uses every held-out split together):", "",
+                f"| family | GPU | split | pairs | {int(round(100 * QUANTILE))}th-percentile ratio error | "
+                "median ratio error | worst |", "|---|---|---|---|---|---|---|"]
+        groups: dict = {}
+        for p in pairs:
+            groups.setdefault((p.family, p.gpu, p.split), []).append(p.log_err)
+        for (fam, gpu, split), errs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1],
+                                                                              SPLITS.index(kv[0][2]))):
+            a = np.abs(errs)
+            q, med = 100 * math.expm1(np.quantile(a, QUANTILE)), 100 * math.expm1(np.median(a))
+            out.append(f"| {fam} | {gpu} | {split} | {len(errs)} | ±{q:.1f} % | ±{med:.1f} % | "
+                       f"{_pct(math.expm1(max(errs, key=abs)))} |")
         out += ["", f"### The pairs ({len(pairs)}; a: the faster measured case)", "",
                 "| family | GPU | model | batch | seq | split | case a | case b | measured a/b | estimated a/b | "
                 "ratio error |", "|---|---|---|---|---|---|---|---|---|---|---|"]
