@@ -137,6 +137,7 @@ class CostParams:
     math_eff: dict[str, float] = field(default_factory=_unit_math)  # tensor-core factor per math precision
     gemm_tile: float = 0.0              # transformer GEMM/attention output tile edge (0: no wave term)
     clock_alpha: float = 1.0            # sustained clock = base + alpha·(boost − base) (1: the boost clock)
+    transformer_knee: float = 0.0       # the soft roofline's p for the transformer classes (0: knee)
     gpu: str = FIXTURE_GPU              # the GPU the parameters were fitted on
     basis: str = FIXTURE_BASIS          # FIXTURE_BASIS or "your calibration"
     n_layers: int = 0                   # layers the fit used
@@ -151,7 +152,8 @@ class CostParams:
                 "lowc_channels": self.lowc_channels, "knee": self.knee,
                 "int8_linear_out": self.int8_linear_out, "step_us": self.step_us, "model": self.model,
                 "math_eff": dict(self.math_eff),
-                "gemm_tile": self.gemm_tile, "clock_alpha": self.clock_alpha, "gpu": self.gpu, "basis": self.basis,
+                "gemm_tile": self.gemm_tile, "clock_alpha": self.clock_alpha,
+                "transformer_knee": self.transformer_knee, "gpu": self.gpu, "basis": self.basis,
                 "n_layers": self.n_layers,
                 "median_err": None if math.isnan(self.median_err) else self.median_err,
                 "fitted_on": list(self.fitted_on), "fitted": list(self.fitted)}
@@ -169,6 +171,7 @@ class CostParams:
                    # documents written before the tile model priced without it (model 1, no k-step latency)
                    step_us=float(doc.get("step_us", 0.0)), model=int(doc.get("model", 1)),
                    gemm_tile=float(doc.get("gemm_tile", 0.0)), clock_alpha=float(doc.get("clock_alpha", 1.0)),
+                   transformer_knee=float(doc.get("transformer_knee", 0.0)),
                    gpu=str(doc["gpu"]), basis=str(doc["basis"]), n_layers=int(doc.get("n_layers", 0)),
                    median_err=math.nan if err is None else float(err),
                    fitted_on=tuple(doc.get("fitted_on", ())), fitted=tuple(doc.get("fitted", ())))
@@ -387,15 +390,27 @@ def clocks(gpu: GPU) -> tuple[float, float] | None:
     return None
 
 
-def sustained_clock(gpu: GPU, params: CostParams) -> float:
-    """The share of the datasheet peak (given at the boost clock) that sustained tensor-core work gets:
-    (base + alpha·(boost − base)) / boost. Power-limited parts (a 70 W T4: base 585, boost 1590 MHz) fall far
-    below their boost clock under full load; 1 when the clocks are unknown or alpha is 1."""
+def sustained_clock(gpu: GPU, params: CostParams, load: float = 1.0) -> float:
+    """The share of the datasheet peak (given at the boost clock) that tensor-core work gets at ``load`` (the
+    share of the SMs busy): under full load the clock falls to base + alpha·(boost − base) (power-limited
+    parts: a 70 W T4, base 585 and boost 1590 MHz, falls far), a lightly loaded GPU keeps its boost clock;
+    in between, linearly. 1 when the clocks are unknown or alpha is 1."""
     c = clocks(gpu)
     if c is None or params.clock_alpha >= 1.0:
         return 1.0
     base, boost = c
-    return (base + params.clock_alpha * (boost - base)) / boost
+    full = (base + params.clock_alpha * (boost - base)) / boost
+    return 1.0 - (1.0 - full) * min(1.0, max(0.0, load))
+
+
+REFERENCE_BOOST_MHZ = 1500.0  # the transformer classes' per-kernel overhead is given at this clock
+
+
+def overhead_scale(gpu: GPU, layer_class: str) -> float:
+    """Transformer kernels' fixed cost (ramp-up, tail, launch gaps) runs in GPU cycles: it scales with
+    1 / boost clock (an L40S at 2520 MHz pays 0.6x an A100's); 1 for other classes or unknown clocks."""
+    c = clocks(gpu) if layer_class in TRANSFORMER_CLASSES else None
+    return REFERENCE_BOOST_MHZ / c[1] if c else 1.0
 
 
 def wave_utilisation(layer: EngineLayer, gpu: GPU, params: CostParams) -> float:
@@ -448,7 +463,8 @@ def _compute_ms(layer: EngineLayer, gpu: GPU, params: CostParams, precision: str
         if layer.layer_class in _TENSOR_CORE_CLASSES:
             eff *= math_factor(params, precision, layer.layer_class)
         if layer.layer_class in ("transformer", "attention"):
-            eff *= wave_utilisation(layer, gpu, params) * sustained_clock(gpu, params)
+            util = wave_utilisation(layer, gpu, params)
+            eff *= util * sustained_clock(gpu, params, util)
         if precision == "int8" and linear_float_output(layer) and layer.layer_class == "conv_gemm":
             eff *= params.int8_linear_out
         if params.model >= 2 and is_conv(layer):
@@ -516,11 +532,14 @@ def layer_breakdown(layer: EngineLayer, gpu: GPU | str, params: CostParams | Non
         return {"ms": 0.0, "compute_ms": 0.0, "memory_ms": 0.0, "overhead_ms": 0.0, "bound": "none", "math": "",
                 "simt": False}
     memory = _memory_ms(layer, g, params)
-    overhead = params.overhead_us.get(layer.layer_class, PRIOR.overhead_us["other"]) / 1e3
+    overhead = params.overhead_us.get(layer.layer_class, PRIOR.overhead_us["other"]) / 1e3 \
+        * overhead_scale(g, layer.layer_class)
     options = []
     for p, simt in math_options(layer, g, params, tf32):
         compute = _compute_ms(layer, g, params, p, simt)
-        options.append((_soft_max(compute, memory, params.knee), compute, p, simt))
+        knee = params.transformer_knee if params.transformer_knee > 0 and layer.layer_class in TRANSFORMER_CLASSES \
+            else params.knee
+        options.append((_soft_max(compute, memory, knee), compute, p, simt))
     best, compute, precision, simt = min(options)
     return {"ms": best + overhead, "compute_ms": compute, "memory_ms": memory, "overhead_ms": overhead,
             "bound": "compute" if compute >= memory else "memory", "math": precision, "simt": simt}

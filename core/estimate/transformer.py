@@ -47,10 +47,12 @@ TRANSFORMER_CLASSES = ("transformer", "attention", "transformer_norm")
 FREE = (("compute_eff", "transformer"), ("memory_eff", "transformer"), ("overhead_us", "transformer"),
         ("compute_eff", "attention"), ("memory_eff", "attention"), ("overhead_us", "attention"),
         ("memory_eff", "transformer_norm"), ("overhead_us", "transformer_norm"),
-        ("math_eff", "transformer.fp16"), ("math_eff", "attention.fp16"), ("gemm_tile", None), ("clock_alpha", None))
-_BOUNDS = {"compute_eff": (0.02, 1.0), "memory_eff": (0.02, 1.5), "overhead_us": (0.05, 50.0),
-           "math_eff": (0.2, 3.0), "gemm_tile": (16.0, 512.0), "clock_alpha": (0.001, 1.0)}
-_START = {"gemm_tile": 128.0, "clock_alpha": 0.3}
+        ("math_eff", "transformer.fp16"), ("math_eff", "attention.fp16"), ("gemm_tile", None), ("clock_alpha", None),
+        ("transformer_knee", None))
+_BOUNDS = {"compute_eff": (0.02, 1.0), "memory_eff": (0.02, 1.0), "overhead_us": (0.05, 50.0),
+           "math_eff": (0.2, 3.0), "gemm_tile": (16.0, 512.0), "clock_alpha": (0.001, 1.0),
+           "transformer_knee": (1.0, 60.0)}
+_START = {"gemm_tile": 128.0, "clock_alpha": 0.3, "transformer_knee": 4.0}
 FIT_BASIS = "published TensorRT BERT-base latencies (A100-40GB, T4)"
 
 

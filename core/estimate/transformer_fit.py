@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 FIT_FILE = Path(__file__).with_name("transformer_fit.json")
-_SCALARS = ("gemm_tile", "clock_alpha")
+_SCALARS = ("gemm_tile", "clock_alpha", "transformer_knee")
 
 
 def load() -> dict:
