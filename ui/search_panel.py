@@ -1,9 +1,11 @@
-"""Precision page, search under a quality budget: the budget, the search job, its Pareto front
+"""Precision page, search under a quality budget: the budget, the GPU of the estimate (for the
+TensorRT target: the estimate panel's GPU unless picked here), the search job, its Pareto front
 (points failing the budget marked) and "Use this policy" for a front point: the chosen point
 preselected, applied after a confirmation, as one undoable edit."""
 from __future__ import annotations
 
 import math
+import re
 
 import plotly.graph_objects as go
 import streamlit as st
@@ -15,39 +17,84 @@ from core.policy_edit import policy_diff
 from core.project import Project
 from core.runs import GENERATED_NOTE
 from core.search import BUDGET_METRICS
-from core.estimate.gpus import FIXTURE_GPU, gpu
+from core.estimate.gpus import FIXTURE_GPU, GPU, GPUS
 from core.search.searcher import MAC_SHARE_NOTE, TRT_ESTIMATE_NOTE, search_objective
 from ui import cluster
 from ui import common as ui
+from ui import estimate_panel
+
+GPU_WIDGET = "search_gpu"             # the search's GPU picker
+GPU_OWN = "search_gpu:own"            # the GPU picked there (else the search follows the estimate panel's GPU)
+_LABEL_GPU = re.compile(r"estimated TensorRT ms on the (.+?) \(an estimate")
+
+
+def search_gpu(where=st) -> GPU:
+    """The GPU of the search's estimated TensorRT time: a picker of the estimate panel's choices (the GPU
+    table and the GPUs saved in the workspace) showing, until one is picked here, the estimate panel's GPU
+    (``estimate_panel.gpu_key``: the session's pick, else the project's saved one, else the A100)."""
+    choices = estimate_panel.gpus()
+    own = st.session_state.get(GPU_OWN)
+    if own not in choices:  # nothing picked here (or that GPU was removed since): follow the estimate panel
+        st.session_state.pop(GPU_OWN, None)
+        st.session_state[GPU_WIDGET] = estimate_panel.gpu_key()
+    elif st.session_state.get(GPU_WIDGET) not in choices:
+        st.session_state[GPU_WIDGET] = own
+    where.selectbox("GPU of the estimate", list(choices), key=GPU_WIDGET,
+                    format_func=lambda k: choices[k].name + ("" if k in GPUS else " (added)"),
+                    on_change=_picked,
+                    help="The search ranks its candidates by the TensorRT time estimated on this GPU (the estimate "
+                         "panel's GPU unless you pick another here; add a GPU there). No GPU or TensorRT is "
+                         "needed here.")
+    return estimate_panel.gpu_of(st.session_state[GPU_WIDGET])
+
+
+def _picked() -> None:
+    st.session_state[GPU_OWN] = st.session_state.get(GPU_WIDGET)
+
+
+def _searched_on(result) -> str | None:
+    """The GPU name a stored TensorRT-estimate search estimated on (from its label), or None."""
+    m = _LABEL_GPU.search(result.latency_label or "") if result.objective == "trt_estimate" else None
+    return m.group(1) if m else None
 
 
 def section(p: Project) -> None:
     with st.expander("Search under a budget"):
         src = ui.source()
-        s1, s2 = st.columns([3, 1])
+        objective = search_objective("auto", ui.target(), ui.auto_backend_name())
+        trt = objective == "trt_estimate"
+        s1, s2, s3 = st.columns([3, 2, 1]) if trt else (*st.columns([3, 1]), None)
         budget = s1.text_input("Quality budget", "cosine_mean>=0.99", key="search_budget",
                                help="METRIC>=VALUE, or top1_drop<=VALUE (e.g. 0.5%); METRIC: "
                                     + ", ".join(BUDGET_METRICS))
-        smooth = s2.checkbox("SmoothQuant-style smoothing", key="search_smooth")
+        g = search_gpu(s2) if trt else GPUS[FIXTURE_GPU]
+        smooth = (s3 or s2).checkbox("SmoothQuant-style smoothing", key="search_smooth")
         try:
             params = search_params(src["model"], src["data"], src["eval_data"], budget, smooth, shapes=ui.shapes(),
-                                   target=ui.target(), ray=cluster.ray_address())
+                                   target=ui.target(), gpu=g, ray=cluster.ray_address())
         except MixprecError as e:
             st.error(ui.md(e))
             return
-        objective = search_objective("auto", ui.target(), ui.auto_backend_name())
         if objective == "mac_share":
             st.info(MAC_SHARE_NOTE)
-        elif objective == "trt_estimate":
-            st.info(TRT_ESTIMATE_NOTE.format(label=f"estimated TensorRT ms on the {gpu(FIXTURE_GPU).name} (an "
+        elif trt:
+            st.info(TRT_ESTIMATE_NOTE.format(label=f"estimated TensorRT ms on the {ui.md(g.name)} (an "
                                                    "estimate from the cost model, not a measurement)"))
         else:
             st.caption(f"Objective: the estimated latency on {ui.auto_backend_name()} (the latency model fitted on its "
                        "profiles), then the fewest INT8/float boundaries.")
         result = ui.search_result(p, params["budget"], smooth)
-        ui.job_button("search", params, f"search {params['budget']} · {p.model.name}", "Start the search",
-                      "start_search", result is not None, "Not searched yet for this budget: the search chooses on "
-                      "half of the evaluation data and verifies on the other half (MiniLM: a few minutes).")
+        other = _searched_on(result) if result is not None and trt else None
+        if other is not None and other != g.name:  # one search is stored per budget: this one was for another GPU
+            there, here = ui.md(other), ui.md(g.name)
+            st.caption(f"The search stored for this budget estimated on the {there}, not the {here}: start it "
+                       f"for the {here} (it then replaces that one), or pick the {there} again to see it.")
+            result = None
+        gpu_text = f" on the {g.name}" if trt else ""
+        ui.job_button("search", params, f"search {params['budget']}{gpu_text} · {p.model.name}", "Start the search",
+                      "start_search", result is not None, f"Not searched yet for this budget{ui.md(gpu_text)}: the "
+                      "search chooses on half of the evaluation data and verifies on the other half (MiniLM: a few "
+                      "minutes).")
         if result is not None:
             _result(p, result, objective)
 
