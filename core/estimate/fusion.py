@@ -106,6 +106,12 @@ SCORE_OPS = frozenset({"Mul", "Div", "Add", "Sub", "Where", "Cast", "Softmax", "
 INT8_MHA_HEADS = (16, 32, 64)
 INT8_MHA_MAX_KEYS = 512
 LAYOUT = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Cast"})
+HEAD_SPLIT = LAYOUT | {"Split", "Slice"}  # a fused QKV GEMM's output split into Q, K, V: strided views
+# data-movement ops a transformer engine fuses into its pointwise kernels (views and permutations)
+MOVEMENT = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Slice", "Split",
+                      "Concat", "Expand", "Tile", "Neg"})
+SHUFFLE_FREE = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})  # no kernel even alone
+SHAPE_READERS = frozenset({"Shape", "Size"})
 REGION_WINDOW = 64  # nodes ahead that a pointwise region looks at for members
 # formats (channel layouts of 4-D activations) and the vectorisation they report
 FORMAT_VECTOR = {"linear": 1, "hwc": 4, "hwc4": 4, "hwc8": 8, "c32": 32, "c4": 4}
@@ -146,6 +152,8 @@ class Net:
         for k, n in enumerate(self.nodes):
             for o in n.output:
                 self.producer[o] = k
+            if n.op_type in SHAPE_READERS:  # reads a tensor's shape, not its data (folded at build time)
+                continue
             for i in n.input:
                 if i:
                     self.consumers[i].append(k)
@@ -276,8 +284,9 @@ class _Fuser:
 
     def run(self) -> list[Group]:
         net = self.net
+        self.attention_seen = False  # an attention pattern, fused or not, makes this a transformer engine
         self.groups.extend(self.attention_blocks())
-        self.transformer = bool(self.groups)
+        self.transformer = self.attention_seen
         for k, n in enumerate(net.nodes):
             if k in self.claimed or not any(net.live(o) for o in n.output) and n.op_type not in ANCHORS:
                 continue
@@ -290,7 +299,7 @@ class _Fuser:
                 self.groups.append(self.pool(k))
             elif self.transformer and self.embedding(k):
                 continue  # taken in by the pointwise region that reads it (below, if none does)
-            elif op in POINTWISE or op in NORM:
+            elif op in POINTWISE or op in NORM or (self.transformer and op in MOVEMENT - SHUFFLE_FREE):
                 self.groups.append(self.region(k))
             elif op in SHUFFLE:
                 self.claim([k])
@@ -316,7 +325,8 @@ class _Fuser:
         one GEMM with their output columns side by side (Myelin's horizontal fusion: one kernel, one launch)."""
         net, out, by_input = self.net, [], {}
         for g in groups:
-            if g.kind == "conv" and g.layer_class == "transformer" and g.residual is None and g.inputs:
+            if g.kind == "conv" and g.layer_class == "transformer" and g.residual is None and g.inputs \
+                    and net.op(g.anchor) == "MatMul":
                 key = (g.inputs[0], g.precision)
                 if key in by_input:
                     first = by_input[key]
@@ -384,6 +394,7 @@ class _Fuser:
         to_q = _to_quantize(net, out, through=PASS_THROUGH + ("Transpose",))
         scores = net.shape(net.nodes[k1].output[0])
         head = _last(net.shape(net.nodes[k1].input[0]))  # Q's head size (the reduction of Q·Kᵀ)
+        self.attention_seen = True
         if any(quantized) or probs_q:
             # INT8 MHA fusion needs Q/DQ before both matmuls, after Softmax and after the context, a head
             # size of 16/32/64 and at most 512 keys; otherwise TensorRT runs INT8 GEMM, Softmax, INT8 GEMM
@@ -395,7 +406,14 @@ class _Fuser:
         float_in = [net.dtype(t) for t, q in zip(inputs, quantized) if not q]
         precision = "int8" if int8 else ("fp16" if "fp16" in float_in or not float_in else float_in[0])
         nodes += chain + [k2]
-        g = Group("attention", nodes, inputs + masks, [], precision, anchor=k1)
+        inside = {o for k in nodes for o in net.nodes[k].output}
+        reads = []
+        for t in inputs:  # a head split inside the kernel (a fused QKV's Split): it reads the whole tensor once
+            while t in inside and net.live_inputs(net.producer[t]):
+                t = net.live_inputs(net.producer[t])[0]
+            if t not in reads:
+                reads.append(t)
+        g = Group("attention", nodes, reads + masks, [], precision, anchor=k1)
         tail = to_q if int8 else self.layout_after(out)
         g.nodes += tail
         g.outputs = [net.nodes[tail[-1]].output[0] if tail else out]
@@ -409,7 +427,7 @@ class _Fuser:
         node first): folded into the attention kernel's strided loads."""
         chain, t, want = [], tensor, reader
         while (k := self.net.producer.get(t)) is not None and k not in self.claimed \
-                and self.net.op(k) in LAYOUT and self.net.sole_consumer(t) == want and self.net.live_inputs(k):
+                and self.net.op(k) in HEAD_SPLIT and self.net.sole_consumer(t) == want and self.net.live_inputs(k):
             chain.append(k)
             t, want = self.net.live_inputs(k)[0], k
         return chain[::-1]
@@ -443,11 +461,17 @@ class _Fuser:
             t in net.graph_outputs or any(r not in members for r in net.consumers.get(t, [])))]
         return (members, leaving[0]) if len(leaving) == 1 else None
 
+    def broadcast(self, tensor: str, reader: int) -> bool:
+        """``tensor`` is a broadcast operand of ``reader``: fewer elements than the node's output."""
+        net = self.net
+        out = net.nodes[reader].output[0]
+        return bool(net.shape(tensor)) and bool(net.shape(out)) and _count(net.shape(tensor)) < _count(net.shape(out))
+
     def quantized_outputs(self, g: Group):
-        """Transformer regions (LayerNorm, residual, embedding) write each QuantizeLinear reading one of
-        their outputs (directly or after one Cast) as one more output of the same kernel (Myelin fuses
-        the quantize into the normalization); an output all of whose readers were such quantizes is not
-        written."""
+        """Transformer kernels (GEMMs, LayerNorm, residual, embedding regions) write each QuantizeLinear or
+        Cast reading one of their outputs (a Q also behind Casts and reshapes) as one more output of the
+        same kernel (Myelin fuses the quantize/convert into the kernel); an output all of whose readers
+        were such is not written."""
         net, outs = self.net, []
         for t in g.outputs:
             keep, quantized = t in net.graph_outputs, []
@@ -457,9 +481,11 @@ class _Fuser:
                 chain = None
                 if c not in self.claimed and net.op(c) == "QuantizeLinear":
                     chain = [c]
-                elif c not in self.claimed and net.op(c) == "Cast":
-                    q = net.sole_consumer(net.nodes[c].output[0])
-                    chain = [c, q] if q is not None and q not in self.claimed and net.op(q) == "QuantizeLinear" else None
+                elif c not in self.claimed and net.op(c) in PASS_THROUGH:  # Casts and reshapes: Q moves across
+                    q = _to_quantize(net, net.nodes[c].output[0], through=PASS_THROUGH)
+                    chain = [c] + q if q is not None and not self.claimed.intersection(q) else None
+                    if chain is None and net.op(c) == "Cast":  # the kernel writes the cast copy too
+                        chain = [c]
                 if chain is None:
                     keep = True
                     continue
@@ -498,10 +524,12 @@ class _Fuser:
         w = n.input[1] if len(n.input) > 1 else ""
         g = Group("conv", nodes, inputs, [], "int8" if int8 else net.dtype(inputs[0]), anchor=k,
                   weight_dtype=net.weight_dtype(w) if w in net.consts else "",
-                  layer_class="transformer" if self.transformer and n.op_type == "MatMul" else "")
+                  layer_class="transformer" if self.transformer and n.op_type in ("MatMul", "Gemm") else "")
         out = self.epilogue(g, n.output[0])
         g.outputs = [out]
         self.claim(g.nodes)
+        if g.layer_class == "transformer":
+            self.quantized_outputs(g)
         return g
 
     def epilogue(self, g: Group, cur: str) -> str:
@@ -529,8 +557,10 @@ class _Fuser:
                 cur = net.nodes[to_q[-1]].output[0]
                 self.maybe_pool(g, cur)
                 return self.residual(g, g.outputs[0] if g.outputs else cur)
-            if op == "Cast" and (int8 or net.dtype(node.output[0]) == own_type):
+            if op == "Cast" and (int8 or net.dtype(node.output[0]) == own_type or self.transformer):
                 pass
+            elif self.transformer and op in LAYOUT:
+                pass  # Myelin writes the GEMM's output in the layout its reader wants
             elif op in POINTWISE and net.live_inputs(c) == [cur]:
                 pass  # activation, bias, scale
             elif op in ("Add", "Sum") and g.residual is None and self.owners.get(c) == g.anchor \
@@ -598,17 +628,27 @@ class _Fuser:
 
     # --- pointwise regions -----------------------------------------------------------
     def region(self, k: int) -> Group:
+        """A pointwise region from node ``k``: the later pointwise/normalization nodes (and Casts) that read
+        only its tensors and its inputs. In a transformer engine (Myelin) also the movement ops between them
+        (Reshape, Transpose, Slice, Concat, Expand … : a rotary embedding is one kernel) and small broadcast
+        operands (a cos/sin table, a mask, a bias computed at run time)."""
         net = self.net
         members, produced = [k], set(net.nodes[k].output)
         external = list(net.live_inputs(k))
         for c in range(k + 1, min(len(net.nodes), k + REGION_WINDOW)):
             op = net.op(c)
-            if c in self.claimed or not (op in POINTWISE or op in NORM or op == "Cast"):
+            if c in self.claimed or not (op in POINTWISE or op in NORM or op == "Cast"
+                                         or (self.transformer and op in MOVEMENT)):
                 continue
             ins = net.live_inputs(c)
-            if ins and any(t in produced for t in ins) and all(t in produced or t in external for t in ins):
-                members.append(c)
-                produced.update(net.nodes[c].output)
+            if not ins or not any(t in produced for t in ins):
+                continue
+            extra = [t for t in ins if t not in produced and t not in external]
+            if extra and not (self.transformer and all(self.broadcast(t, c) for t in extra)):
+                continue
+            external += extra
+            members.append(c)
+            produced.update(net.nodes[c].output)
         if self.transformer:
             self.embeddings_into(members, external)
         outs = [t for m in members for t in net.nodes[m].output if net.live(t) and (
@@ -856,11 +896,18 @@ def _conv_layer(net: Net, g: Group) -> EngineLayer:
     if n.op_type in ("Conv", "ConvTranspose") and w is not None:
         kernel = tuple(int(d) for d in w[2:])
         out_maps = int(w[0] if n.op_type == "Conv" else w[1] * groups)
+        own = tuple(int(d) for d in net.shape(n.output[0]))
+        if g.pool is None and outs and own and tuple(outs[0].dims) != own and _count(outs[0].dims) == _count(own):
+            # an epilogue reshaped it (a ViT's patch embedding): priced at its own output
+            attrs["conv_out"] = own[2:]
+            outs[0] = Tensor(outs[0].name, own, outs[0].dtype, outs[0].vector)
     elif n.op_type == "Gemm" and w is not None:  # TensorRT runs it as a 1x1 convolution
         out_maps = int(w[0] if attr(n, "transB", 0) else w[-1])
         kernel = (1, 1)
         ins = [Tensor(t.name, t.dims + (1, 1) if len(t.dims) == 2 else t.dims, t.dtype, t.vector) for t in ins]
-        outs = [Tensor(t.name, t.dims + (1, 1) if len(t.dims) == 2 else t.dims, t.dtype, t.vector) for t in outs]
+        rows = ins[0].dims[0] if ins and ins[0].dims else 1
+        # the output as rows x N (an epilogue may have reshaped it back to [batch, seq, N])
+        outs = [Tensor(t.name, (rows, max(1, t.elements // max(1, rows)), 1, 1), t.dtype, t.vector) for t in outs]
     elif n.op_type == "MatMul" and ins and outs and ins[0].dims and outs[0].dims:
         # as TensorRT's GEMM cost reads: rows × K into rows × N, a 1x1 convolution over the rows; the GEMMs
         # of a horizontal fusion (Q, K, V) side by side: N the sum of theirs
