@@ -5,8 +5,10 @@
 Writes ``core/estimate/validation.json`` (the data every estimate's band is computed from:
 ``core.estimate.validation``) and ``docs/estimate-validation.md`` (the same cases as tables, by
 GPU, model, precision and batch: engine totals and per-layer medians, in-sample and held out,
-with the command and date that made them, and the difference bands the search's ties use: the
-error of an estimated ratio over pairs of cases of one model on one GPU).
+with the command and date that made them, the band of each basis — a GPU the fit saw (its held-out
+engines) or the GPUs of an architecture it did not see (its transfer cases) — and what it gives on
+every GPU of the table, and the difference bands the search's ties use: the error of an estimated
+ratio over pairs of cases of one model on one GPU, by the same rule).
 
 The rows come from two providers:
 
@@ -38,7 +40,7 @@ from core.estimate import fit  # noqa: E402
 from core.estimate.cost import FITTED  # noqa: E402
 from core.estimate.gpus import GPUS, gpu as gpu_entry  # noqa: E402
 from core.estimate.validation import (FAMILIES, MIN_SPREAD, PATH, QUANTILE, SPLITS, Validation, arch_name,  # noqa: E402
-                                      band, check_rows, sig)
+                                      band, basis_phrase, check_rows, sig)
 from core.workspace import atomic_write_json, atomic_write_text  # noqa: E402
 
 FIXTURES = ROOT.parent / "shared" / "fixtures"
@@ -168,92 +170,134 @@ def _summary(rows: list[dict]) -> list[str]:
     return out
 
 
+BASIS_NAMES = {"this-gpu": "a GPU the fit saw: its held-out engines", "this-gpu-in-sample":
+               "a GPU the fit saw: its in-sample cases (nothing held out)",
+               "other-gpus": "GPUs of this architecture the fit did not see"}
+
+
+def _spread_cell(s) -> str:
+    return f"±{s.pct:.1f} %" if s is not None else "—"
+
+
+def _basis_table(v: Validation) -> list[str]:
+    """One row per basis: a GPU the fit saw, or the GPUs of an architecture it did not see."""
+    spreads, diffs = v.spreads(), v.diff_spreads()
+    out = ["| family | basis | GPU / architecture | band | cases | difference band | pairs | cases from |",
+           "|---|---|---|---|---|---|---|---|"]
+    order = {"this-gpu": 0, "this-gpu-in-sample": 0, "other-gpus": 1}
+    for k in sorted(set(spreads) | set(diffs), key=lambda k: (FAMILIES.index(k[0]), order[k[1]], k[2])):
+        s, d = spreads.get(k), diffs.get(k)
+        any_s = s or d
+        where = f"`{any_s.gpu}` ({arch_name(any_s.arch)})" if k[1] != "other-gpus" else arch_name(any_s.arch)
+        src = f"{', '.join(any_s.gpus)}: {', '.join(any_s.splits)}"
+        out.append(f"| {k[0]} | {BASIS_NAMES[k[1]]} | {where} | {_spread_cell(s)} | {s.cases if s else 0} | "
+                   f"{_spread_cell(d)} | {d.cases if d else 0} | {src} |")
+    if not spreads:
+        out.append("| — | — | — | — | 0 | — | 0 | no validation case |")
+    return out
+
+
+def _gpu_cell(v: Validation, fam: str, key: str, arch: str, diff: bool = False) -> str:
+    """A family's band (or difference band) on one GPU and the basis it rests on."""
+    b = band(1.0, {fam: 1.0}, arch, v, gpu=key)
+    kind, s = v.spread_for(fam, key, arch, diff)
+    pct = b.diff_pct if diff else b.pct
+    if s is None:
+        return f"±{pct:.0f} % (unvalidated on {arch_name(arch)} GPUs)"
+    return f"±{pct:.0f} % ({basis_phrase(kind, 'pair' if diff else 'case', key in s.gpus)})"
+
+
+def _gpu_table(v: Validation) -> list[str]:
+    out = ["| GPU | architecture | fit saw it (cnn / transformer) | CNN band | CNN difference band | "
+           "transformer band | transformer difference band |", "|---|---|---|---|---|---|---|"]
+    for key, g in GPUS.items():
+        cells = [_gpu_cell(v, fam, key, g.arch, diff) for fam in FAMILIES for diff in (False, True)]
+        seen = " / ".join("yes" if key in v.fit_gpus(f) else "no" for f in FAMILIES)
+        out.append(f"| `{key}` ({g.name}) | {arch_name(g.arch)} | {seen} | {' | '.join(cells)} |")
+    return out
+
+
 def _difference_section(v: Validation) -> list[str]:
-    """The difference bands (the search's tie window) and the pairs they come from."""
+    """How the difference bands (the search's tie window) are made, and the pairs they come from."""
     pairs = v.pairs()
     out = ["## The difference band the search's ties use", "",
            "The band above is the error of one absolute estimate. The search compares two policies of the same "
            "model on the same GPU, whose errors largely cancel: two of its candidates are a tie when their "
-           "estimates differ by less than the **difference band** — per family and GPU architecture, the "
+           "estimates differ by less than the **difference band** — the "
            f"{int(round(100 * QUANTILE))}th percentile of |log((est_a / est_b) / (measured_a / measured_b))| over "
            "the pairs of validation cases of one model on one GPU (same batch, sequence and split, another "
-           "precision or policy; held-out pairs, in-sample ones only when no pair was held out), at least "
-           f"±{100 * math.expm1(MIN_SPREAD):.0f} %, weighted by each family's share of the estimated time. A "
-           "family or architecture without a pair is **unvalidated** and takes the widest difference band known "
-           f"(±{100 * math.expm1(v.widest_diff()):.0f} %). The displayed ranges (\"likely …–… ms\") keep the "
-           "absolute band.", "",
-           "| family | architecture | difference band | absolute band | pairs | from |", "|---|---|---|---|---|---|"]
-    spreads = v.spreads()
-    for (fam, arch), s in sorted(v.diff_spreads().items()):
-        a = spreads.get((fam, arch))
-        absolute = f"±{a.pct:.0f} %" if a else "—"
-        out.append(f"| {fam} | {arch_name(arch)} | ±{s.pct:.0f} % | {absolute} | {s.cases} | "
-                   f"{'held-out' if s.held_out else 'in-sample only (no pair held out)'} ({', '.join(s.gpus)}) |")
+           "precision or policy) among the cases of the estimate's basis (the table above: a GPU the fit saw, its "
+           "held-out pairs, its in-sample pairs only when none was held out; a GPU it did not see, the transfer "
+           f"pairs of its architecture), at least ±{100 * math.expm1(MIN_SPREAD):.0f} %, weighted by each family's "
+           "share of the estimated time. Without a pair of its basis a family is **unvalidated** and takes the "
+           "widest difference band of that family on GPUs its fit did not see (cnn "
+           f"±{100 * math.expm1(v.widest_diff('cnn')):.0f} %, transformer "
+           f"±{100 * math.expm1(v.widest_diff('transformer')):.0f} %). The displayed ranges (\"likely …–… ms\") "
+           "keep the absolute band."]
     if not pairs:
-        out.append("| — | — | — | — | 0 | no pair of validation cases |")
-    missing = sorted({(f, a) for f, a in spreads} - set(v.diff_spreads()))
-    if missing:
-        out += ["", "Validated without a pair (their difference band is unvalidated): "
-                + ", ".join(f"{f} on {arch_name(a)}" for f, a in missing) + "."]
-    if pairs:
-        out += ["", "By GPU and split (the band uses every held-out split together):", "",
-                f"| family | GPU | split | pairs | {int(round(100 * QUANTILE))}th-percentile ratio error | "
-                "median ratio error | worst |", "|---|---|---|---|---|---|---|"]
-        groups: dict = {}
-        for p in pairs:
-            groups.setdefault((p.family, p.gpu, p.split), []).append(p.log_err)
-        for (fam, gpu, split), errs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1],
-                                                                              SPLITS.index(kv[0][2]))):
-            a = np.abs(errs)
-            q, med = 100 * math.expm1(np.quantile(a, QUANTILE)), 100 * math.expm1(np.median(a))
-            out.append(f"| {fam} | {gpu} | {split} | {len(errs)} | ±{q:.1f} % | ±{med:.1f} % | "
-                       f"{_pct(math.expm1(max(errs, key=abs)))} |")
-        out += ["", f"### The pairs ({len(pairs)}; a: the faster measured case)", "",
-                "| family | GPU | model | batch | seq | split | case a | case b | measured a/b | estimated a/b | "
-                "ratio error |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for p in sorted(pairs, key=lambda p: (p.family, p.arch, p.gpu, p.model, p.batch, p.seq or 0,
-                                              SPLITS.index(p.split), p.case_a, p.case_b)):
-            out.append(f"| {p.family} | {p.gpu} | {p.model} | {p.batch} | {p.seq if p.seq is not None else '—'} | "
-                       f"{p.split} | {p.case_a} | {p.case_b} | {p.measured_ratio:.3f} | {p.estimated_ratio:.3f} | "
-                       f"{_pct(math.expm1(p.log_err))} |")
+        return out + ["", "No pair of validation cases."]
+    out += ["", "By GPU and split:", "",
+            f"| family | GPU | split | pairs | {int(round(100 * QUANTILE))}th-percentile ratio error | "
+            "median ratio error | worst |", "|---|---|---|---|---|---|---|"]
+    groups: dict = {}
+    for p in pairs:
+        groups.setdefault((p.family, p.gpu, p.split), []).append(p.log_err)
+    for (fam, gpu, split), errs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1],
+                                                                          SPLITS.index(kv[0][2]))):
+        a = np.abs(errs)
+        q, med = 100 * math.expm1(np.quantile(a, QUANTILE)), 100 * math.expm1(np.median(a))
+        out.append(f"| {fam} | {gpu} | {split} | {len(errs)} | ±{q:.1f} % | ±{med:.1f} % | "
+                   f"{_pct(math.expm1(max(errs, key=abs)))} |")
+    out += ["", f"### The pairs ({len(pairs)}; a: the faster measured case)", "",
+            "| family | GPU | model | batch | seq | split | case a | case b | measured a/b | estimated a/b | "
+            "ratio error |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for p in sorted(pairs, key=lambda p: (p.family, p.arch, p.gpu, p.model, p.batch, p.seq or 0,
+                                          SPLITS.index(p.split), p.case_a, p.case_b)):
+        out.append(f"| {p.family} | {p.gpu} | {p.model} | {p.batch} | {p.seq if p.seq is not None else '—'} | "
+                   f"{p.split} | {p.case_a} | {p.case_b} | {p.measured_ratio:.3f} | {p.estimated_ratio:.3f} | "
+                   f"{_pct(math.expm1(p.log_err))} |")
     return out
 
 
 def page(v: Validation) -> str:
     rows = v.rows
-    spreads = v.spreads()
+    fit = "; ".join(f"{fam}: {', '.join(f'`{g}`' for g in v.fit_gpus(fam)) or 'none'}" for fam in FAMILIES)
     lines = ["# Validation of the TensorRT estimate", "",
              f"Written by `{v.command}` on {v.date} (do not edit by hand: run it again). The same cases are "
              "shipped as `core/estimate/validation.json`, the data of every estimate's uncertainty band "
              "(`core.estimate.validation`).", "",
              "Every case is an engine TensorRT built (its per-layer sum, as `trtexec --exportProfile` measures "
              "it) or a published TensorRT latency, next to the estimate of it. **in-sample**: the fit saw it; "
-             "**leave-one-engine-out**: fitted without this engine; **leave-one-gpu-out**: fitted without any "
-             "engine of this GPU; **held-out published**: a published latency never fitted on.", "",
+             "**leave-one-engine-out**: fitted without this engine (with the other engines of its GPU); "
+             "**leave-one-gpu-out**: fitted without any case of this GPU; **held-out published**: a published "
+             "latency never fitted on (on a GPU the fit saw, e.g. BERT-Large where BERT-base was fitted, or on "
+             "another GPU).", "",
              "Rows: " + "; ".join(f"{fam}: {src}" for fam, src in v.sources.items()) + ".", ""]
     lines += [f"- {n}" for n in v.notes] + ([""] if v.notes else [])
     lines += ["## The band each estimate carries", "",
-              f"Per family (cnn / transformer: layer classes `transformer` and any attention class) and GPU "
-              f"architecture: the {int(round(100 * QUANTILE))}th percentile of |log(estimated / measured)| over its "
-              f"held-out cases (its in-sample cases only when nothing was held out), at least "
-              f"±{100 * math.expm1(MIN_SPREAD):.0f} %. An estimate's band is total · exp(±spread), the spread "
-              "weighted by each family's share of the estimated time. A family or architecture without a case is "
-              f"**unvalidated** and takes the widest spread known (±{100 * math.expm1(v.widest()):.0f} %).", "",
-              "| family | architecture | band | cases | from |", "|---|---|---|---|---|"]
-    for (fam, arch), s in sorted(spreads.items()):
-        lines.append(f"| {fam} | {arch_name(arch)} | ±{s.pct:.0f} % | {s.cases} | "
-                     f"{'held-out' if s.held_out else 'in-sample only (nothing held out)'} ({', '.join(s.gpus)}) |")
-    lines += ["", "What that gives on each GPU of the table (an all-CNN and an all-transformer estimate of 1 ms: "
-              "its band, and the difference band the search's ties use):", "",
-              "| GPU | architecture | CNN estimate | CNN difference band | transformer estimate | "
-              "transformer difference band |", "|---|---|---|---|---|---|"]
-    for key, g in GPUS.items():
-        cells = []
-        for fam in FAMILIES:
-            b = band(1.0, {fam: 1.0}, g.arch, v)
-            cells += [f"{b.status}: {sig(b.low_ms)}–{sig(b.high_ms)} ms (±{b.pct:.0f} %)",
-                      f"{b.diff_status}: ±{b.diff_pct:.0f} %"]
-        lines.append(f"| {key} ({g.name}) | {arch_name(g.arch)} | {' | '.join(cells)} |")
+              "Per family (cnn / transformer: layer classes `transformer`, `transformer_norm` and any attention "
+              f"class), the GPUs the shipped fit saw are those of its in-sample cases ({fit}), matched by GPU key: "
+              "`a100` (A100 80GB SXM) and `a100-40gb` are different GPUs here — the estimate prices them with "
+              "different memory bandwidth (2,039 vs 1,555 GB/s) and clocks, and no case measures a fit on one "
+              "priced on the other. A family's band on a GPU is the "
+              f"{int(round(100 * QUANTILE))}th percentile of |log(estimated / measured)| over the cases of what "
+              f"that estimate is, at least ±{100 * math.expm1(MIN_SPREAD):.0f} %:", "",
+              "- on a **GPU the fit saw**: the held-out cases on that GPU that were still fitted with its data "
+              "(leave-one-engine-out; held-out published rows on it) — the band says \"held-out engines on this "
+              "GPU\"; with none, its in-sample cases (\"in-sample errors on this GPU only: nothing held out\");",
+              "- on a **GPU it did not see**: the cases that measure transfer to an unseen GPU, of the same "
+              "architecture (leave-one-gpu-out rows; held-out rows on GPUs outside the fit set) — \"other GPUs of "
+              "this architecture, fitted without them\";",
+              "- with none of its architecture: **unvalidated on <Arch> GPUs**, with the widest transfer spread "
+              f"of the family (cnn ±{100 * math.expm1(v.widest('cnn')):.0f} %, transformer "
+              f"±{100 * math.expm1(v.widest('transformer')):.0f} %).", "",
+              "An estimate's band is total · exp(±spread), the spread weighted by each family's share of the "
+              "estimated time (each family on its own basis). The difference band (next section) follows the "
+              "same rule over pairs of cases.", "",
+              *_basis_table(v), "",
+              "What that gives on each GPU of the table (an all-CNN and an all-transformer estimate: its band and "
+              "the difference band the search's ties use, and the basis each rests on):", "",
+              *_gpu_table(v)]
     lines += ["", *_difference_section(v)]
     lines += ["", "## Summary by GPU and split", "", *_summary(rows), ""]
     for fam in FAMILIES:
@@ -288,11 +332,11 @@ def main(argv=None) -> int:
     v = Validation(rows, command, date, notes, sources)
     atomic_write_json(args.json, v.to_json())
     atomic_write_text(args.doc, page(v) + "\n")
-    for (fam, arch), s in sorted(v.spreads().items()):
-        print(f"{fam:12} {arch:8} ±{s.pct:.1f} %  ({s.cases} {'held-out' if s.held_out else 'in-sample'} cases)")
-    for (fam, arch), s in sorted(v.diff_spreads().items()):
-        print(f"{fam:12} {arch:8} difference ±{s.pct:.1f} %  ({s.cases} {'held-out' if s.held_out else 'in-sample'} "
-              "pairs)")
+    diffs = v.diff_spreads()
+    for key, s in sorted(v.spreads().items()):
+        d = diffs.get(key)
+        print(f"{key[0]:12} {key[1]:19} {key[2]:10} ±{s.pct:5.1f} % ({s.cases:3} cases)  difference "
+              f"{'±%5.1f %%' % d.pct if d else '   —   '} ({d.cases if d else 0:3} pairs)  {', '.join(s.splits)}")
     for n in notes:
         print(n)
     print(f"{len(rows)} cases -> {args.json}, {args.doc} ({time.perf_counter() - t0:.0f} s)")

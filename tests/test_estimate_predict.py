@@ -168,17 +168,20 @@ def test_prediction_record_round_trips_and_is_labelled(predictions):
 
 
 def test_every_prediction_carries_its_band_and_older_documents_get_one(predictions, resnet):
-    """The band of an A100 CNN estimate rests on the held-out A100 engines; on a Hopper GPU, where no
-    engine was validated, it says "unvalidated" and is the widest known spread. A stored prediction
+    """The band of an A100 CNN estimate rests on the held-out A100 engines (the fit saw the A100: its
+    leave-one-engine-out cases, not the leave-one-gpu-out ones); on a Hopper GPU, where no engine was
+    validated, it says "unvalidated" and is the widest CNN spread on GPUs the fit did not see. A stored prediction
     of format 1 (before the band) is read, with its band computed from its layers and GPU."""
     from core.estimate import validation
 
     pred = predictions["int8-conv"]
-    spread = validation.shipped().spreads()[("cnn", "ampere")]
+    spread = validation.shipped().spreads()[("cnn", "this-gpu", "a100")]
     assert pred.band.status == "validated" and pred.band.arch == "ampere" and spread.held_out
+    assert pred.band.bases == (("cnn", "this-gpu"),) and spread.splits == ("leave-one-engine-out",)
     assert pred.band.log_spread == pytest.approx(spread.log_spread)
     assert pred.low_ms < pred.total_ms < pred.high_ms
-    assert pred.estimate_text() == f"{validation.sig(pred.total_ms)} ms, likely {pred.band.range_text()}"
+    assert pred.estimate_text() == (f"{validation.sig(pred.total_ms)} ms, likely {pred.band.range_text()} "
+                                    "(held-out engines on this GPU)")
     assert pred.estimate_text() in pred.caption() and "held-out cases: a100" in pred.caption()
     doc = json.loads(json.dumps(pred.to_json()))
     assert doc["format_version"] == 2 and doc["band"]["status"] == "validated"
@@ -189,7 +192,7 @@ def test_every_prediction_carries_its_band_and_older_documents_get_one(predictio
     model, layers = resnet
     h100 = predict(model, resnet_policy(model, layers, "int8-conv"), SHAPES, "h100")
     assert h100.band_status == "unvalidated" and "unvalidated on Hopper GPUs: likely" in h100.caption()
-    assert h100.band.log_spread == pytest.approx(validation.shipped().widest())
+    assert h100.band.log_spread == pytest.approx(validation.shipped().widest("cnn"))
 
 
 def test_cli_estimate_json_is_labelled_with_gpu_and_basis(capsys, tmp_path, monkeypatch):

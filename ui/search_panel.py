@@ -127,9 +127,10 @@ def _result(p: Project, result, objective: str) -> None:
               f"{100 * r.int8_mac_share:.0f}% MACs INT8, "
               f"{r.quality:.4f}{' — fails the budget' if int(r.candidate) in fails else ''}" for r in front.itertuples()}
     if result.chosen is not None and result.chosen not in points:  # chosen by MAC share, or a tie: off the front
-        if result.tie_note:  # a tie inside the estimate's band, won on boundaries or quality
+        if result.tie_note:  # a tie inside the estimate's difference band, won on boundaries or quality
+            window = "difference band" if "difference band" in result.tie_note else "band"
             r = next(result.candidates[result.candidates["candidate"] == result.chosen].itertuples())
-            points[result.chosen] = (f"#{result.chosen} (chosen: a tie inside the estimate's band, see the "
+            points[result.chosen] = (f"#{result.chosen} (chosen: a tie inside the estimate's {window}, see the "
                                      f"verdict; not on the front of the point estimates): {r.n_int8} layers INT8, {r.method}, "
                                      f"{r.est_ms:.3f} ms est.{_likely(r)}, {r.boundaries} boundaries, {r.quality:.4f}")
         else:

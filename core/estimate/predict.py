@@ -9,8 +9,9 @@ engine). The result is labelled as an estimate everywhere: its GPU and its basis
 
 The total is the **sum of per-layer times**, what a trtexec profile's per-layer times sum to (the
 quantity the fixtures measure), not end-to-end latency. Every prediction carries its uncertainty band
-(:func:`core.estimate.validation.band`: the validation errors of its layer families on GPUs of the
-same architecture; "unvalidated" where there is no case)."""
+(:func:`core.estimate.validation.band`: the validation errors of its layer families on its basis — the
+held-out engines of this GPU where the fit saw it, else the GPUs of its architecture the fit did not see;
+"unvalidated" where there is no case)."""
 from __future__ import annotations
 
 import math
@@ -181,7 +182,7 @@ class Prediction:
                 arch = gpu_entry(str(doc["gpu"]["key"])).arch
             except MixprecError:  # a GPU no longer (or never) in the table: no case can vouch for it
                 arch = "unknown"
-            band = band_of(layers, total, arch)
+            band = band_of(layers, total, arch, gpu=str(doc["gpu"]["key"]))
         else:
             band = Band.from_json(doc["band"])
         return cls(layers, total, str(doc["gpu"]["key"]), str(doc["gpu"]["name"]), str(doc["basis"]),
@@ -206,4 +207,4 @@ def predict(model: LoadedModel, policy: Policy, input_shapes: dict[str, tuple[in
     table = price(layers, g, params, tf32, source)
     total = float(table.est_ms.sum())
     return Prediction(table, total, g.key, g.name, params.basis, params.label(), tf32,
-                      model.name, policy.sha256, notes, layers, band_of(table, total, g.arch))
+                      model.name, policy.sha256, notes, layers, band_of(table, total, g.arch, gpu=g.key))
