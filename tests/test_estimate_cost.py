@@ -441,6 +441,36 @@ def test_calibration_needs_enough_timed_layers(samples):
         fit.calibrate([tiny], "a100")
 
 
+def test_the_launch_cost_runs_in_gpu_cycles_and_a_stored_calibration_keeps_its_pricing(samples, tmp_path):
+    """Every class's fixed cost is given at REFERENCE_BOOST_MHZ and scales with 1 / boost clock (the
+    TITAN RTX's 1770 MHz pays 1500/1770 of it, the A100's 1410 MHz 1500/1410); a GPU without clocks pays
+    it as given. A calibration stored before (``model`` 2) still loads and prices the CNN classes'
+    fixed cost unscaled, as it was fitted; its transformer classes scale as they always did."""
+    p = cost.FITTED
+    assert cost.REFERENCE_BOOST_MHZ == 1500.0
+    for g in (TITAN, A100):
+        for cls in ("conv_gemm", "pooling", "reformat", "transformer"):
+            assert cost.overhead_scale(g, cls) == pytest.approx(1500.0 / g.boost_clock_mhz)
+    noclock = dataclasses.replace(TITAN, base_clock_mhz=0.0, boost_clock_mhz=0.0)
+    assert cost.overhead_scale(noclock, "conv_gemm") == 1.0
+    dw = next(l for l in next(s for s in samples if s.name == "titanrtx-mobilenetv2-qat-trt84").layers
+              if l.layer_type == "CudaDepthwiseConvolution")
+    b = cost.layer_breakdown(dw, TITAN)
+    assert b["overhead_ms"] == pytest.approx(p.overhead_us["conv_gemm"] / 1e3 * 1500.0 / 1770.0)
+    assert cost.layer_breakdown(dw, noclock)["overhead_ms"] == pytest.approx(p.overhead_us["conv_gemm"] / 1e3)
+    # a stored calibration of the model before (2): loads, prices the CNN fixed cost as fitted
+    ws = Workspace(tmp_path / "ws")
+    mine = p.with_values(basis=cost.CALIBRATION_BASIS, gpu="titanrtx", model=2, n_layers=57)
+    save_gpu_calibration(ws, "titanrtx", mine)
+    loaded = load_gpu_calibration(ws, "titanrtx")
+    assert loaded == mine and loaded.model == 2 and loaded.label().startswith("calibrated on 57 layers")
+    old = cost.layer_breakdown(dw, TITAN, loaded)
+    assert old["overhead_ms"] == pytest.approx(p.overhead_us["conv_gemm"] / 1e3)
+    assert old["ms"] - old["overhead_ms"] == pytest.approx(b["ms"] - b["overhead_ms"])
+    assert cost.overhead_scale(TITAN, "transformer", 2) == pytest.approx(1500.0 / 1770.0)
+    assert cost.overhead_scale(TITAN, "conv_gemm", 2) == 1.0
+
+
 def test_cost_params_round_trip():
     doc = json.loads(json.dumps(cost.FITTED.to_json()))
     assert cost.CostParams.from_json(doc) == cost.FITTED
@@ -450,7 +480,7 @@ def test_cost_params_round_trip():
     # and from before the tile model: priced as it was fitted (model 1, no k-step latency)
     older = {k: v for k, v in doc.items() if k not in ("model", "step_us")}
     assert cost.CostParams.from_json(older).model == 1 and cost.CostParams.from_json(older).step_us == 0.0
-    assert cost.FITTED.model == cost.CURRENT_MODEL == 2
+    assert cost.FITTED.model == cost.CURRENT_MODEL == 3
     with pytest.raises(MixprecError):
         cost.CostParams.from_json({**doc, "format_version": 99})
     assert cost.FITTED.label().startswith("fit on the fixture engines (A100 ResNet-18, TITAN RTX MobileNetV2)")

@@ -51,7 +51,9 @@ GPU of the table (:mod:`core.estimate.gpus`), roofline style::
   1/64 full) prices as the memory-bound CUDA-core kernel TensorRT runs.
 * ``overhead_us`` is a layer's fixed cost, per class: the kernel launch and the work of a kernel
   that does not scale with its size, as a per-layer profile measures it (at batch 1 most layers
-  are little more than this).
+  are little more than this). It is given at a :data:`REFERENCE_BOOST_MHZ` boost clock and runs in
+  GPU cycles: on a GPU it is ``overhead_us · REFERENCE_BOOST_MHZ / boost clock``
+  (:func:`overhead_scale`; the A100's 1410 MHz pays 1.06×, the TITAN RTX's 1770 MHz 0.85×).
 * ``bytes`` counts every input and output tensor once (padded to its format's channel vector) plus
   the weights and bias: an engine layer reads its inputs from and writes its outputs to memory.
 * NoOp layers run no kernel: 0 ms.
@@ -66,9 +68,11 @@ is priced with ``int8_linear_out``), ``kernel``, ``out_maps``, ``groups``, ``wei
 The parameters (:class:`CostParams`) are fitted on real engine reports (:mod:`core.estimate.fit`);
 :data:`FITTED` holds the one parameter set the estimate ships with, fitted jointly on the nine
 fixture engines (five A100 ResNet-18 at batch 32, four TITAN RTX MobileNetV2 QAT at batch 1), its
-transformer classes on published BERT latencies. Documents written before the tile model
-(``model`` 1) are priced without the tiles, the k-step latency, DP4A's channel lanes and the
-CUDA-core option of predicted convolutions, as they were fitted."""
+transformer classes on published BERT latencies. Documents are priced as they were fitted: those
+written before the tile model (``model`` 1) without the tiles, the k-step latency, DP4A's channel
+lanes and the CUDA-core option of predicted convolutions; those before the clock-scaled launch cost
+(``model`` 2: a calibration stored by a user) with the fixed cost of the CNN classes as it stands
+(only the transformer classes' scales with the boost clock)."""
 from __future__ import annotations
 
 import contextlib
@@ -107,7 +111,8 @@ K_STEP_BYTES = 64           # the reduction depth of one k-step of a tile, in by
 # xmma kernels are single-stage (``stage1`` in every TITAN RTX tactic)
 PIPELINED_ARCHS = ("ampere", "ada", "hopper", "blackwell")
 PIPELINED_STAGES = 3
-CURRENT_MODEL = 2
+CURRENT_MODEL = 3  # 2: tiles and CUDA-core convolutions; 3: every class's fixed cost scales with 1 / boost clock
+CLOCKED_OVERHEAD_MODEL = 3
 _ACC32_TACTIC = re.compile(r"f16f16f32|f16f16_f16f32|f16f16_f32")
 TF32_CHANNEL_ALIGN = 4
 # the math precisions with their own tensor-core factor (math_eff); others map onto these
@@ -133,7 +138,7 @@ class CostParams:
     knee: float = 4.0                   # p of the soft roofline (p → ∞: max(compute, memory))
     int8_linear_out: float = 1.0        # INT8 tensor-core math writing a linear float output
     step_us: float = 0.0                # latency of one unpipelined k-step of a convolution tile (µs)
-    model: int = CURRENT_MODEL          # 1: the model before tiles/waves and CUDA-core grouped convs
+    model: int = CURRENT_MODEL          # 1: before tiles/waves and CUDA-core convs; 2: before clocked overheads
     math_eff: dict[str, float] = field(default_factory=_unit_math)  # tensor-core factor per math precision
     gemm_tile: float = 0.0              # transformer GEMM/attention output tile edge (0: no wave term)
     clock_alpha: float = 1.0            # sustained clock = base + alpha·(boost − base) (1: the boost clock)
@@ -403,13 +408,16 @@ def sustained_clock(gpu: GPU, params: CostParams, load: float = 1.0) -> float:
     return 1.0 - (1.0 - full) * min(1.0, max(0.0, load))
 
 
-REFERENCE_BOOST_MHZ = 1500.0  # the transformer classes' per-kernel overhead is given at this clock
+REFERENCE_BOOST_MHZ = 1500.0  # every class's per-kernel overhead (overhead_us) is given at this boost clock
 
 
-def overhead_scale(gpu: GPU, layer_class: str) -> float:
-    """Transformer kernels' fixed cost (ramp-up, tail, launch gaps) runs in GPU cycles: it scales with
-    1 / boost clock (an L40S at 2520 MHz pays 0.6x an A100's); 1 for other classes or unknown clocks."""
-    c = clocks(gpu) if layer_class in TRANSFORMER_CLASSES else None
+def overhead_scale(gpu: GPU, layer_class: str, model: int = CURRENT_MODEL) -> float:
+    """A kernel's fixed cost (launch, ramp-up, tail, the work that does not scale with its size) runs in GPU
+    cycles: it scales with REFERENCE_BOOST_MHZ / boost clock (an L40S at 2520 MHz pays 0.6x an A100's at
+    1410). 1 for unknown clocks, and for the CNN classes of parameters fitted before the clock-scaled
+    launch cost (``model`` < 3: a calibration stored by a user keeps the pricing it was fitted with)."""
+    scaled = layer_class in TRANSFORMER_CLASSES or model >= CLOCKED_OVERHEAD_MODEL
+    c = clocks(gpu) if scaled else None
     return REFERENCE_BOOST_MHZ / c[1] if c else 1.0
 
 
@@ -533,7 +541,7 @@ def layer_breakdown(layer: EngineLayer, gpu: GPU | str, params: CostParams | Non
                 "simt": False}
     memory = _memory_ms(layer, g, params)
     overhead = params.overhead_us.get(layer.layer_class, PRIOR.overhead_us["other"]) / 1e3 \
-        * overhead_scale(g, layer.layer_class)
+        * overhead_scale(g, layer.layer_class, params.model)
     options = []
     for p, simt in math_options(layer, g, params, tf32):
         compute = _compute_ms(layer, g, params, p, simt)
@@ -564,47 +572,47 @@ FITTED = CostParams.from_json({
     "kind": "mixprec.cost_params",
     "format_version": 1,
     "compute_eff": {
-        "conv_gemm": 0.5951,
+        "conv_gemm": 0.6244,
         "pooling": 0.4,
         "elementwise": 0.4,
         "reformat": 0.4,
         "softmax_norm": 0.4,
-        "transformer": 0.5951,
+        "transformer": 0.6244,
         "attention": 0.4,
         "transformer_norm": 0.4,
         "other": 0.4
     },
     "memory_eff": {
-        "conv_gemm": 0.8639,
-        "pooling": 0.7264,
-        "elementwise": 0.4248,
-        "reformat": 0.4248,
-        "softmax_norm": 0.4248,
-        "transformer": 0.8639,
+        "conv_gemm": 1.012,
+        "pooling": 0.7305,
+        "elementwise": 0.4615,
+        "reformat": 0.4615,
+        "softmax_norm": 0.4615,
+        "transformer": 1.012,
         "attention": 0.6,
         "transformer_norm": 0.6,
-        "other": 0.4248
+        "other": 0.4615
     },
     "overhead_us": {
-        "conv_gemm": 5.036,
-        "pooling": 7.564,
-        "elementwise": 5.055,
-        "reformat": 5.055,
-        "softmax_norm": 5.055,
-        "transformer": 5.036,
+        "conv_gemm": 6.071,
+        "pooling": 7.241,
+        "elementwise": 6.013,
+        "reformat": 6.013,
+        "softmax_norm": 6.013,
+        "transformer": 6.071,
         "attention": 3.0,
         "transformer_norm": 3.0,
-        "other": 5.055
+        "other": 6.013
     },
-    "simt_eff": 0.8656,
-    "lowc_channels": 9.154,
-    "knee": 1.147,
-    "int8_linear_out": 0.346,
-    "step_us": 0.3177,
-    "model": 2,
+    "simt_eff": 0.8459,
+    "lowc_channels": 9.445,
+    "knee": 1.128,
+    "int8_linear_out": 0.3422,
+    "step_us": 0.3127,
+    "model": 3,
     "math_eff": {
-        "tf32": 1.175,
-        "fp16": 1.333,
+        "tf32": 1.12,
+        "fp16": 1.295,
         "int8": 1.0
     },
     "gemm_tile": 0.0,
@@ -612,7 +620,7 @@ FITTED = CostParams.from_json({
     "gpu": "a100+titanrtx",
     "basis": "fit on the fixture engines (A100 ResNet-18, TITAN RTX MobileNetV2)",
     "n_layers": 401,
-    "median_err": 0.0924,
+    "median_err": 0.09182,
     "fitted_on": [
         "a100-resnet-fp32",
         "a100-resnet-fp16",
