@@ -94,6 +94,33 @@ def test_int8_residual_fuses_into_int8_convolutions_and_drops_the_block_reformat
     assert pred.reformat_count < plain.reformat_count and pred.total_ms < plain.total_ms
 
 
+def test_a_pool_after_the_int8_first_layer_runs_fp32_as_the_qat_engine_does(predictions, trt_reports_dir):
+    """INT8 convolutions with everything else FP16: the 3-channel first convolution (DP4A) writes a
+    linear float output, which TensorRT's INT8 kernels write in FP32 only, so the MaxPool runs FP32 and
+    one reformat after it converts to FP16 for both its readers (the QuantizeLinear and the residual Add):
+    the qat fixture's Conv_9, MaxPool_12 (95 µs) and its output reformat. This keeps the policy in
+    TensorRT's order by more than half the measured margin over all-FP16."""
+    pred, real = predictions["int8-conv"], fixture_report(trt_reports_dir, POLICIES["int8-conv"])
+    engine = pred.engine
+    k = next(i for i, l in enumerate(engine) if l.layer_class == "pooling")
+    conv, pool, copy = engine[k - 1], engine[k], engine[k + 1]
+    assert conv.precision == "int8" and conv.outputs[0].dtype == "fp32" and conv.outputs[0].vector == 1
+    assert pool.precision == "fp32" and pool.inputs[0].dtype == pool.outputs[0].dtype == "fp32"
+    assert copy.is_reformat and copy.name == "Reformatting CopyNode for Output Tensor 0 to /maxpool/MaxPool"
+    assert (copy.inputs[0].dtype, copy.outputs[0].dtype, copy.outputs[0].vector) == ("fp32", "fp16", 32)
+    readers = [l for l in engine if any(t.name == copy.outputs[0].name for t in l.inputs)]
+    assert len(readers) == 2 and {l.is_reformat for l in readers} == {True, False}  # the Q, the residual Add
+    measured_pool = real.layers[real.layers.name == "MaxPool_12"].time_ms.iloc[0]
+    assert pool.precision == real.layers[real.layers.name == "MaxPool_12"].precision.iloc[0].lower()
+    assert cost.layer_ms(pool, "a100") == pytest.approx(measured_pool, rel=0.20)
+    # the FP16 policy's MaxPool reads the FP16 convolution's output: FP16, no reformat after it
+    fp16 = predictions["fp16"].engine
+    assert next(l for l in fp16 if l.layer_class == "pooling").precision == "fp16"
+    margin = fixture_report(trt_reports_dir, "a100-resnet-qat").total_ms - \
+        fixture_report(trt_reports_dir, "a100-resnet-fp16").total_ms
+    assert pred.total_ms - predictions["fp16"].total_ms > 0.5 * margin
+
+
 def test_int8_pooling_too_reproduces_the_qgap_engine(resnet, trt_reports_dir):
     """Pooling INT8 as well (the qat-residual-qgap placement): the GAP runs INT8 between the last
     block and the fc, leaving only the network input's quantization as a reformat."""

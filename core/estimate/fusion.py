@@ -25,7 +25,9 @@ guide:
   takes the pooling in (``conv1.weight + QuantizeLinear_7 + Conv_9 + MaxPool_12``): TensorRT moves the
   QuantizeLinear back across the max (they commute).
 * **Pooling** runs in INT8 when its input is dequantized and its output only quantized again (through
-  Casts and reshapes), else in its input's float type.
+  Casts and reshapes), else in its input's float type: the type its producer really writes, FP32 for the
+  linear output of an INT8 convolution, converted by a reformat after the pool (:meth:`_Fuser.fp32_from_int8`;
+  the qat fixture's ``MaxPool_12``).
 * **Pointwise regions** (elementwise ops, reductions, Softmax, LayerNormalization and its
   decomposed ReduceMean…Sqrt…Div form) fuse into one layer wherever a node reads only tensors of the
   region or the region's inputs. A QuantizeLinear that is the only reader of the region's output
@@ -623,8 +625,31 @@ class _Fuser:
                       "int8", anchor=k)
         else:
             g = Group("pool", [k], [t], [net.nodes[k].output[0]], net.dtype(t), anchor=k)
+            self.fp32_from_int8(g, k)
         self.claim(g.nodes)
         return g
+
+    def fp32_from_int8(self, g: Group, k: int) -> None:
+        """A float pooling reading the *linear* FP16 output of an INT8 convolution (the DP4A kernel of a
+        <= 4-channel first layer) reads FP32 and runs in FP32, and a reformat after it converts its output
+        to the type its readers read: TensorRT's INT8 kernels write a linear float output in FP32 only (all
+        13 such layers of the fixture engines: ``ampere_fp32_icudnn_int8x4``, ``volta_fp32_icudnn_int8x4``,
+        ``…i8f32…``; their 26 FP16 outputs are 32-wide vectors), a pool runs in the type it reads, and the
+        conversion goes on the smaller tensor, after it (the qat fixture: ``Conv_9`` writes FP32,
+        ``MaxPool_12`` runs FP32, then ``Reformatting CopyNode for Output Tensor 0 to MaxPool_12`` FP32 → FP16,
+        read by the QuantizeLinear and the residual Add). Only where the pool is that output's one reader."""
+        net = self.net
+        t, out = g.inputs[0], g.outputs[0]
+        conv = next((x for x in self.groups if t in x.outputs), None)
+        if (conv is None or conv.kind != "conv" or conv.precision != "int8" or net.dtype(t) != "fp16"
+                or net.sole_consumer(t) != k or written(net, conv)[0] != "linear"):
+            return
+        wide = f"{out}/fp32"  # the pool's own FP32 output, before the reformat
+        net.dtypes[t] = net.dtypes[wide] = "fp32"
+        net.shapes[wide] = net.shape(out)
+        g.precision, g.outputs = "fp32", [wide]
+        self.groups.append(Group("convert", [], [wide], [out], net.dtype(out), anchor=k, attrs={  # no ONNX node
+            "name": f"Reformatting CopyNode for Output Tensor 0 to {net.nodes[k].name}"}))
 
     # --- pointwise regions -----------------------------------------------------------
     def region(self, k: int) -> Group:
@@ -697,6 +722,11 @@ class _Fuser:
         return out
 
 
+def _first(g: Group) -> int:
+    """The group's first ONNX node (a reformat TensorRT adds of its own, with none: its anchor's)."""
+    return min(g.nodes) if g.nodes else int(g.anchor or 0)
+
+
 def topological(groups: list[Group]) -> list[Group]:
     """The groups in an order where each comes after the groups whose outputs it reads (ties: the
     group whose first node comes first)."""
@@ -707,7 +737,7 @@ def topological(groups: list[Group]) -> list[Group]:
         for j in d:
             readers[j].append(gi)
     waiting = [len(d) for d in deps]
-    ready = sorted((min(g.nodes), gi) for gi, g in enumerate(groups) if not waiting[gi])
+    ready = sorted((_first(g), gi) for gi, g in enumerate(groups) if not waiting[gi])
     out = []
     while ready:
         _, gi = ready.pop(0)
@@ -715,7 +745,7 @@ def topological(groups: list[Group]) -> list[Group]:
         for r in readers[gi]:
             waiting[r] -= 1
             if not waiting[r]:
-                ready.append((min(groups[r].nodes), r))
+                ready.append((_first(groups[r]), r))
                 ready.sort()
     if len(out) != len(groups):  # a cycle cannot happen in a DAG; keep every group anyway
         out += [g for g in groups if not any(g is o for o in out)]
@@ -983,8 +1013,8 @@ def _plain_layer(net: Net, g: Group) -> EngineLayer:
         return EngineLayer(" + ".join(names), "NoOp", "other", g.precision, ins, outs, onnx_nodes=names,
                            attrs={"predicted": True})
     if g.kind == "convert":
-        return EngineLayer(names[0], "Reformat", "reformat", net.dtype(g.outputs[0]), ins, outs,
-                           onnx_nodes=names, is_reformat=True, attrs={"predicted": True, "chain": names})
+        return EngineLayer(g.attrs.get("name") or names[0], "Reformat", "reformat", net.dtype(g.outputs[0]), ins,
+                           outs, onnx_nodes=names, is_reformat=True, attrs={"predicted": True, "chain": names})
     layer_type = _layer_type(net, g)
     cls = layer_class(layer_type, names[0])
     if g.kind == "pointwise" and cls == "other":
