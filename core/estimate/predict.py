@@ -156,7 +156,7 @@ class Prediction:
     def caption(self) -> str:
         """One line that says what the number is: an estimate, on which GPU, on what basis."""
         band = f"band: {self.band.basis}; " if self.band is not None else ""
-        return (f"estimated TensorRT time on {self.gpu_name}: {self.estimate_text()} (sum of per-layer estimates; "
+        return (f"estimated TensorRT time on {self.gpu_name}: {self.estimate_text()}; sum of per-layer estimates ("
                 f"{self.reformat_count} reformats, {self.reformat_pct:.1f} %; {band}basis: {self.basis_detail}"
                 f"{'' if self.tf32 else '; FP32 without TF32'}{''.join(f'; {n}' for n in self.notes)})")
 
