@@ -123,3 +123,22 @@ def dynamic_cnn(path: Path, opset: int = 17) -> Path:
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 4])], inits)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), path)
     return path
+
+
+def loaded_onnx(tmp_path_factory, data: bytes, name: str, shapes: dict):
+    """(LoadedModel, inventory) of an ONNX given as bytes, written to a temp file (for estimate tests)."""
+    from core.inventory import build_inventory
+    from core.model import model_from_bytes
+
+    path = tmp_path_factory.mktemp(name) / f"{name}.onnx"
+    path.write_bytes(data)
+    model = model_from_bytes(data, path)
+    return model, build_inventory(model, None, shapes)
+
+
+@pytest.fixture(scope="session")
+def resnet18_b32(tmp_path_factory):
+    """ResNet-18 (core.nets, torchvision's layout) at batch 32 x 3 x 224 x 224, with its inventory."""
+    from core.nets import resnet18_onnx
+
+    return loaded_onnx(tmp_path_factory, resnet18_onnx(batch=32), "resnet18", {"input": (32, 3, 224, 224)})

@@ -30,12 +30,8 @@ INT8_OPS = {"int8-conv": {"Conv", "Gemm"}, "int8-conv-residual": {"Conv", "Gemm"
 
 
 @pytest.fixture(scope="module")
-def resnet(tmp_path_factory):
-    data = resnet18_onnx(batch=32)
-    path = tmp_path_factory.mktemp("resnet18") / "resnet18.onnx"
-    path.write_bytes(data)
-    model = model_from_bytes(data, path)
-    return model, build_inventory(model, None, SHAPES)
+def resnet(resnet18_b32):
+    return resnet18_b32
 
 
 def resnet_policy(model, layers, name: str):

@@ -38,12 +38,8 @@ def full_compile_prediction(model, policy, shapes, gpu):
 
 
 @pytest.fixture(scope="module")
-def resnet(tmp_path_factory):
-    data = resnet18_onnx(batch=32)
-    path = tmp_path_factory.mktemp("resnet18") / "resnet18.onnx"
-    path.write_bytes(data)
-    model = model_from_bytes(data, path)
-    return model, build_inventory(model, None, RESNET_SHAPES)
+def resnet(resnet18_b32):
+    return resnet18_b32
 
 
 def minilm_policies(p):

@@ -16,6 +16,7 @@ from core.inventory import build_inventory
 from core.model import model_from_bytes
 from core.nets import bert_onnx
 from core.policy import default_policy, uniform_policy
+from conftest import loaded_onnx
 
 B, S = 32, 128
 HIDDEN, HEADS = 768, 12
@@ -25,23 +26,18 @@ def _shapes(model, batch=B, seq=S):
     return {i.name: (batch, seq) for i in model.proto.graph.input}
 
 
+BERT_SHAPES = {name: (B, S) for name in ("input_ids", "attention_mask", "token_type_ids")}
+
+
 @pytest.fixture(scope="module")
 def bert_block(tmp_path_factory):
     """One BERT-base-wide block (hidden 768, 12 heads, FFN 3072), a small vocabulary."""
-    data = bert_onnx("bert-base", layers=1, vocab=512)
-    path = tmp_path_factory.mktemp("bert1") / "bert1.onnx"
-    path.write_bytes(data)
-    model = model_from_bytes(data, path)
-    return model, build_inventory(model, None, _shapes(model))
+    return loaded_onnx(tmp_path_factory, bert_onnx("bert-base", layers=1, vocab=512), "bert1", BERT_SHAPES)
 
 
 @pytest.fixture(scope="module")
 def bert_base(tmp_path_factory):
-    data = bert_onnx("bert-base")
-    path = tmp_path_factory.mktemp("bertbase") / "bert-base.onnx"
-    path.write_bytes(data)
-    model = model_from_bytes(data, path)
-    return model, build_inventory(model, None, _shapes(model))
+    return loaded_onnx(tmp_path_factory, bert_onnx("bert-base"), "bert-base", BERT_SHAPES)
 
 
 def _attention(pred):
