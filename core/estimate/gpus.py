@@ -128,6 +128,7 @@ def _figure_problem(name: str, v, unit: str) -> tuple[str, str] | None:
 
 
 def _identity_problems(doc: dict):
+    """Problems with the required fields, the key, the name and the architecture (and those three)."""
     problems: list[tuple[str, str, str]] = []  # (field, what, fix)
     for k in REQUIRED:
         if doc.get(k) is None:
@@ -150,6 +151,7 @@ def _identity_problems(doc: dict):
 
 
 def _figure_problems(doc: dict, arch):
+    """Problems with the SM count and the throughput/bandwidth/memory figures (and the values read)."""
     problems: list[tuple[str, str, str]] = []
     sms = doc.get("sm_count")
     if sms is not None:
@@ -184,6 +186,7 @@ def _figure_problems(doc: dict, arch):
 
 
 def _other_problems(doc: dict):
+    """Problems with the clocks, the halved/derived lists and unknown fields (and the clocks read)."""
     problems: list[tuple[str, str, str]] = []
     clocks = {}
     for c in ("base_clock_mhz", "boost_clock_mhz"):
