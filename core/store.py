@@ -5,7 +5,8 @@ Layout (under the workspace root)::
 
     rankings/<key>.json     a cumulative Ranking or an isolated / leave-one-out Sensitivity
                             (key: model, calibration data, evaluation data, method and mode)
-    searches/<key>.json     a SearchResult (key: as above, plus the budget and the smoothing)
+    searches/<key>.json     a SearchResult (key: as above, plus the budget and the smoothing, and for the
+                            TensorRT target the GPU of the estimate: ``search_gpu_tag``)
     runs/<id>/              a build (core.runs writes it): policy.json, metrics.json, per_layer.csv, …
     models/<sha256>/<name>.onnx   uploaded models;  data/<sha256>/<name>.npz  uploaded data (by content,
                                   under the user's file name)
@@ -24,7 +25,7 @@ from pathlib import Path
 from .data import load_npz
 from .errors import MixprecError
 from .estimate.cost import PARAMS_VERSION, CostParams
-from .estimate.gpus import GPU, GPUS, custom_gpu, gpu as gpu_entry
+from .estimate.gpus import FIXTURE_GPU, GPU, GPUS, custom_gpu, gpu as gpu_entry
 from .model import model_from_bytes
 from .policy import Policy, policy_from_text
 from .project import Project
@@ -35,7 +36,8 @@ from .workspace import (Workspace, atomic_write_bytes, atomic_write_json, cache_
                         write_error)
 
 __all__ = ["ranking_key", "project_ranking_key", "ranking_path", "save_ranking", "load_ranking", "save_sensitivity",
-           "load_sensitivity", "cached_ranking", "search_path", "save_search", "load_search", "run_dir", "list_runs", "load_run",
+           "load_sensitivity", "cached_ranking", "search_path", "search_gpu_tag",
+           "stored_search_path", "searched_gpu_name", "save_search", "load_search", "run_dir", "list_runs", "load_run",
            "load_run_per_layer", "run_policy", "last_built_policy", "store_upload", "RunResult", "gpu_spec_path",
            "save_gpu_spec", "read_gpu_specs", "load_gpu_specs", "delete_gpu_spec", "resolve_gpu"]
 
@@ -57,10 +59,33 @@ def ranking_path(ws: Workspace, key: str) -> Path:
     return ws.sub("rankings") / f"{key}.json"
 
 
-def search_path(ws: Workspace, project: Project, budget: str, smooth: bool) -> Path:
-    """Where the search of this model, data, budget (normalised, ``str(Budget)``) and smoothing is stored."""
+def search_gpu_tag(g: GPU) -> str:
+    """The GPU part of a stored search's key: a GPU table row's key; for a user's GPU (added in the
+    workspace or a ``--gpu-spec``) its key and a hash of its figures (two specs may share a key)."""
+    if GPUS.get(g.key) == g:
+        return g.key
+    return f"{g.key}~" + sha256_bytes(json.dumps(g.to_json(), sort_keys=True).encode())[:16]
+
+
+def search_path(ws: Workspace, project: Project, budget: str, smooth: bool, gpu: str | GPU | None = None) -> Path:
+    """Where the search of this model, data, budget (normalised, ``str(Budget)``) and smoothing is stored;
+    for the TensorRT target (its objective: the TensorRT time estimated on a GPU) also keyed by ``gpu``
+    (a :class:`GPU`, or a key / name :func:`resolve_gpu` places), so each GPU's search is kept. Without a
+    GPU: the key of searches stored before the GPU was part of it (``load_search`` reads it as a fallback)."""
     key = f"{budget}|smooth={bool(smooth)}|target={project.target}"  # the target decides the search's objective
+    if gpu is not None and project.target == "tensorrt":
+        key += f"|gpu={search_gpu_tag(gpu if isinstance(gpu, GPU) else resolve_gpu(ws, gpu))}"
     return ws.sub("searches") / f"{project_ranking_key(project, key, 'search')}.json"
+
+
+def stored_search_path(ws: Workspace, project: Project, budget: str, smooth: bool,
+                       gpu: str | GPU | None = None) -> Path:
+    """The file ``load_search`` reads for these arguments: the GPU's own key (no GPU: the search job's
+    default, ``FIXTURE_GPU``), else (when only that is stored) the key of a search stored before the GPU
+    was part of it."""
+    path = search_path(ws, project, budget, smooth, FIXTURE_GPU if gpu is None else gpu)
+    old = search_path(ws, project, budget, smooth)
+    return old if path != old and not path.is_file() and old.is_file() else path
 
 
 def _read(path: Path, what: str) -> dict | None:
@@ -154,16 +179,49 @@ def load_sensitivity(ws: Workspace, project: Project, method: str = "minmax",
 
 
 # --- searches ------------------------------------------------------------------------------------
-def save_search(ws: Workspace, project: Project, result: SearchResult, smooth: bool) -> Path:
-    return atomic_write_json(search_path(ws, project, str(result.budget), smooth), result.to_json())
+_LABEL_GPU = re.compile(r"estimated TensorRT ms on the (.+?) \(an estimate")
 
 
-def load_search(ws: Workspace, project: Project, budget: str, smooth: bool) -> SearchResult | None:
-    """The stored search for this (normalised) budget and smoothing, or None if it was never run."""
-    path = search_path(ws, project, budget, smooth)
+def searched_gpu_name(result: SearchResult) -> str | None:
+    """The name of the GPU a TensorRT-estimate search estimated on (its latency label says), else None."""
+    m = _LABEL_GPU.search(result.latency_label or "") if result.objective == "trt_estimate" else None
+    return m.group(1) if m else None
+
+
+def _result_gpu(ws: Workspace, result: SearchResult) -> GPU | None:
+    """The GPU ``result`` estimated on, placed by the name in its label (a table row or a GPU saved in the
+    workspace), or None."""
+    name = searched_gpu_name(result)
+    try:
+        return resolve_gpu(ws, name) if name else None
+    except MixprecError:
+        return None
+
+
+def save_search(ws: Workspace, project: Project, result: SearchResult, smooth: bool,
+                gpu: str | GPU | None = None) -> Path:
+    """Store ``result`` under its budget, smoothing and (TensorRT target) ``gpu``: the GPU the search
+    estimated on (the job's; when not given, the one its label names, if it can be placed)."""
+    g = gpu if gpu is not None else _result_gpu(ws, result)
+    return atomic_write_json(search_path(ws, project, str(result.budget), smooth, g), result.to_json())
+
+
+def load_search(ws: Workspace, project: Project, budget: str, smooth: bool,
+                gpu: str | GPU | None = None) -> SearchResult | None:
+    """The stored search for this (normalised) budget, smoothing and (TensorRT target) GPU (default: a
+    search job's, ``FIXTURE_GPU``), or None if it was never run. A search stored before the GPU was part of the key is used for the GPU it estimated on
+    (by the name in its label) and for any GPU when it estimated on none; for another GPU it is None (that
+    GPU's search is computed again and stored under its own key, the old one is kept)."""
+    gpu = FIXTURE_GPU if gpu is None else gpu  # a search job's default GPU (core.jobs.params.SearchParams)
+    path = stored_search_path(ws, project, budget, smooth, gpu)
     doc = _read(path, "search")
-    return None if doc is None else _record(lambda d: SearchResult.from_json(d, project.model, project.layers), doc,
-                                            path, "search")
+    result = None if doc is None else _record(lambda d: SearchResult.from_json(d, project.model, project.layers),
+                                              doc, path, "search")
+    if result is None or path == search_path(ws, project, budget, smooth, gpu):
+        return result
+    g = gpu if isinstance(gpu, GPU) else resolve_gpu(ws, gpu)  # read at the old key: whose search is it?
+    name = searched_gpu_name(result)
+    return result if name is None or name == g.name else None
 
 
 # --- runs (written by core.runs.build_and_measure) -----------------------------------------------

@@ -1,7 +1,8 @@
 """AppTest of the search panel's GPU (issue 19 §4 follow-up): a TensorRT-target search estimates on the
 GPU picked in the Precision page's estimate panel (a table row or a GPU added in the workspace), shown
 in a GPU picker beside the budget that defaults to the estimate panel's pick and may override it; the
-submitted job carries that GPU, and a search stored for another GPU is not shown as this one's."""
+submitted job carries that GPU, and a search stored for another GPU is not shown as this one's: each
+GPU's search of a budget is stored on its own (core.store.search_path keys it by the GPU)."""
 from __future__ import annotations
 
 import json
@@ -44,13 +45,18 @@ def test_the_search_estimates_on_the_estimate_panels_gpu_and_the_job_carries_it(
     ok(at)
     assert at.selectbox(key="estimate_gpu").value == "t4"  # the estimate panel keeps its GPU
     assert not at.get("plotly_chart") and at.button(key="start_search")
-    assert any("estimated on the NVIDIA T4, not the NVIDIA A100 80GB SXM" in c.value for c in at.caption)
+    assert any("Not searched yet for this budget on the NVIDIA A100 80GB SXM" in i.value for i in at.info)
     at.button(key="start_search").click().run()
     newest = max(JobManager.for_workspace(ws).jobs(), key=lambda j: j.created)
     assert newest.params["gpu"] == "a100" and newest.params["gpu_spec"] is None
     wait_all(ws)
     ok(at.run())
     assert "estimated TensorRT ms on the NVIDIA A100 80GB SXM" in _axis(at)
+    # each GPU's search is stored on its own: the T4's was not replaced by the A100's
+    at.selectbox(key="search_gpu").select("t4").run()
+    assert "estimated TensorRT ms on the NVIDIA T4" in _axis(ok(at))
+    at.selectbox(key="search_gpu").select("a100").run()
+    assert "estimated TensorRT ms on the NVIDIA A100 80GB SXM" in _axis(ok(at))
     # another page and back: the override is kept for the session; a new session on the T4 follows it again
     at.switch_page("views/model.py").run()
     at.switch_page("views/precision.py").run()

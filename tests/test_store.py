@@ -85,3 +85,69 @@ def test_store_upload_keeps_content_by_hash_and_the_file_name(store_ws, tiny_cnn
     assert loaded.name == "tiny" and loaded.sha256 == tiny_cnn.model.sha256  # the file's name, not the sha256
     assert load_model(again, store_ws).name == "my _i_net_"
     assert store_upload(store_ws, data, "../../etc/passwd", "model").parent == path.parent
+
+
+def _search(gpu_name: str, message: str, target_objective: str = "trt_estimate", budget: str = "cosine_mean>=0.99"):
+    from core.search import SearchResult
+    from core.search.budget import Budget
+    from core.search.result import CANDIDATE_COLUMNS
+
+    t = pd.DataFrame([(1, "/a/MatMul", "MatMul", 100, "isolated", "minmax", 0.97, 0.02, 31.5)],
+                     columns=SENSITIVITY_COLUMNS)
+    sens = Sensitivity(t, "isolated", "minmax", Quality(0.99, 0.98, 40.0, 0.1, None, None, 8), 2.0, False)
+    cands = pd.DataFrame([(0, "minmax", 0, 1, 1.0, 2.0, 0.0, 0.0, 0, True, True, "", "", 1.8, 2.2)],
+                         columns=CANDIDATE_COLUMNS)
+    return lambda p: SearchResult(Budget.parse(budget), p.default_policy(), True, None, None, message,
+                                  cands, sens, variants={"minmax": p.default_policy()}, objective=target_objective,
+                                  latency_label=f"estimated TensorRT ms on the {gpu_name} (an estimate; basis: x)")
+
+
+def test_searches_are_kept_per_gpu_and_an_old_key_is_read_for_its_own_gpu(store_ws, tiny_cnn):
+    """Issue 19 §4: a TensorRT-estimate search is stored per GPU (a T4 one does not replace the A100 one
+    of the same budget); a user's GPU is keyed by its figures too; a search stored under the key of
+    before (no GPU) is still found for the GPU it estimated on, and only for it."""
+    from core.estimate.gpus import GPU, GPUS
+    from core.project import open_project
+    from core.store import load_search, save_search, search_path, stored_search_path
+
+    b = "cosine_mean>=0.99"
+    t4, a100 = GPUS["t4"], GPUS["a100"]
+    assert tiny_cnn.target == "tensorrt"
+    p_t4 = save_search(store_ws, tiny_cnn, _search(t4.name, "on the T4")(tiny_cnn), False, t4)
+    p_a100 = save_search(store_ws, tiny_cnn, _search(a100.name, "on the A100")(tiny_cnn), False, a100)
+    assert p_t4 != p_a100 and p_t4.is_file() and p_a100.is_file()
+    assert load_search(store_ws, tiny_cnn, b, False, t4).message == "on the T4"
+    assert load_search(store_ws, tiny_cnn, b, False, a100).message == "on the A100"
+    assert load_search(store_ws, tiny_cnn, b, False, "t4").message == "on the T4"  # a key resolves too
+    assert load_search(store_ws, tiny_cnn, b, False, GPUS["l4"]) is None  # never run on the L4
+    # without a GPU given, save_search keys by the GPU its label names
+    assert save_search(store_ws, tiny_cnn, _search(t4.name, "again")(tiny_cnn), False) == p_t4
+    # two user GPUs sharing a key but not their figures are two searches
+    mine = GPU("my-gpu", "My GPU", "ampere", 80, 30.0, 60.0, 120.0, 120.0, 240.0, 700.0, 24)
+    faster = GPU("my-gpu", "My GPU", "ampere", 80, 30.0, 60.0, 120.0, 120.0, 240.0, 900.0, 24)
+    assert search_path(store_ws, tiny_cnn, b, False, mine) != search_path(store_ws, tiny_cnn, b, False, faster)
+    save_search(store_ws, tiny_cnn, _search(mine.name, "mine")(tiny_cnn), False, mine)
+    assert load_search(store_ws, tiny_cnn, b, False, mine).message == "mine"
+    assert load_search(store_ws, tiny_cnn, b, False, faster) is None
+
+    # a search stored before the GPU was in the key (the old path): found for its GPU, not for another
+    from core.workspace import atomic_write_json
+    ob = "cosine_min>=0.9"
+    old = search_path(store_ws, tiny_cnn, ob, True)
+    atomic_write_json(old, _search(GPUS["a10"].name, "old A10", budget=ob)(tiny_cnn).to_json())
+    assert stored_search_path(store_ws, tiny_cnn, ob, True, GPUS["a10"]) == old
+    assert load_search(store_ws, tiny_cnn, ob, True, GPUS["a10"]).message == "old A10"
+    assert load_search(store_ws, tiny_cnn, ob, True, t4) is None  # the T4's: computed again
+    save_search(store_ws, tiny_cnn, _search(t4.name, "new T4", budget=ob)(tiny_cnn), True, t4)
+    assert load_search(store_ws, tiny_cnn, ob, True, t4).message == "new T4"
+    assert load_search(store_ws, tiny_cnn, ob, True, GPUS["a10"]).message == "old A10"  # both kept
+    # an old search that estimated on no GPU (not the TensorRT-estimate objective) serves any GPU
+    atomic_write_json(old, _search("", "measured", "latency", budget=ob)(tiny_cnn).to_json())
+    assert load_search(store_ws, tiny_cnn, ob, True, GPUS["l4"]).message == "measured"
+    # an ONNX Runtime target keeps its key: the GPU is no part of it
+    ort = open_project("sample:tiny-cnn", ws=tiny_cnn.ws, target="onnxruntime")
+    assert search_path(store_ws, ort, b, False, t4) == search_path(store_ws, ort, b, False)
+    save_search(store_ws, ort, _search("", "cpu", "latency")(ort), False, t4)
+    assert load_search(store_ws, ort, b, False, a100).message == "cpu"
+    # no GPU given: a search job's default GPU (the A100), as a job without one searches on
+    assert load_search(store_ws, tiny_cnn, b, False).message == "on the A100"

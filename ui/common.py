@@ -338,9 +338,10 @@ def sensitivity(p: Project, method: str = "minmax", mode: str = "isolated"):
     return _stored_file("sensitivity", path, p, method, mode)
 
 
-def search_result(p: Project, budget: str, smooth: bool):
-    """The stored ``SearchResult`` of this budget and smoothing, or None."""
-    return _stored_file("search", store.search_path(p.ws, p, budget, smooth), p, budget, smooth)
+def search_result(p: Project, budget: str, smooth: bool, gpu=None):
+    """The stored ``SearchResult`` of this budget, smoothing and (TensorRT target) GPU of the estimate
+    (a ``GPU``), or None."""
+    return _stored_file("search", store.stored_search_path(p.ws, p, budget, smooth, gpu), p, budget, smooth, gpu)
 
 
 # --- the session's policy: the project's draft of this model and data, with undo/redo ----------

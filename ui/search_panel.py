@@ -5,7 +5,6 @@ preselected, applied after a confirmation, as one undoable edit."""
 from __future__ import annotations
 
 import math
-import re
 
 import plotly.graph_objects as go
 import streamlit as st
@@ -18,6 +17,7 @@ from core.project import Project
 from core.runs import GENERATED_NOTE
 from core.search import BUDGET_METRICS
 from core.estimate.gpus import FIXTURE_GPU, GPU, GPUS
+from core.store import searched_gpu_name
 from core.search.searcher import MAC_SHARE_NOTE, TRT_ESTIMATE_NOTE, search_objective
 from ui import cluster
 from ui import common as ui
@@ -25,7 +25,6 @@ from ui import estimate_panel
 
 GPU_WIDGET = "search_gpu"             # the search's GPU picker
 GPU_OWN = "search_gpu:own"            # the GPU picked there (else the search follows the estimate panel's GPU)
-_LABEL_GPU = re.compile(r"estimated TensorRT ms on the (.+?) \(an estimate")
 
 
 def search_gpu(where=st) -> GPU:
@@ -50,12 +49,6 @@ def search_gpu(where=st) -> GPU:
 
 def _picked() -> None:
     st.session_state[GPU_OWN] = st.session_state.get(GPU_WIDGET)
-
-
-def _searched_on(result) -> str | None:
-    """The GPU name a stored TensorRT-estimate search estimated on (from its label), or None."""
-    m = _LABEL_GPU.search(result.latency_label or "") if result.objective == "trt_estimate" else None
-    return m.group(1) if m else None
 
 
 def section(p: Project) -> None:
@@ -83,12 +76,11 @@ def section(p: Project) -> None:
         else:
             st.caption(f"Objective: the estimated latency on {ui.auto_backend_name()} (the latency model fitted on its "
                        "profiles), then the fewest INT8/float boundaries.")
-        result = ui.search_result(p, params["budget"], smooth)
-        other = _searched_on(result) if result is not None and trt else None
-        if other is not None and other != g.name:  # one search is stored per budget: this one was for another GPU
-            there, here = ui.md(other), ui.md(g.name)
-            st.caption(f"The search stored for this budget estimated on the {there}, not the {here}: start it "
-                       f"for the {here} (it then replaces that one), or pick the {there} again to see it.")
+        result = ui.search_result(p, params["budget"], smooth, g)  # each GPU's search is stored on its own
+        other = searched_gpu_name(result) if result is not None and trt else None
+        if other is not None and other != g.name:  # never expected (searches are stored per GPU): a safety net
+            st.caption(f"The search stored for this budget estimated on the {ui.md(other)}, not the "
+                       f"{ui.md(g.name)}: start it for the {ui.md(g.name)}.")
             result = None
         gpu_text = f" on the {g.name}" if trt else ""
         ui.job_button("search", params, f"search {params['budget']}{gpu_text} · {p.model.name}", "Start the search",

@@ -62,7 +62,7 @@ def run_search(params: dict, ws: Workspace, progress) -> str:
                           gpu=g.key if GPUS.get(g.key) == g else g, cost_params=load_gpu_calibration(ws, g),
                           ray=p.ray)
     result = search(project, config, progress=progress)
-    return str(save_search(ws, project, result, bool(p.smooth)))
+    return str(save_search(ws, project, result, bool(p.smooth), g))  # kept per GPU (TensorRT target)
 
 
 def run_sleep(params: dict, ws: Workspace, progress) -> str:
