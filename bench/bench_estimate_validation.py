@@ -276,10 +276,10 @@ def page(v: Validation) -> str:
     lines += [f"- {n}" for n in v.notes] + ([""] if v.notes else [])
     lines += ["## The band each estimate carries", "",
               "Per family (cnn / transformer: layer classes `transformer`, `transformer_norm` and any attention "
-              f"class), the GPUs the shipped fit saw are those of its in-sample cases ({fit}), matched by GPU key: "
-              "`a100` (A100 80GB SXM) and `a100-40gb` are different GPUs here — the estimate prices them with "
-              "different memory bandwidth (2,039 vs 1,555 GB/s) and clocks, and no case measures a fit on one "
-              "priced on the other. A family's band on a GPU is the "
+              f"class), the GPUs the shipped fit saw are those of its in-sample cases ({fit}); a GPU with the same "
+              "chip as one of them (architecture, SM count and tensor-core peaks: `a100`, the A100 80GB SXM, and "
+              "`a100-40gb`) counts as that GPU — their memory bandwidth and clocks differ, and the estimate prices "
+              "those explicitly. A family's band on a GPU is the "
               f"{int(round(100 * QUANTILE))}th percentile of |log(estimated / measured)| over the cases of what "
               f"that estimate is, at least ±{100 * math.expm1(MIN_SPREAD):.0f} %:", "",
               "- on a **GPU the fit saw**: the held-out cases on that GPU that were still fitted with its data "

@@ -130,13 +130,16 @@ def test_on_a_gpu_the_fit_saw_the_band_rests_on_its_held_out_engines_not_on_tran
 
 def test_on_a_gpu_the_fit_did_not_see_the_band_rests_on_transfer_rows_of_its_architecture():
     v = Validation(check_rows(cnn_rows()))
-    # a100-40gb: another table row than the a100 the CNN fit saw (exact key), an Ampere
-    for gpu in ("a100-40gb", "a30", ""):
+    # a30 (an Ampere the CNN fit did not see) and a GPU without a key
+    for gpu in ("a30", ""):
         b = band(1.0, {"cnn": 1.0}, "ampere", v, gpu=gpu)
         assert b.status == "validated" and b.bases == (("cnn", "other-gpus"),)
         assert b.log_spread == pytest.approx(_q(LOGO_A100))
         assert b.text(1.0).endswith("(other GPUs of this architecture, fitted without them)")
         assert "5 held-out cases: a100; leave-one-gpu-out" in b.basis
+    # the a100-40gb has the a100's chip (architecture, SMs, tensor peaks): it rests on the a100's held-out engines
+    same = band(1.0, {"cnn": 1.0}, "ampere", v, gpu="a100-40gb")
+    assert same.bases == (("cnn", "this-gpu"),) and same.text(1.0).endswith("(held-out engines on this GPU)")
     t4 = band(1.0, {"cnn": 1.0}, "turing", v, gpu="t4")
     assert t4.log_spread == pytest.approx(_q(LOGO_TITAN)) and t4.bases == (("cnn", "other-gpus"),)
 
@@ -203,14 +206,17 @@ def test_transformer_bands_follow_the_same_rule():
     seen = band(1.0, {"transformer": 1.0}, "ampere", v, gpu="a100-40gb")
     assert seen.bases == (("transformer", "this-gpu"),) and seen.log_spread == pytest.approx(_q(BERT_LARGE_40GB))
     assert seen.text(1.0).endswith("(held-out engines on this GPU)") and "held-out published" in seen.basis
-    # the a100 (80 GB) is not the a100-40gb the transformer fit saw: transfer rows of the Ampere
-    a100 = band(1.0, {"transformer": 1.0}, "ampere", v, gpu="a100")
-    assert a100.bases == (("transformer", "other-gpus"),) and a100.log_spread == pytest.approx(_q(A30 + LOGO_40GB))
-    assert "8 held-out cases: a100-40gb, a30; leave-one-gpu-out, held-out published" in a100.basis
-    assert a100.text(1.0).endswith("(other GPUs of this architecture, fitted without them)")
+    # the a100 (80 GB) has the a100-40gb's chip (architecture, SMs, tensor peaks): the same basis
+    same = band(1.0, {"transformer": 1.0}, "ampere", v, gpu="a100")
+    assert same.bases == (("transformer", "this-gpu"),) and same.log_spread == pytest.approx(seen.log_spread)
+    # the a10 is an Ampere the transformer fit did not see: transfer rows of the Ampere
+    a10 = band(1.0, {"transformer": 1.0}, "ampere", v, gpu="a10")
+    assert a10.bases == (("transformer", "other-gpus"),) and a10.log_spread == pytest.approx(_q(A30 + LOGO_40GB))
+    assert "8 held-out cases: a100-40gb, a30; leave-one-gpu-out, held-out published" in a10.basis
+    assert a10.text(1.0).endswith("(other GPUs of this architecture, fitted without them)")
     # on the a30 itself: its own held-out rows are among them
     a30 = band(1.0, {"transformer": 1.0}, "ampere", v, gpu="a30")
-    assert a30.log_spread == pytest.approx(a100.log_spread)
+    assert a30.log_spread == pytest.approx(a10.log_spread)
     assert a30.text(1.0).endswith("(this and other GPUs of this architecture, fitted without them)")
 
 
@@ -225,11 +231,13 @@ def test_an_estimate_of_two_families_weighs_each_on_its_own_basis():
                                f"{mixed.range_text()} (cnn: held-out engines on this GPU)")
     assert "cnn 60 %, transformer 40 %" in mixed.basis
     both = Validation(check_rows(cnn_rows() + bert_rows()))
-    m2 = band(1.0, {"transformer": 0.9, "cnn": 0.1}, "ampere", both, gpu="a100-40gb")
-    assert m2.status == "validated" and m2.bases == (("transformer", "this-gpu"), ("cnn", "other-gpus"))
-    assert m2.log_spread == pytest.approx(0.9 * _q(BERT_LARGE_40GB) + 0.1 * _q(LOGO_A100))
-    assert m2.phrase() == (f"likely {m2.range_text()} (transformer 90 %: held-out engines on this GPU; cnn 10 %: "
-                           "other GPUs of this architecture, fitted without them)")
+    m2 = band(1.0, {"transformer": 0.9, "cnn": 0.1}, "ampere", both, gpu="a30")
+    assert m2.status == "validated" and m2.bases == (("transformer", "other-gpus"), ("cnn", "other-gpus"))
+    assert m2.log_spread == pytest.approx(0.9 * _q(A30 + LOGO_40GB) + 0.1 * _q(LOGO_A100))
+    # a GPU the fit saw for one family (the a100-40gb: transformer) and by its chip for the other (cnn: the a100)
+    m3 = band(1.0, {"transformer": 0.9, "cnn": 0.1}, "ampere", both, gpu="a100-40gb")
+    assert m3.bases == (("transformer", "this-gpu"), ("cnn", "this-gpu"))
+    assert m3.log_spread == pytest.approx(0.9 * _q(BERT_LARGE_40GB) + 0.1 * _q(LOEO_A100))
 
 
 def test_the_band_round_trips():
@@ -299,7 +307,7 @@ def test_the_difference_band_follows_the_same_rule_as_the_band():
     assert seen.diff_log_spread == pytest.approx(_qp(LOEO_A100))
     assert seen.diff_window() == f"the estimate's ±{seen.diff_pct:.0f} % difference band (held-out engines on this GPU)"
     assert "(10 held-out pairs: a100; leave-one-engine-out)" in seen.diff_basis
-    unseen = band(1.0, {"cnn": 1.0}, "ampere", v, gpu="a100-40gb")
+    unseen = band(1.0, {"cnn": 1.0}, "ampere", v, gpu="a30")
     assert unseen.diff_bases == (("cnn", "other-gpus"),) and unseen.diff_log_spread == pytest.approx(_qp(LOGO_A100))
     assert unseen.diff_window().endswith("difference band (other GPUs of this architecture, fitted without them)")
     hopper = band(1.0, {"cnn": 1.0}, "hopper", v, gpu="h100")

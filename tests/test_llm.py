@@ -271,4 +271,8 @@ def test_search_under_a_kl_budget(tiny_decoder):
     assert r.met_on_dev and r.met_on_holdout, r.message
     assert r.holdout.kl_div <= 0.01 and r.run is not None and r.run.quality.kl_div is not None
     matmuls = {n: p for n, p in r.policy.layers.items() if n.endswith("MatMul")}
-    assert 0 < sum(p == "int8" for p in matmuls.values()) < len(matmuls)
+    n_int8 = sum(p == "int8" for p in matmuls.values())
+    assert n_int8 < len(matmuls)  # all INT8 breaks the budget
+    # INT8 MatMuls stay, unless the estimate cannot tell them apart: a tie inside its difference band, where the
+    # search takes the candidate with fewer boundaries (issue 19 §5) and says so
+    assert n_int8 > 0 or "a tie" in r.tie_note, (r.message, r.tie_note)

@@ -63,7 +63,9 @@ def test_search_meets_budget_on_holdout_and_front_is_nondominated(minilm):
     assert r.met_on_dev and r.met_on_holdout, r.message
     assert r.holdout.cosine_mean >= 0.99 and r.run is not None
     counts = r.policy.precision_counts()
-    assert counts["int8"] >= 30  # most MatMuls stay INT8
+    # most MatMuls stay INT8, unless the estimate cannot tell the candidates apart (batch 1: INT8 saves
+    # little): a tie inside its difference band, broken by fewer boundaries (issue 19 §5), which the verdict says
+    assert counts["int8"] >= 30 or "a tie" in r.tie_note, (r.message, r.tie_note)
     c = r.candidates
     front = c[c.pareto]
     for row in front.itertuples():

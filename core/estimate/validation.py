@@ -57,6 +57,7 @@ import pandas as pd
 
 from ..errors import MixprecError
 from .cost import TRANSFORMER_CLASSES as _COST_TRANSFORMER_CLASSES
+from .gpus import GPUS
 
 KIND = "mixprec.estimate_validation"
 # 2: the difference band (diff_spreads, pairs); 3: spreads per basis (a GPU the fit saw / the GPUs of an
@@ -173,6 +174,19 @@ def _transfer(r: dict, fit: set | frozenset) -> bool:
     return r["held_out"] and (r["split"] in TRANSFER_SPLITS or r["gpu"] not in fit)
 
 
+def same_chip(gpu: str, fit: set[str] | Iterable[str]) -> str:
+    """The GPU of ``fit`` with the same chip as the table row ``gpu`` (architecture, SM count and dense
+    tensor-core peaks: the A100 80GB SXM and the A100 40GB), else ``gpu``: an estimate on it rests on that
+    GPU's cases (memory bandwidth and clocks differ, and the estimate prices those explicitly)."""
+    fit = set(fit)
+    if not gpu or gpu in fit or gpu not in GPUS:
+        return gpu
+    g = GPUS[gpu]
+    chip = (g.arch, g.sm_count, g.fp16_tflops, g.int8_tops)
+    return next((k for k in sorted(fit) if k in GPUS and (GPUS[k].arch, GPUS[k].sm_count, GPUS[k].fp16_tflops,
+                                                          GPUS[k].int8_tops) == chip), gpu)
+
+
 def basis_rows(rows: Iterable[dict], family: str, gpu: str, arch: str) -> tuple[str, list[dict]]:
     """(basis, the rows a ``family`` estimate on ``gpu`` (a GPU key; "" for a GPU without one) of
     architecture ``arch`` rests on): ``this-gpu`` (the held-out rows on that GPU still fitted with its
@@ -181,6 +195,7 @@ def basis_rows(rows: Iterable[dict], family: str, gpu: str, arch: str) -> tuple[
     mine = [r for r in rows if r["family"] == family]
     fit = set(fit_gpus(mine, family))
     arch = str(arch).lower()
+    gpu = same_chip(gpu, fit)
     if gpu and gpu in fit:
         here = [r for r in mine if r["gpu"] == gpu and r["arch"] == arch]
         if here:
@@ -279,6 +294,7 @@ def basis_pairs(rows: Iterable[dict], family: str, gpu: str, arch: str) -> tuple
     if pairs:
         return kind, pairs
     if kind == "this-gpu":
+        gpu = same_chip(gpu, fit_gpus([r for r in rows if r["family"] == family], family))
         ins = pairs_of(r for r in rows if r["family"] == family and r["gpu"] == gpu and not r["held_out"]
                        and r["arch"] == str(arch).lower())
         if ins:
