@@ -70,6 +70,15 @@ CHILD = textwrap.dedent('''
     from core.runs import build_and_measure
     from core.workspace import Workspace
     folder, ws = Path(sys.argv[2]), Workspace(Path(sys.argv[3]))
+
+    def peak_rss():
+        # this process's own high-water mark: ru_maxrss of a child started by vfork/posix_spawn (subprocess)
+        # reports the parent's peak at exec, i.e. the test runner's, not this child's
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     p = open_project(folder / "big.onnx", data=folder / "calib.npz", eval_data=folder / "eval.npz", ws=ws)
     pol = p.default_policy().with_layers({"emb": "fp32", "fc1": "int8", "fc2": "fp16"})
     run = build_and_measure(p, pol, backend="onnxruntime", iterations=3, warmup=1, profile_iterations=1)
@@ -78,7 +87,7 @@ CHILD = textwrap.dedent('''
     print(json.dumps({"external": p.model.external, "size": p.model.size_bytes, "graph": p.model.proto.ByteSize(),
                       "cosine": run.quality.cosine_mean, "run_dir": str(run.run_dir), "export": str(out),
                       "onnx_export": str(onnx_out), "sha256": p.model.sha256,
-                      "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+                      "peak_rss": peak_rss()}))
 ''')
 
 
