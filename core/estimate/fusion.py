@@ -507,7 +507,7 @@ class _Fuser:
                 chain.append(k)
                 cur = net.nodes[k].input[0]
             k = net.producer.get(cur)
-            if k is not None and k not in self.claimed and self.embedding(k) and (not chain and net.sole_consumer(cur) is not None or chain):
+            if k is not None and k not in self.claimed and self.embedding(k) and (chain or net.sole_consumer(cur) is not None):
                 members += [k] + chain[::-1]
                 external.remove(t)
 

@@ -36,6 +36,7 @@ from .cost import CostParams, layer_ms
 from .fit import _nelder_mead
 from .fusion import predicted, static_net
 from .predict import data_files, placeholder_calibration
+from .transformer_fit import FIT_FILE
 from .engine import EngineLayer
 from .gpus import gpu as gpu_entry
 
@@ -176,7 +177,6 @@ def bert_engines(model, layers, shapes: list[tuple[int, int]], precisions=("fp16
     return out
 
 
-FIT_FILE = Path(__file__).with_name("transformer_fit.json")
 FIT_KIND = "mixprec.transformer_fit"
 
 
