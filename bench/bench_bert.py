@@ -7,10 +7,10 @@
   weights (``torch.manual_seed(0)``), no download -- with the masked mean pooling and L2 normalisation
   of the ``minilm`` sample (the pooler dropped, so the model has exactly 96 MatMuls: 12 layers x (Q, K,
   V, attention scores, context, output, FFN up, FFN down)), exported with the sample's exporter
-  (``core.samples._export_minilm``: TorchScript, opset 17, dynamic batch and sequence) into
+  (``core.model.samples._export_minilm``: TorchScript, opset 17, dynamic batch and sequence) into
   ``--out/model.onnx``, checked against torch (max abs diff <= 1e-4).
 * Data: the ``minilm`` sample's docstring sentences tokenized with its WordPiece tokenizer (the
-  bert-base-uncased vocabulary, 30522 tokens; ``core.samples.split_corpus`` / ``tokenize_sentences``):
+  bert-base-uncased vocabulary, 30522 tokens; ``core.model.samples.split_corpus`` / ``tokenize_sentences``):
   ``calib.npz`` 32 sentences, ``eval.npz`` 16 sentences, each right-padded to its set's longest
   sentence (<= 64 tokens). These are the counts mixprec generates for a model given without data
   (``core.project.CALIB_GENERATED, EVAL_GENERATED = 32, 16``), so isolated sensitivity's default
@@ -55,8 +55,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from core.samples import (_export_minilm, run_minilm_module, sentence_embedding, split_corpus,  # noqa: E402
-                          tokenize_sentences)
+from core.model.samples import (_export_minilm, run_minilm_module, sentence_embedding, split_corpus,  # noqa: E402
+                                tokenize_sentences)
 from core.workspace import atomic_save_npz, atomic_write_bytes  # noqa: E402
 
 CALIB_SENTENCES, EVAL_SENTENCES, MAX_TOKENS = 32, 16, 64
@@ -65,7 +65,7 @@ RUNS = ("cold", "warm", "calib")
 
 def bert_base_module(seed: int = 0):
     """``BertModel(BertConfig())`` with seeded random weights, mean-pooled and L2-normalised as the
-    minilm sample (``core.samples.sentence_embedding``), children registered on the wrapper."""
+    minilm sample (``core.model.samples.sentence_embedding``), children registered on the wrapper."""
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     import torch
@@ -104,7 +104,7 @@ def export(out: Path) -> dict:
 def child_cli(argv: list[str]) -> None:
     """``python -m core ARGV`` in this process; then one JSON line on stderr with this process's peak
     RSS and CPU seconds (its own, not its workers')."""
-    from core.cli import main
+    from core.cli.commands import main
 
     rc = main(argv)
     me = resource.getrusage(resource.RUSAGE_SELF)

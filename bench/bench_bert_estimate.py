@@ -34,7 +34,7 @@ def export(model: str, out: Path) -> Path:
     path = out / model / "model.onnx"
     if path.is_file():
         return path
-    from core.nets import bert_onnx
+    from tests.fixtures.nets import bert_onnx
     from core.workspace import atomic_write_bytes
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -44,8 +44,8 @@ def export(model: str, out: Path) -> Path:
 
 def source_hash() -> str:
     h = hashlib.sha256()
-    for p in ("core/estimate/fusion.py", "core/compile.py", "core/policy.py", "core/placement.py",
-              "core/inventory.py"):
+    for p in ("core/estimate/fusion.py", "core/quant/compile.py", "core/quant/policy.py", "core/model/placement.py",
+              "core/model/inventory.py"):
         h.update((ROOT / p).read_bytes())
     return h.hexdigest()[:12]
 
@@ -56,8 +56,8 @@ def engines(model: str, out: Path, shapes: list[tuple[int, int]]) -> dict:
         have = pickle.loads(cache.read_bytes())
         if all((p, s, b) in have for p in ("fp16", "int8") for s, b in shapes):
             return have
-    from core.inventory import build_inventory
-    from core.model import load_model
+    from core.model.inventory import build_inventory
+    from core.model.load import load_model
     from core.workspace import Workspace
 
     ws = Workspace(out / "ws")

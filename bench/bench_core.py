@@ -19,9 +19,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from core.policy import uniform_policy  # noqa: E402
+from core.measure.runs import build_and_measure  # noqa: E402
 from core.project import open_project  # noqa: E402
-from core.runs import build_and_measure  # noqa: E402
+from core.quant.policy import uniform_policy  # noqa: E402
 from core.sensitivity import rank_layers  # noqa: E402
 
 

@@ -5,7 +5,7 @@
 
 * The model: ``--out/model.onnx``, the BERT-base-sized encoder of ``bench/bench_bert.py``
   (``BertModel(BertConfig())``, 110 M parameters, random weights, 435 MB), exported by its
-  ``export`` when absent. Loaded once here (``core.model.load_model``; its inventory for the
+  ``export`` when absent. Loaded once here (``core.model.load.load_model``; its inventory for the
   default policy).
 * The policies: the default policy (every MatMul INT8, LayerNorm/Softmax/embeddings FP16), then
   ``--toggles`` edits as a user makes them on the Precision page, one after another: each sets one
@@ -37,15 +37,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from core.compile import compile_policy  # noqa: E402
 from core.estimate.cost import FITTED  # noqa: E402
 from core.estimate.fusion import predicted, static_net  # noqa: E402
 from core.estimate.gpus import gpu as gpu_entry  # noqa: E402
 from core.estimate.predict import data_files, placeholder_calibration, predict, price  # noqa: E402
 from core.estimate.service import EstimateService  # noqa: E402
-from core.inventory import build_inventory  # noqa: E402
-from core.model import load_model  # noqa: E402
-from core.policy import default_policy  # noqa: E402
+from core.model.inventory import build_inventory  # noqa: E402
+from core.model.load import load_model  # noqa: E402
+from core.quant.compile import compile_policy  # noqa: E402
+from core.quant.policy import default_policy  # noqa: E402
 from core.workspace import Workspace  # noqa: E402
 
 TARGET_S = 1.0

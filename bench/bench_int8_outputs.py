@@ -16,10 +16,10 @@ sys.path.insert(0, str(ROOT))
 
 import onnxruntime as ort  # noqa: E402
 
-from core.calibration import calibrate  # noqa: E402
-from core.compile import compile_policy  # noqa: E402
-from core.metrics import quality  # noqa: E402
+from core.measure.metrics import quality  # noqa: E402
 from core.project import open_project  # noqa: E402
+from core.quant.calibration import calibrate  # noqa: E402
+from core.quant.compile import compile_policy  # noqa: E402
 
 
 def main():

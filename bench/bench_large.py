@@ -11,7 +11,7 @@ Stages:
 
 * ``export`` -- ``Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
   num_attention_heads=14, num_key_value_heads=2, vocab_size=151936)`` (issue 14's config, untied
-  LM head: 630 M parameters, ~2.5 GB in FP32) with seeded random weights (``core.samples.decoder_module``),
+  LM head: 630 M parameters, ~2.5 GB in FP32) with seeded random weights (``core.model.samples.decoder_module``),
   exported by torch's TorchScript exporter at opset 17 with dynamic batch and sequence. torch writes
   a model over 2 GB with one external file per tensor (in a temp folder); they are gathered into
   one ``model.onnx.data`` beside ``model.onnx``, which is checked by path (``onnx.checker``). Also writes ``calib.npz`` (32 sequences) and
@@ -42,8 +42,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from core.samples import (QWEN2_05B_CONFIG, decoder_feeds, decoder_module, export_decoder,  # noqa: E402
-                          next_token_labels)
+from core.model.samples import (QWEN2_05B_CONFIG, decoder_feeds, decoder_module, export_decoder,  # noqa: E402
+                                next_token_labels)
 from core.workspace import atomic_save_npz  # noqa: E402
 
 DATA_FILE = "model.onnx.data"
@@ -139,7 +139,7 @@ def stage_inspect(out: Path, args) -> dict:
 def stage_build(out: Path, args) -> dict:
     """The default policy (LLM defaults: embedding, LM head, RMSNorm FP16; MatMuls INT8) calibrated,
     compiled, built on ONNX Runtime and measured on BUILD_EVAL sequences."""
-    from core.runs import build_and_measure
+    from core.measure.runs import build_and_measure
 
     p = _project(out, BUILD_EVAL)
     t0 = time.perf_counter()

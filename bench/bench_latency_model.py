@@ -20,9 +20,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from core.calibration import calibrate  # noqa: E402
+from core.measure.runs import build_and_measure  # noqa: E402
 from core.project import open_project  # noqa: E402
-from core.runs import build_and_measure  # noqa: E402
+from core.quant.calibration import calibrate  # noqa: E402
 from core.search import latency_model  # noqa: E402
 
 

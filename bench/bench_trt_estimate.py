@@ -149,7 +149,7 @@ MEASURED_ORDER = ("fp32", "int8-conv", "fp16", "int8-conv-residual")
 def resnet_policies(model, layers) -> dict:
     """The four policies on mixprec's ResNet-18, plus mixprec's default (INT8 convolutions, residual
     Adds and pooling by pattern, network default FP16), compared with the qat-residual-qgap engine."""
-    from core.policy import default_policy, uniform_policy
+    from core.quant.policy import default_policy, uniform_policy
 
     fp16 = uniform_policy(model, layers, "fp16")
     return {"fp32": uniform_policy(model, layers, "fp32"), "fp16": fp16,
@@ -160,16 +160,16 @@ def resnet_policies(model, layers) -> dict:
 
 
 def policy_level(reports: Path = REPORTS) -> bool:
-    """Section 2 and 3: ResNet-18 built in code (core.nets), batch 32, the four policies predicted from
+    """Section 2 and 3: ResNet-18 built in code (tests.fixtures.nets), batch 32, the four policies predicted from
     the compiled trt ONNX and priced on the A100 (against the real engines), then on the T4 and H100
     (no ground truth). True when every A100 total is within 20 % and the order is the measured one."""
     from core.estimate.predict import predict
-    from core.inventory import build_inventory
-    from core.model import model_from_bytes
-    from core.nets import resnet18_onnx
-    from core.reports import load_engine_report
+    from core.model.inventory import build_inventory
+    from core.model.load import model_from_bytes
+    from tests.fixtures.nets import resnet18_onnx
+    from core.backends.reports import load_engine_report
 
-    print("\n## Policy level: ResNet-18 built in code (core.nets), batch 32 x 3 x 224 x 224\n")
+    print("\n## Policy level: ResNet-18 built in code (tests.fixtures.nets), batch 32 x 3 x 224 x 224\n")
     t0 = time.perf_counter()
     data = resnet18_onnx(batch=32)
     model = model_from_bytes(data, ROOT / "resnet18.onnx", name="resnet18")

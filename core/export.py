@@ -14,18 +14,18 @@ from pathlib import Path
 
 import numpy as np
 
-from .backends.tensorrt import STRONG_TYPING_FROM, legacy_postprocess_script, parse_version, require_trt_opset
-from .calibration import DEFAULT_CACHE_TRT_VERSION, CalibrationResult, calibrate_policy, trt_calibration_cache, \
+from core.backends.tensorrt import STRONG_TYPING_FROM, legacy_postprocess_script, parse_version, require_trt_opset
+from core.errors import MixprecError
+from core.estimate.predict import Prediction
+from core.measure.reference import timing_feed
+from core.model.load import LoadedModel
+from core.model.shapes import resolve_input_shapes, shape_text
+from core.project import Project
+from core.quant.calibration import DEFAULT_CACHE_TRT_VERSION, CalibrationResult, calibrate_policy, trt_calibration_cache, \
     trt_version_number
-from .compile import CompiledModel, compile_policy
-from .errors import MixprecError
-from .estimate.predict import Prediction
-from .evaluation import timing_feed
-from .model import LoadedModel
-from .policy import Policy
-from .project import Project
-from .shapes import resolve_input_shapes, shape_text
-from .workspace import atomic_write_bytes, atomic_write_text
+from core.quant.compile import CompiledModel, compile_policy
+from core.quant.policy import Policy
+from core.workspace import atomic_write_bytes, atomic_write_text
 
 EXPORT_FORMATS = ("json", "trtexec", "trtexec-typed", "polygraphy", "onnx", "calib-cache")
 LEGACY_HEADER = "# TensorRT <= 10.11 (per-layer precision constraints; deprecated in 10.12, removed in 11)"
@@ -183,7 +183,7 @@ def _compiled(project: Project, policy: Policy, target: str = "trt",
 
 
 def _onnx_file(model: LoadedModel | CompiledModel):
-    """A model as an export entry: its bytes, or, when its weights stay external (``core.external``),
+    """A model as an export entry: its bytes, or, when its weights stay external (``core.model.external``),
     a writer of the model with copies of its data files beside it (``_write_files`` calls it)."""
     if model.weights is None:
         return model.serialized()

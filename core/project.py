@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .data import Dataset, MissingData, check_dataset, generate_dataset, generated_bytes, load_npz
-from .errors import MixprecError
-from .inventory import Layer, build_inventory, inventory_frame
-from .model import LoadedModel, load_model
-from .policy import CalibrationSettings, Policy, default_policy
-from .samples import materialize_sample
-from .shapes import DimChoice, check_memory, model_batch, shape_choices, shape_text, shapes_of
-from .workspace import Workspace
+from core.errors import MixprecError
+from core.model.data import Dataset, MissingData, check_dataset, generate_dataset, generated_bytes, load_npz
+from core.model.inventory import Layer, build_inventory, inventory_frame
+from core.model.load import LoadedModel, load_model
+from core.model.samples import materialize_sample
+from core.model.shapes import DimChoice, check_memory, model_batch, shape_choices, shape_text, shapes_of
+from core.quant.policy import CalibrationSettings, Policy, default_policy
+from core.workspace import Workspace
 
 # where the user deploys: what latency numbers are compared with, and what the search optimises
 DEPLOY_TARGETS = ("tensorrt", "onnxruntime")
@@ -78,7 +78,7 @@ CALIB_GENERATED, EVAL_GENERATED = 32, 16  # samples generated when no data is gi
 
 
 def _check_memory(model: LoadedModel, shapes: dict, calib: Dataset | None, evald: Dataset | None) -> None:
-    """The shapes and batch against the memory budget (``core.shapes.check_memory``), counting the
+    """The shapes and batch against the memory budget (``core.model.shapes.check_memory``), counting the
     data that would be generated, before any of it is."""
     b = model_batch(model, shapes)
     counts = ([max(CALIB_GENERATED, b)] if calib is None else []) + ([max(EVAL_GENERATED, 2 * b)] if evald is None else [])
@@ -121,7 +121,7 @@ def open_project(model_spec, data=None, eval_data=None, ws: Workspace | None = N
                  shape_overrides: dict[str, int] | None = None, shapes: dict | None = None,
                  progress=None, target: str = DEFAULT_TARGET, sample_data: bool = True) -> Project:
     """Load a model (path or ``sample:NAME``) with its data, at the input shapes given
-    (``shapes``: whole inputs, ``shape_overrides``: named dims, ``batch``; see ``core.shapes``).
+    (``shapes``: whole inputs, ``shape_overrides``: named dims, ``batch``; see ``core.model.shapes``).
 
     Calibration data: ``data`` (a .npz path/bytes or Dataset), else the sample's calib.npz,
     else generated data. Evaluation data: ``eval_data``, else the sample's eval.npz, else the

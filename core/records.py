@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from .errors import MixprecError
+from core.errors import MixprecError
 
 
 def _plain(v):

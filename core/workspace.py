@@ -12,7 +12,7 @@ Layout::
     searches/<key>.json           searches under a budget
     jobs/<id>.json                background job records
 
-Where each stored result lives and how it is read back: ``core.store``.
+Where each stored result lives and how it is read back: ``core.store.results``.
 
 Every write is atomic: a temp file in the same folder, then ``os.replace``. A write that fails
 (a full disk, a read-only folder) removes its temp file and raises a MixprecError naming the
@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import MixprecError
+from core.errors import MixprecError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SPACE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}

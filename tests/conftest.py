@@ -30,7 +30,7 @@ def trt_reports_dir() -> Path:
     return Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "trt-engine-reports"
 
 
-# --- bundled samples (core/samples.py): built once per session into one shared temp workspace ---
+# --- bundled samples (core/model/samples.py): built once per session into one shared temp workspace ---
 
 @pytest.fixture(scope="session")
 def samples_workspace(tmp_path_factory):
@@ -43,21 +43,21 @@ def samples_workspace(tmp_path_factory):
 @pytest.fixture(scope="session")
 def minilm_sample(samples_workspace):
     """SamplePaths of the minilm sample (torch export runs once per session, ~10 s)."""
-    from core.samples import materialize_sample
+    from core.model.samples import materialize_sample
 
     return materialize_sample("minilm", samples_workspace)
 
 
 @pytest.fixture(scope="session")
 def tiny_cnn_sample(samples_workspace):
-    from core.samples import materialize_sample
+    from core.model.samples import materialize_sample
 
     return materialize_sample("tiny-cnn", samples_workspace)
 
 
 @pytest.fixture(scope="session")
 def tiny_transformer_sample(samples_workspace):
-    from core.samples import materialize_sample
+    from core.model.samples import materialize_sample
 
     return materialize_sample("tiny-transformer", samples_workspace)
 
@@ -127,8 +127,8 @@ def dynamic_cnn(path: Path, opset: int = 17) -> Path:
 
 def loaded_onnx(tmp_path_factory, data: bytes, name: str, shapes: dict):
     """(LoadedModel, inventory) of an ONNX given as bytes, written to a temp file (for estimate tests)."""
-    from core.inventory import build_inventory
-    from core.model import model_from_bytes
+    from core.model.inventory import build_inventory
+    from core.model.load import model_from_bytes
 
     path = tmp_path_factory.mktemp(name) / f"{name}.onnx"
     path.write_bytes(data)
@@ -138,7 +138,7 @@ def loaded_onnx(tmp_path_factory, data: bytes, name: str, shapes: dict):
 
 @pytest.fixture(scope="session")
 def resnet18_b32(tmp_path_factory):
-    """ResNet-18 (core.nets, torchvision's layout) at batch 32 x 3 x 224 x 224, with its inventory."""
-    from core.nets import resnet18_onnx
+    """ResNet-18 (tests.fixtures.nets, torchvision's layout) at batch 32 x 3 x 224 x 224, with its inventory."""
+    from tests.fixtures.nets import resnet18_onnx
 
     return loaded_onnx(tmp_path_factory, resnet18_onnx(batch=32), "resnet18", {"input": (32, 3, 224, 224)})

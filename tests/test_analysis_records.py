@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from core.errors import MixprecError
-from core.metrics import Quality
+from core.measure.metrics import Quality
 from core.search import CANDIDATE_COLUMNS, FRONT_COLUMNS, Budget, SearchResult
 from core.sensitivity import RANK_COLUMNS, SENSITIVITY_COLUMNS, Ranking, Sensitivity
 
@@ -126,7 +126,7 @@ def test_other_format_versions_and_kinds_are_refused(tiny_cnn):
 def test_search_result_with_its_verifying_run_round_trips(tiny_cnn):
     from dataclasses import replace
 
-    from core.runs import build_and_measure
+    from core.measure.runs import build_and_measure
 
     run = build_and_measure(tiny_cnn, tiny_cnn.default_policy(), iterations=5, profile_iterations=2)
     r = replace(_search(tiny_cnn), run=run, met_on_holdout=True, holdout=run.quality)

@@ -11,7 +11,7 @@ from streamlit.testing.v1 import AppTest
 
 from core.errors import MixprecError
 from core.jobs import JobManager
-from core.store import store_upload
+from core.store.results import store_upload
 from core.workspace import Workspace
 from conftest import dynamic_cnn
 
@@ -138,7 +138,7 @@ def policy_key(ws, model: str) -> str:
 
 def test_search_under_budget_pareto_and_use_this_policy(ws):
     from core.project import open_project
-    from core.store import load_search
+    from core.store.results import load_search
 
     model = "sample:tiny-transformer"
     at = ok(page("precision", model=model))
@@ -351,7 +351,7 @@ def test_model_page_shows_normalisation_steps(ws, tmp_path):
 
 def test_results_page_shows_the_quality_warning(ws):
     from core.project import open_project
-    from core.runs import build_and_measure
+    from core.measure.runs import build_and_measure
 
     p = open_project("sample:tiny-cnn", ws=ws)
     r = build_and_measure(p, p.default_policy(), iterations=3, profile_iterations=1, warn_below=1.01)
@@ -396,9 +396,9 @@ def test_results_page_shows_a_slowdown_as_one_and_the_latency_source(ws):
     target, that ONNX Runtime CPU latency does not predict TensorRT's."""
     from streamlit.proto.Metric_pb2 import Metric as MetricProto
 
-    from core.policy import uniform_policy
+    from core.quant.policy import uniform_policy
     from core.project import open_project
-    from core.runs import build_and_measure
+    from core.measure.runs import build_and_measure
 
     p = open_project("sample:tiny-cnn", ws=ws)
     fast = build_and_measure(p, p.default_policy(), label="fast", iterations=3, profile_iterations=1)
@@ -501,7 +501,7 @@ def test_reload_restores_project_and_draft_on_every_page_with_undo_redo(ws):
 
 
 def test_a_damaged_saved_project_starts_again_with_a_note(ws):
-    from core.drafts import new_project_id, project_path
+    from core.store.drafts import new_project_id, project_path
 
     pid = new_project_id()
     path = project_path(ws, pid)
@@ -535,7 +535,7 @@ def test_reset_asks_first_and_can_be_undone(ws):
 
 
 def test_table_filters_row_selection_and_one_click_precision(ws):
-    from core.placement import boundaries
+    from core.model.placement import boundaries
     from core.project import open_project
 
     p = open_project("sample:tiny-cnn", ws=ws)
@@ -566,7 +566,7 @@ def test_table_filters_row_selection_and_one_click_precision(ws):
     at.button(key="sel_fp32").click().run()
     pol = at.session_state[policy_key(ws, "sample:tiny-cnn")]
     assert pol.layers[names[0]] == pol.layers[names[2]] == "fp32"
-    view = layer_table(ok(at)).value  # boundaries of the draft, per layer (core.placement)
+    view = layer_table(ok(at)).value  # boundaries of the draft, per layer (core.model.placement)
     want = boundaries(p.model, p.layers, pol).groupby("layer").size()
     assert view.set_index("name")["boundaries"].to_dict() == {n: int(want.get(n, 0)) for n in view["name"]}
     assert any(e.label.startswith("Boundaries of the 2 selected") for e in at.expander)
@@ -575,9 +575,9 @@ def test_table_filters_row_selection_and_one_click_precision(ws):
 
 
 def test_select_on_the_sensitivity_and_latency_charts_then_set_precision(ws):
-    from core.layer_select import ranked_layers
+    from core.display.layer_select import ranked_layers
     from core.project import open_project
-    from core.store import load_ranking
+    from core.store.results import load_ranking
 
     p = open_project("sample:tiny-cnn", ws=ws)
     at = ok(page("precision"))
@@ -626,9 +626,9 @@ def test_select_on_the_sensitivity_and_latency_charts_then_set_precision(ws):
 
 def _saved_rankings(ws, p):
     """A cumulative and an isolated ranking of tiny-cnn whose orders differ (reversed)."""
-    from core.metrics import Quality
+    from core.measure.metrics import Quality
     from core.sensitivity import RANK_COLUMNS, SENSITIVITY_COLUMNS, Ranking, Sensitivity
-    from core.store import save_ranking, save_sensitivity
+    from core.store.results import save_ranking, save_sensitivity
     import pandas as pd
 
     elig = [l for l in p.layers if l.eligible]

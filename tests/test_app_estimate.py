@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 
-from core.drafts import load_project
+from core.display.tables import ms_text
 from core.estimate.predict import predict
 from core.export import ESTIMATE_NAME, README_NAME, export_bundle
 from core.jobs import JobManager
-from core.present import ms_text
 from core.project import open_project
-from core.store import load_gpu_calibration
+from core.store.drafts import load_project
+from core.store.results import load_gpu_calibration
 from test_app import LAYER, ok, page, shown, wait_all, ws  # noqa: F401 (fixture)
 
 MODEL = "sample:tiny-cnn"
@@ -142,7 +142,7 @@ def test_the_search_panel_shows_the_band_and_the_tie_of_a_stored_search(ws, monk
     import core.search.searcher as searcher
     from core.estimate.validation import Band
     from core.search import SearchConfig, search
-    from core.store import save_search
+    from core.store.results import save_search
 
     real, planted = searcher.estimated_latency, {0: 0.2, 3: 0.080, 4: 0.085, 5: 0.07}
 

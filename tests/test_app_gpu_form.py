@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
+from core.display.tables import ms_text
 from core.estimate.gpus import GPU
 from core.estimate.predict import predict
-from core.present import ms_text
 from core.project import open_project
 from test_app import ok, page, ws  # noqa: F401 (fixture)
 

@@ -2,14 +2,14 @@
 GPU picked in the Precision page's estimate panel (a table row or a GPU added in the workspace), shown
 in a GPU picker beside the budget that defaults to the estimate panel's pick and may override it; the
 submitted job carries that GPU, and a search stored for another GPU is not shown as this one's: each
-GPU's search of a budget is stored on its own (core.store.search_path keys it by the GPU)."""
+GPU's search of a budget is stored on its own (core.store.results.search_path keys it by the GPU)."""
 from __future__ import annotations
 
 import json
 
 from core.estimate.gpus import GPU, GPUS
 from core.jobs import JobManager
-from core.store import save_gpu_spec
+from core.store.results import save_gpu_spec
 from test_app import ok, page, shown, wait_all, ws  # noqa: F401 (fixture)
 
 A6000 = {"key": "rtx-a6000", "name": "NVIDIA RTX A6000", "arch": "ampere", "sm_count": 84, "fp32_tflops": 38.7,

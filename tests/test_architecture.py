@@ -1,7 +1,8 @@
 """The layout rules of core/ (issue 9): every core module imports alone in a fresh interpreter
 without streamlit or ui; the import graph between core modules has no cycle; core modules import
 each other at the top (no hidden function-level imports); no function in core/ is longer than 80
-lines except the compiler's single-pass driver."""
+lines except the compiler's single-pass driver; and (issue 20) core/ stands in wings by role, in a declared
+order from the ground up, with no import that runs from a lower wing up to a higher one."""
 from __future__ import annotations
 
 import ast
@@ -15,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 CORE = ROOT / "core"
 MAX_FUNCTION_LINES = 80
-LONG_FUNCTION_ALLOWED = {("core/compile.py", "run")}  # the compiler's single-pass driver
+LONG_FUNCTION_ALLOWED = {("core/quant/compile.py", "run")}  # the compiler's single-pass driver
 
 
 def _module_name(path: Path) -> str:
@@ -104,6 +105,69 @@ def test_no_import_cycle_between_core_modules():
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
 
 
+# The wings of core/, from the ground up. A module may import its own unit and the units below it, never
+# one above: the model wing reads models and knows nothing of precision; precision knows nothing of
+# measuring; nothing below the store knows where things are saved; the CLI is the roof.
+LAYERS = [
+    ("base", ("core.errors", "core.records", "core.workspace")),
+    ("model", ("core.model",)),
+    ("quant", ("core.quant",)),
+    ("project", ("core.project",)),
+    ("backends", ("core.backends",)),
+    ("measure", ("core.measure",)),
+    ("estimate", ("core.estimate",)),
+    ("sensitivity", ("core.sensitivity",)),
+    ("search", ("core.search",)),
+    ("store", ("core.store",)),
+    ("display", ("core.display",)),
+    ("export", ("core.export",)),
+    ("jobs", ("core.jobs",)),
+    ("cli", ("core.cli", "core.__main__")),
+]
+
+
+def _unit(module: str) -> int | None:
+    """The index in LAYERS of the unit a core module belongs to (None for the bare ``core`` package)."""
+    for i, (_, prefixes) in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return i
+    return None
+
+
+def upward_imports(graph: dict[str, list[tuple[str, bool, int]]]) -> list[str]:
+    """Every import in ``graph`` (as :func:`_imports` returns it) from a lower unit to a higher one."""
+    bad = []
+    for mod, found in graph.items():
+        here = _unit(mod)
+        for target, _, line in found:
+            there = _unit(_owning_module(target))
+            if here is not None and there is not None and there > here:
+                bad.append(f"{mod}:{line} ({LAYERS[here][0]}) imports {target} ({LAYERS[there][0]}, higher)")
+    return bad
+
+
+def test_every_core_module_stands_in_a_declared_unit():
+    homeless = [m for m in MODULES + ["core.__main__"] if m != "core" and _unit(m) is None]
+    assert not homeless, f"core modules in no unit of LAYERS (add a wing or move them): {homeless}"
+    top = sorted(p.name for p in CORE.iterdir() if p.name not in ("__pycache__", "__init__.py", "__main__.py"))
+    assert len([n for n in top if n.endswith(".py")]) <= 5, f"core's top level is for wings and a few base modules: {top}"
+
+
+def test_no_import_runs_up_the_wings():
+    bad = upward_imports(_imports())
+    assert not bad, "imports that run upward between the wings:\n" + "\n".join(bad)
+
+
+def test_the_layering_check_fails_on_a_planted_upward_import():
+    """A model-wing module importing the store (higher) is caught, and a downward import is not."""
+    graph = _imports()
+    planted = dict(graph)
+    planted["core.model.shapes"] = list(graph["core.model.shapes"]) + [("core.store.results", True, 1)]
+    assert upward_imports(graph) == []
+    assert upward_imports(planted) == ["core.model.shapes:1 (model) imports core.store.results (store, higher)"]
+    assert upward_imports({"core.store.results": [("core.model.shapes", True, 1)]}) == []
+
+
 _PROBE = """
 import importlib, json, sys
 mod = importlib.import_module(sys.argv[1])
@@ -135,5 +199,5 @@ def test_no_long_functions_in_core():
 def test_the_checks_see_the_real_graph():
     """The analysis finds known edges (a check that sees nothing would pass vacuously)."""
     graph = _imports()
-    assert ("core.errors", True) in {(t, top) for t, top, _ in graph["core.model"]}
+    assert ("core.errors", True) in {(t, top) for t, top, _ in graph["core.model.load"]}
     assert len(MODULES) > 20

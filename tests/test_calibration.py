@@ -5,8 +5,8 @@ import json
 
 import numpy as np
 
-from core.calibration import calibrate, trt_calibration_cache
-from core.data import Dataset
+from core.model.data import Dataset
+from core.quant.calibration import calibrate, trt_calibration_cache
 from core.workspace import Workspace
 
 

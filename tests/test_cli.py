@@ -162,7 +162,7 @@ def test_rank_json_is_clean_stdout(ws, tiny_cnn):
 
 def test_trt_profile_flag_parses_and_reaches_the_backend(ws, tmp_path):
     from core.backends.tensorrt import TensorRTBackend, profile_shapes
-    from core.cli import parse_trt_profiles
+    from core.cli.commands import parse_trt_profiles
     from core.errors import MixprecError
 
     prof = parse_trt_profiles(["input_ids=1x16:1x64:16x128"])

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from core.distributed import RAY_ENV
-from core.drafts import load_project
 from core.errors import MixprecError
 from core.jobs import JobManager, isolated_params, rank_params, search_params
 from core.jobs import kinds
 from core.jobs.params import job_label, ray_param
+from core.sensitivity.distributed import RAY_ENV
+from core.store.drafts import load_project
 from core.workspace import Workspace
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")

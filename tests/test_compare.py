@@ -23,7 +23,7 @@ def test_rank_minilm(minilm):
 
 
 def test_rank_fp32_candidate_has_no_drift(tiny_cnn):
-    from core.policy import uniform_policy
+    from core.quant.policy import uniform_policy
 
     r = rank_layers(tiny_cnn, policy=uniform_policy(tiny_cnn.model, tiny_cnn.layers, "fp32"), max_samples=4)
     assert np.allclose(r.table.cosine, 1.0) and (r.table.max_abs == 0).all()

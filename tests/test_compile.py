@@ -7,11 +7,11 @@ import pytest
 from onnx import numpy_helper
 
 from conftest import run_model
-from core.calibration import calibrate
-from core.compile import compile_policy
 from core.errors import MixprecError
-from core.metrics import cosine_rows
-from core.policy import uniform_policy
+from core.measure.metrics import cosine_rows
+from core.quant.calibration import calibrate
+from core.quant.compile import compile_policy
+from core.quant.policy import uniform_policy
 
 
 def _outputs(project, policy, target="ort", n=16):
@@ -129,11 +129,11 @@ def _probe_native_fp16(op):
 
 @pytest.mark.parametrize("op", ["LayerNormalization", "Softmax", "MatMul", "Add", "Mul", "Div", "Erf", "Relu"])
 def test_ort_fp16_kernel_table(op, tmp_path, monkeypatch):
-    from core.compile import ORT_CPU_FP16_KERNELS
+    from core.quant.compile import ORT_CPU_FP16_KERNELS
 
     monkeypatch.chdir(tmp_path)  # the profiler writes its trace to the working folder
     assert _probe_native_fp16(op) == (op in ORT_CPU_FP16_KERNELS), (
-        f"ORT's CPU float16 support for {op} changed: update ORT_CPU_FP16_KERNELS in core/compile.py")
+        f"ORT's CPU float16 support for {op} changed: update ORT_CPU_FP16_KERNELS in core/quant/compile.py")
 
 
 def test_ort_target_runs_layernorm_in_real_fp16(tiny_transformer):
@@ -147,7 +147,7 @@ def test_ort_target_runs_layernorm_in_real_fp16(tiny_transformer):
 
 
 def test_smoothing_moves_scale_into_weights(tiny_transformer):
-    from core.calibration import calibrate_policy
+    from core.quant.calibration import calibrate_policy
 
     layer = "/ffn/up/MatMul"
     base = tiny_transformer.default_policy()
@@ -172,7 +172,7 @@ def test_smoothing_moves_scale_into_weights(tiny_transformer):
 def test_int8_outputs_option_quantizes_layer_outputs(tiny_cnn):
     """The analysis option behind bench/bench_int8_outputs.py: Q/DQ after every INT8 layer's
     output (int8 zero point 0 for TensorRT), the graph's outputs keeping their names."""
-    from core.calibration import calibrate
+    from core.quant.calibration import calibrate
 
     pol = tiny_cnn.default_policy()
     calib = calibrate(tiny_cnn.model, tiny_cnn.calib_data, pol.calibration, tiny_cnn.ws)

@@ -10,12 +10,12 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from core.calibration import calibrate
-from core.compile import compile_policy
 from core.errors import MixprecError
-from core.policy import policy_from_dict, uniform_policy
+from core.measure.runs import build_and_measure
 from core.project import open_project
-from core.runs import build_and_measure
+from core.quant.calibration import calibrate
+from core.quant.compile import compile_policy
+from core.quant.policy import policy_from_dict, uniform_policy
 from core.sensitivity import rank_layers, sensitivity
 from core.workspace import Workspace
 

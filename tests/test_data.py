@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.data import Dataset, generate_dataset, load_npz
 from core.errors import MixprecError
+from core.model.data import Dataset, generate_dataset, load_npz
 
 
 def test_pickled_npz_refused(tmp_path, tiny_cnn):
@@ -100,7 +100,7 @@ def test_token_ids_are_found_through_a_dequantized_embedding_table(tmp_path):
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from core.model import load_model
+    from core.model.load import load_model
 
     table = numpy_helper.from_array(np.ones((100, 8), np.int8), "table_q")
     scale = numpy_helper.from_array(np.array(0.1, np.float32), "scale")

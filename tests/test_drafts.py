@@ -1,14 +1,14 @@
-"""core/drafts.py: the saved project and the draft policy with undo/redo, in the workspace."""
+"""core/store/drafts.py: the saved project and the draft policy with undo/redo, in the workspace."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from core.drafts import (MAX_UNDO, Draft, SavedProject, check_project_id, draft_key, draft_path, file_stamp,
-                         load_draft, load_project, new_project_id, project_path, save_draft, save_project)
 from core.errors import MixprecError
-from core.policy import policy_from_dict
+from core.quant.policy import policy_from_dict
+from core.store.drafts import (MAX_UNDO, Draft, SavedProject, check_project_id, draft_key, draft_path, file_stamp,
+                               load_draft, load_project, new_project_id, project_path, save_draft, save_project)
 from core.workspace import Workspace
 
 

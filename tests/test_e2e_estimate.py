@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from core.display.tables import ms_text
 from core.estimate.predict import predict
 from core.jobs import JobManager
-from core.present import ms_text
 from core.project import open_project
 from test_e2e_browser import CHROMIUM, _idle, _new_page, _shot, browser, server  # noqa: F401 (fixtures)
 from test_e2e_state import _metrics

@@ -61,8 +61,8 @@ def _button(page, name: str):
 
 def _policy(ws, pid: str):
     """The draft saved in the workspace under the project id (what a reload reads)."""
-    from core.drafts import draft_key, load_draft
-    from core.policy import policy_from_dict
+    from core.store.drafts import draft_key, load_draft
+    from core.quant.policy import policy_from_dict
 
     p = open_project(MODEL, ws=ws)
     d = load_draft(ws, pid, draft_key(p.model.sha256, p.calib_data.sha256))

@@ -13,11 +13,11 @@ import json
 import numpy as np
 import pytest
 
+from core.backends.reports import load_engine_report
 from core.errors import MixprecError
 from core.estimate import cost, fit, gpus, layers, validation
 from core.estimate.engine import EngineLayer, Tensor
-from core.reports import load_engine_report
-from core.store import gpu_calibration_path, load_gpu_calibration, save_gpu_calibration
+from core.store.results import gpu_calibration_path, load_gpu_calibration, save_gpu_calibration
 from core.workspace import Workspace
 
 A100 = gpus.gpu("a100")

@@ -1,4 +1,4 @@
-"""The TensorRT estimate of models whose weights are in external data files (core.external): the
+"""The TensorRT estimate of models whose weights are in external data files (core.model.external): the
 predictor works from shapes, types and metadata only. A model saved with every tensor in a data file
 gets exactly the estimate of the same model with its weights in the graph (loaded as usual, and kept
 external); only the small tensors shape inference may need (a Reshape's shape) are read, one at a
@@ -20,13 +20,13 @@ import pandas as pd
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from core.cli import main as cli_main
+from core.cli.commands import main as cli_main
 from core.errors import MixprecError
 from core.estimate import fusion
 from core.estimate.fusion import SMALL_VALUE, engine_layers, static_net
-from core.compile import compile_policy
 from core.estimate.predict import PREDICTION_COLUMNS, placeholder_calibration, predict
 from core.project import open_project
+from core.quant.compile import compile_policy
 from core.workspace import Workspace
 from large_models import RSS_LIMIT, big_model
 
@@ -36,7 +36,7 @@ MIXED = {"conv1": "fp16", "conv2": "int8", "fc1": "int8", "fc2": "fp16"}
 
 
 def cnn_weights() -> dict[str, np.ndarray]:
-    """Conv weights under and over core.external.INLINE_BELOW (64 KiB), a Gemm (transB) and a MatMul
+    """Conv weights under and over core.model.external.INLINE_BELOW (64 KiB), a Gemm (transB) and a MatMul
     weight over it, biases and the Reshape's shape (small)."""
     rng = np.random.default_rng(7)
     w = {"W1": rng.standard_normal((32, 16, 3, 3)) / 12, "B1": rng.standard_normal(32) / 10,

@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from core.cli import main as cli_main
+from core.cli.commands import main as cli_main
 from core.estimate import cost
 from core.estimate.fusion import fuse, static_net
 from core.estimate.predict import PREDICTION_COLUMNS, Prediction, placeholder_calibration, predict
-from core.compile import compile_policy
-from core.inventory import build_inventory
-from core.model import model_from_bytes
-from core.nets import resnet18_onnx
-from core.policy import uniform_policy
-from core.reports import load_engine_report
+from core.model.inventory import build_inventory
+from core.model.load import model_from_bytes
+from core.quant.compile import compile_policy
+from tests.fixtures.nets import resnet18_onnx
+from core.backends.reports import load_engine_report
+from core.quant.policy import uniform_policy
 
 SHAPES = {"input": (32, 3, 224, 224)}
 # the four policies and the fixture engine each is compared with
@@ -219,7 +219,7 @@ def test_every_prediction_carries_its_band_and_older_documents_get_one(predictio
 
 
 def test_cli_estimate_json_is_labelled_with_gpu_and_basis(capsys, tmp_path, monkeypatch):
-    from core.store import save_gpu_calibration
+    from core.store.results import save_gpu_calibration
 
     monkeypatch.setenv("MIXPREC_WORKSPACE", str(tmp_path / "ws"))
     assert cli_main(["estimate", "sample:tiny-cnn", "--gpu", "t4", "--json"]) == 0
@@ -298,8 +298,8 @@ def _t4_calibration():
 
 
 def test_cli_search_estimates_on_the_chosen_gpu_with_its_stored_calibration(capsys, tmp_path, monkeypatch):
-    import core.cli as cli
-    from core.store import save_gpu_calibration
+    import core.cli.commands as cli
+    from core.store.results import save_gpu_calibration
     from core.workspace import Workspace
 
     monkeypatch.setenv("MIXPREC_WORKSPACE", str(tmp_path / "ws"))
@@ -346,7 +346,7 @@ def test_search_job_carries_the_gpu_and_its_stored_calibration(tmp_path, monkeyp
     import core.jobs.kinds as kinds
     from core.errors import MixprecError
     from core.jobs import search_params
-    from core.store import save_gpu_calibration
+    from core.store.results import save_gpu_calibration
     from core.workspace import Workspace
 
     params = search_params("sample:tiny-cnn", budget="cosine_mean>=0.9", gpu="Tesla T4")

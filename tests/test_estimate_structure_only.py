@@ -11,19 +11,19 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-import core.compile as compile_mod
-from core.compile import SHAPE_ONLY, compile_policy
+import core.quant.compile as compile_mod
 from core.errors import MixprecError
 from core.estimate.cost import FITTED
 from core.estimate.fusion import predicted, static_net
 from core.estimate.gpus import gpu as gpu_entry
 from core.estimate.predict import data_files, placeholder_calibration, predict, price
-from core.external import location
-from core.inventory import build_inventory
-from core.model import model_from_bytes
-from core.nets import resnet18_onnx
-from core.onnx_graph import LIGHT_FROM
-from core.policy import default_policy, uniform_policy
+from core.model.external import location
+from core.model.inventory import build_inventory
+from core.model.load import model_from_bytes
+from core.quant.compile import SHAPE_ONLY, compile_policy
+from tests.fixtures.nets import resnet18_onnx
+from core.model.graph import LIGHT_FROM
+from core.quant.policy import default_policy, uniform_policy
 
 RESNET_SHAPES = {"input": (32, 3, 224, 224)}
 

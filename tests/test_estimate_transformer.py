@@ -12,10 +12,10 @@ from core.estimate import cost
 from core.estimate.cost import FITTED, flops, layer_breakdown
 from core.estimate.gpus import gpu
 from core.estimate.predict import predict
-from core.inventory import build_inventory
-from core.model import model_from_bytes
-from core.nets import bert_onnx
-from core.policy import default_policy, uniform_policy
+from core.model.inventory import build_inventory
+from core.model.load import model_from_bytes
+from tests.fixtures.nets import bert_onnx
+from core.quant.policy import default_policy, uniform_policy
 from conftest import loaded_onnx
 
 B, S = 32, 128
@@ -152,7 +152,7 @@ def test_cli_estimates_a_sample_at_shapes_other_than_its_data(capsys, tmp_path, 
     """The estimate needs no data: MiniLM's sample data (63 tokens) must not refuse batch 32 x 128."""
     import json
 
-    from core.cli import main as cli_main
+    from core.cli.commands import main as cli_main
 
     monkeypatch.setenv("MIXPREC_WORKSPACE", str(tmp_path / "ws"))
     assert cli_main(["estimate", "sample:minilm", "--batch", "32", "--dim", "sequence=128", "--json"]) == 0

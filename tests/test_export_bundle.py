@@ -17,8 +17,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from core.export import (BUNDLE_SCRIPTS, DEFAULT_TRT_VERSION, bundle_filename, export_bundle, fold_command,
                          legacy_script, trtexec_legacy_command, typed_script)
-from core.policy import policy_from_text, uniform_policy
 from core.project import open_project
+from core.quant.policy import policy_from_text, uniform_policy
 from core.workspace import Workspace
 
 # node names with Markdown and HTML in them (and "*", which trtexec's name lists read as a wildcard)

@@ -1,4 +1,4 @@
-"""Large external weights converted to float16 chunk by chunk (core.external.Spill.converted): the
+"""Large external weights converted to float16 chunk by chunk (core.model.external.Spill.converted): the
 same values as converting in memory, written to the compiled model's data file, and used by the
 compiler's FP16 layers."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import onnx_graphsurgeon as gs
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import core.external as ext
+import core.model.external as ext
 
 
 def _external_constant(tmp_path, values: np.ndarray) -> gs.Constant:
@@ -52,8 +52,8 @@ def test_small_or_inline_constants_are_left_to_the_caller(tmp_path, monkeypatch)
 def test_compiler_fp16_of_an_external_embedding_is_streamed(tmp_path, monkeypatch):
     """A Gather from an external table at FP16: the compiled model's table is the float16 rounding of
     the original, read from the compiled model's own data file, and the outputs agree."""
-    from core.calibration import calibrate_policy
-    from core.compile import compile_policy
+    from core.quant.calibration import calibrate_policy
+    from core.quant.compile import compile_policy
     from core.project import open_project
     from core.workspace import Workspace
     import onnxruntime as ort

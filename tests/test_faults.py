@@ -17,15 +17,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core import runs as runs_mod
-from core.calibration import calibrate, cache_key, channel_amax
 from core.errors import MixprecError
-from core.evaluation import REFERENCE_STAMPS
 from core.jobs import Job, JobManager
+from core.measure import runs as runs_mod
+from core.measure.reference import REFERENCE_STAMPS
+from core.measure.runs import METRICS_FILE, OWNER_FILE, build_and_measure, clean_temp_runs, list_runs, load_run
 from core.project import open_project
-from core.runs import METRICS_FILE, OWNER_FILE, build_and_measure, clean_temp_runs, list_runs, load_run
+from core.quant.calibration import calibrate, cache_key, channel_amax
 from core.sensitivity import sensitivity
-from core.store import last_built_policy, load_search, search_path
+from core.store.results import last_built_policy, load_search, search_path
 from core.workspace import (Workspace, atomic_write_bytes, atomic_write_json, sweep_stale_temp, take_notes)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -378,14 +378,14 @@ def test_tiny_tmpfs_workspace_full_in_the_middle_of_a_build(tiny_disk, tiny_cnn_
     or builds the FP32 reference (its temp run folder exists): a clear error, and nothing half-written."""
     disk = tiny_disk("8m")
     shutil.copytree(tiny_cnn_sample.model.parent, disk / "samples" / tiny_cnn_sample.model.parent.name)
-    code = ("import sys, shutil; from pathlib import Path; import core.runs as r;"
+    code = ("import sys, shutil; from pathlib import Path; import core.measure.runs as r;"
             f"orig = r.{step}\n"
             "def fill(*a, **k):\n"
             "    d = Path(sys.argv[1]); f = shutil.disk_usage(d).free\n"
             "    (d / 'filler.bin').write_bytes(b'\\0' * (f - 4096))\n"
             "    return orig(*a, **k)\n"
             f"r.{step} = fill\n"
-            "from core.cli import main; sys.exit(main(['build', 'sample:tiny-cnn', '--iterations', '3']))")
+            "from core.cli.commands import main; sys.exit(main(['build', 'sample:tiny-cnn', '--iterations', '3']))")
     env = {**os.environ, "MIXPREC_WORKSPACE": str(disk)}
     p = subprocess.run([sys.executable, "-c", code, str(disk)], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=600)

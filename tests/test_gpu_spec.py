@@ -10,12 +10,12 @@ import pickle
 
 import pytest
 
-from core.cli import main as cli_main
+from core.cli.commands import main as cli_main
 from core.errors import MixprecError
 from core.estimate import cost, gpus
 from core.estimate.gpus import GPU, GPUS, check_spec, custom_gpu, gpu, load_gpu_spec
-from core.store import (delete_gpu_spec, gpu_calibration_path, load_gpu_calibration, read_gpu_specs, resolve_gpu,
-                        save_gpu_calibration, save_gpu_spec)
+from core.store.results import (delete_gpu_spec, gpu_calibration_path, load_gpu_calibration, read_gpu_specs, resolve_gpu,
+                                save_gpu_calibration, save_gpu_spec)
 from core.workspace import Workspace, take_notes
 
 A6000 = {"key": "rtx-a6000", "name": "NVIDIA RTX A6000", "arch": "ampere", "sm_count": 84, "fp32_tflops": 38.7,
@@ -301,7 +301,7 @@ def test_cli_estimate_with_a_gpu_spec(capsys, tmp_path, monkeypatch):
 
 
 def test_cli_search_carries_the_spec_gpu_and_its_calibration(capsys, tmp_path, monkeypatch):
-    import core.cli as cli
+    import core.cli.commands as cli
 
     monkeypatch.setenv("MIXPREC_WORKSPACE", str(tmp_path / "ws"))
     path = tmp_path / "a6000.json"

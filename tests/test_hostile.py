@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from core.errors import MixprecError
-from core.model import load_model
-from core.policy import MAX_POLICY_DEPTH, policy_from_text
+from core.model.load import load_model
+from core.model.shapes import check_memory, estimate_memory, memory_budget
 from core.project import open_project
-from core.shapes import check_memory, estimate_memory, memory_budget
+from core.quant.policy import MAX_POLICY_DEPTH, policy_from_text
 from core.workspace import Workspace, read_user_file
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from core.inventory import build_inventory
-from core.model import model_from_bytes
+from core.model.inventory import build_inventory
+from core.model.load import model_from_bytes
 
 
 def test_minilm_inventory(minilm):
@@ -93,7 +93,7 @@ def _project(tmp_path, nodes, inputs, outputs, inits, name):
 
 
 def test_nhwc_conv_behind_transposes_with_symbolic_batch(tmp_path):
-    from core.runs import int8_mac_fraction
+    from core.measure.runs import int8_mac_fraction
 
     nodes = [helper.make_node("Transpose", ["x"], ["xt"], name="to_nchw", perm=[0, 3, 1, 2]),
              helper.make_node("Conv", ["xt", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
@@ -128,7 +128,7 @@ def _recurrent(op, hidden, directions=1, layout=0):
 def test_recurrent_macs_and_int8_share(tmp_path, op, directions, layout):
     """gates × (input + hidden) × hidden per time step, direction and sample; a GRU encoder with one
     small INT8 Gemm is not 100 % INT8."""
-    from core.runs import int8_mac_fraction
+    from core.measure.runs import int8_mac_fraction
 
     seq, hidden, batch = 5, 4, 2
     rnn, inits = _recurrent(op, hidden, directions, layout)

@@ -11,7 +11,7 @@ from core.errors import MixprecError
 from core.jobs import Job, JobManager, build_params, isolated_params, rank_params, search_params
 from core.jobs.params import BuildParams, SearchParams
 from core.project import open_project
-from core.store import load_ranking, load_sensitivity
+from core.store.results import load_ranking, load_sensitivity
 from core.workspace import Workspace, atomic_write_json
 
 

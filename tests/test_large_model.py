@@ -1,4 +1,4 @@
-"""Models over 2 GB (issue 14 §1): weights that stay in their external data files (core.external).
+"""Models over 2 GB (issue 14 §1): weights that stay in their external data files (core.model.external).
 
 The model over 2 GB is built in code with a sparse data file (an embedding table of 2.15 GB whose
 first rows hold data and the rest is a hole), so it takes a few hundred KB on disk. It loads, builds
@@ -24,8 +24,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from core.errors import MixprecError
-from core.external import INLINE_BELOW, copy_file, data_files, read_tensor
-from core.model import load_model
+from core.model.external import INLINE_BELOW, copy_file, data_files, read_tensor
+from core.model.load import load_model
 from core.workspace import Workspace
 from large_models import DIM, RSS_LIMIT, big_model
 
@@ -67,7 +67,7 @@ CHILD = textwrap.dedent('''
     import onnx
     from core.export import export_policy
     from core.project import open_project
-    from core.runs import build_and_measure
+    from core.measure.runs import build_and_measure
     from core.workspace import Workspace
     folder, ws = Path(sys.argv[2]), Workspace(Path(sys.argv[3]))
 
@@ -164,7 +164,7 @@ def test_loading_again_reuses_the_hash_and_the_copy(big, big_run, monkeypatch):
     """A second load reads the big data file's digest from the workspace (no 2 GB re-hash) and finds
     the runtime copy made by the first."""
     doc, ws = big_run
-    import core.external as ext
+    import core.model.external as ext
 
     hashed = []
     real = ext.sha256_file
@@ -259,8 +259,8 @@ def test_pair_differs_only_in_where_the_weights_are(pair):
 
 
 def test_external_build_and_calibration_match_inline(pair):
-    from core.calibration import calibrate_policy
-    from core.runs import build_and_measure
+    from core.quant.calibration import calibrate_policy
+    from core.measure.runs import build_and_measure
 
     results = []
     for p in pair:

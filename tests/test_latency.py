@@ -7,9 +7,9 @@ import onnx
 import pytest
 
 from core.backends import select_backend
-from core.calibration import calibrate
-from core.inventory import tensor_shapes
-from core.metrics import Quality
+from core.measure.metrics import Quality
+from core.model.inventory import tensor_shapes
+from core.quant.calibration import calibrate
 from core.search import Budget, Candidate, _preference, fusable_edges, latency_model, to_wall_clock
 
 

@@ -1,4 +1,4 @@
-"""Loading a model without copying its weights through onnx's C++ side (core.onnx_graph.without_weights):
+"""Loading a model without copying its weights through onnx's C++ side (core.model.graph.without_weights):
 shape inference on a weightless copy gives the same proto as inferring the model itself, and constant
 folding on a copy that keeps only the initializers constant nodes read folds the same tensors."""
 from __future__ import annotations
@@ -8,9 +8,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from core.model import _infer_light, load_model
-from core.normalize import _folded_values, normalize_model
-from core.onnx_graph import LIGHT_FROM, without_weights
+from core.model.graph import LIGHT_FROM, without_weights
+from core.model.load import _infer_light, load_model
+from core.model.normalize import _folded_values, normalize_model
 from core.workspace import Workspace
 
 
@@ -70,7 +70,7 @@ def test_a_loaded_model_is_what_plain_inference_gives(tmp_path):
     loaded = load_model(path, Workspace(tmp_path / "ws"))
     normalized, _ = normalize_model(onnx.load(str(path)), tmp_path)
     plain = onnx.shape_inference.infer_shapes(normalized, strict_mode=True)
-    from core.model import assign_stable_names
+    from core.model.load import assign_stable_names
 
     assign_stable_names(plain)
     assert loaded.proto.SerializeToString() == plain.SerializeToString()

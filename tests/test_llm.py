@@ -1,5 +1,5 @@
-"""Decoder LLMs (issue 14 §2): pattern detection (core/llm.py), the LLM defaults in the inventory,
-next-token metrics (core/metrics.py) and their budgets, decoder data (core/data.py), and
+"""Decoder LLMs (issue 14 §2): pattern detection (core/model/llm.py), the LLM defaults in the inventory,
+next-token metrics (core/measure/metrics.py) and their budgets, decoder data (core/model/data.py), and
 ``sample:tiny-decoder`` end to end: inspect, build, rank, isolated sensitivity, search under ``kl_div``."""
 from __future__ import annotations
 
@@ -15,15 +15,15 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from core import llm
-from core.data import _mask, generate_dataset, load_npz
 from core.errors import MixprecError
-from core.metrics import Quality
-from core.model import load_model
-from core.policy import uniform_policy
+from core.measure.metrics import Quality
+from core.measure.runs import build_and_measure
+from core.model import llm
+from core.model.data import _mask, generate_dataset, load_npz
+from core.model.load import load_model
+from core.model.samples import IGNORE_LABEL, TINY_DECODER_CONFIG, materialize_sample, next_token_labels
 from core.project import open_project
-from core.runs import build_and_measure
-from core.samples import IGNORE_LABEL, TINY_DECODER_CONFIG, materialize_sample, next_token_labels
+from core.quant.policy import uniform_policy
 from core.search import Budget, SearchConfig, search
 from core.search.budget import default_margin
 from core.sensitivity import rank_layers, sensitivity

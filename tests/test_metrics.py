@@ -9,9 +9,9 @@ import math
 import numpy as np
 import pytest
 
-from core.metrics import (Quality, StreamingError, cosine_rows, kl_rows, looks_like_vocab_logits, quality, snr_db,
-                          token_metrics)
-from core.samples import IGNORE_LABEL
+from core.measure.metrics import (Quality, StreamingError, cosine_rows, kl_rows, looks_like_vocab_logits, quality, snr_db,
+                                  token_metrics)
+from core.model.samples import IGNORE_LABEL
 
 
 def test_streaming_error_matches_the_one_shot_metrics():

@@ -7,8 +7,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from core.errors import MixprecError
-from core.model import load_model
-from core.shapes import resolve_input_shapes
+from core.model.load import load_model
+from core.model.shapes import resolve_input_shapes
 
 
 def _tiny_matmul(path, external: str | None = None, int_output=False):

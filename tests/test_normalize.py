@@ -1,4 +1,4 @@
-"""Normalisation on load (core/normalize.py): IR < 4 initializer inputs, opset < 13, constant-node
+"""Normalisation on load (core/model/normalize.py): IR < 4 initializer inputs, opset < 13, constant-node
 weights, already-quantized models. Every model is built in code; each loads with its steps recorded
 (and still computes what the original computes) or fails with its own message."""
 from __future__ import annotations
@@ -10,17 +10,17 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import core.normalize as normalize
+import core.model.normalize as normalize
 from conftest import run_model
-from core.calibration import calibrate_policy
-from core.cli import main as cli_main
-from core.compile import compile_policy
+from core.cli.commands import main as cli_main
 from core.errors import MixprecError
-from core.model import load_model
-from core.normalize import NormStep, quantized_ops
-from core.policy import uniform_policy
+from core.measure.runs import build_and_measure
+from core.model.load import load_model
+from core.model.normalize import NormStep, quantized_ops
 from core.project import open_project
-from core.runs import build_and_measure
+from core.quant.calibration import calibrate_policy
+from core.quant.compile import compile_policy
+from core.quant.policy import uniform_policy
 from core.workspace import Workspace
 
 RNG = np.random.default_rng(0)

@@ -1,4 +1,4 @@
-"""INT8 placement beyond MAC layers (issue 11 §1, core/placement.py): residual Add, pooling and Concat
+"""INT8 placement beyond MAC layers (issue 11 §1, core/model/placement.py): residual Add, pooling and Concat
 as policy choices, compiled as TensorRT fuses them, with calibration, boundaries, the switchable
 model and the search covering them. The ResNet-18 structure is in tests/test_resnet_structure.py."""
 from __future__ import annotations
@@ -8,13 +8,13 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from core.calibration import calibrate_policy
-from core.compile import compile_policy
-from core.inventory import can_be_int8, require_eligible
-from core.nets import branchy_onnx
-from core.placement import BOUNDARY_COLUMNS, boundaries
-from core.policy import policy_from_dict
+from core.model.inventory import can_be_int8, require_eligible
+from core.quant.calibration import calibrate_policy
+from core.quant.compile import compile_policy
+from tests.fixtures.nets import branchy_onnx
+from core.model.placement import BOUNDARY_COLUMNS, boundaries
 from core.project import open_project
+from core.quant.policy import policy_from_dict
 from core.sensitivity import sensitivity
 from core.sensitivity.isolated import switchable_model
 from core.workspace import Workspace
@@ -24,7 +24,7 @@ PLACED = ("/Concat", "/MaxPool", "/Add", "/GlobalAveragePool")
 
 @pytest.fixture(scope="module")
 def branchy(tmp_path_factory):
-    """conv → two conv branches → Concat → MaxPool → conv + residual Add → Relu → GAP → fc (core.nets)."""
+    """conv → two conv branches → Concat → MaxPool → conv + residual Add → Relu → GAP → fc (tests.fixtures.nets)."""
     tmp = tmp_path_factory.mktemp("branchy")
     (tmp / "branchy.onnx").write_bytes(branchy_onnx(batch=2))
     return open_project(str(tmp / "branchy.onnx"), ws=Workspace(tmp / "ws"))

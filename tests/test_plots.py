@@ -1,4 +1,4 @@
-"""core.plots charts (the search's, the runs', one run against another) and core.present's display
+"""core.display.charts charts (the search's, the runs', one run against another) and core.display.tables's display
 tables: units, rounding, local times, axis ranges that fit, legends, user text drawn literally."""
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from core.display.charts import plot_pareto, plot_sensitivity_compare
 from core.errors import MixprecError
-from core.metrics import Quality
-from core.plots import plot_pareto, plot_sensitivity_compare
+from core.measure.metrics import Quality
 from core.search import CANDIDATE_COLUMNS, Budget, SearchResult, pareto_flags
 from core.sensitivity import SENSITIVITY_COLUMNS, Sensitivity, ranking_comparison
-from core.store import load_search, save_search, search_path
+from core.store.results import load_search, save_search, search_path
 from core.workspace import Workspace, atomic_write_json, take_notes
 
 NAMES = [f"layer{i}/MatMul" for i in range(6)]
@@ -118,7 +118,7 @@ def test_per_layer_chart_marks_fp16_simulated_on_the_cpu():
     trace, and the title says its time is not FP16 time; a real float16 LayerNormalization, a Cast
     (a conversion) and every node on TensorRT are not marked."""
     from core.backends.base import PER_LAYER_COLUMNS
-    from core.plots import SIMULATED_FP16, plot_run_layers, simulated_fp16
+    from core.display.charts import SIMULATED_FP16, plot_run_layers, simulated_fp16
 
     rows = [("/mm", "MatMul", "/mm", "fp16", 0.4, 40.0, False), ("/ln", "LayerNormalization", "/ln", "fp16", 0.2, 20.0,
             False), ("/cast", "Cast", "", "fp16", 0.1, 10.0, True), ("/q", "MatMul", "/q", "int8", 0.3, 30.0, False)]
@@ -137,7 +137,7 @@ def test_per_layer_chart_marks_fp16_simulated_on_the_cpu():
 
 # ---------------------------------------------------------------------------- honest presentation (issue 13 §4, §5)
 def _runs_table(n: int = 2, label: str = "run") -> pd.DataFrame:
-    from core.runs import RUN_COLUMNS
+    from core.measure.runs import RUN_COLUMNS
 
     rows = []
     for i in range(n):
@@ -156,7 +156,7 @@ def _runs_table(n: int = 2, label: str = "run") -> pd.DataFrame:
 def test_local_time_and_rounding():
     import time
 
-    from core.present import local_time, metric_text, significant
+    from core.display.tables import local_time, metric_text, significant
 
     t = 1767225600.0
     assert local_time(t).startswith(time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)))
@@ -171,7 +171,7 @@ def test_local_time_and_rounding():
 
 
 def test_run_history_and_comparison_have_units_labels_and_local_times():
-    from core.present import local_time, run_comparison_table, run_history
+    from core.display.tables import local_time, run_comparison_table, run_history
 
     runs = _runs_table()
     hist = run_history(runs)
@@ -194,7 +194,7 @@ def test_run_history_and_comparison_have_units_labels_and_local_times():
 def test_quality_vs_latency_axes_fit_one_run():
     """A single run: the cosine axis stays near its value (not up to 1.5), the colour scale starts
     at 0 with integer ticks (not 41.6–42.4), the latency axis around the point."""
-    from core.plots import plot_quality_vs_latency, plot_run_quality
+    from core.display.charts import plot_quality_vs_latency, plot_run_quality
 
     one = _runs_table(1)
     fig = plot_quality_vs_latency(one)
@@ -213,7 +213,7 @@ def test_quality_vs_latency_axes_fit_one_run():
 
 
 def test_run_latency_lines_are_in_the_legend():
-    from core.plots import plot_run_latency
+    from core.display.charts import plot_run_latency
 
     fig = plot_run_latency(_runs_table(2))
     names = [t.name for t in fig.data]
@@ -227,7 +227,7 @@ def test_user_text_is_drawn_literally_in_charts():
     """A label or layer name with HTML: Plotly would draw <b> bold and <a href> as a link; every
     chart escapes it, and keeps the raw name in customdata[0] for selection events."""
     from core.backends.base import PER_LAYER_COLUMNS
-    from core.plots import plot_ranking, plot_run_latency, plot_run_layers, plot_run_quality, plot_text
+    from core.display.charts import plot_ranking, plot_run_latency, plot_run_layers, plot_run_quality, plot_text
 
     bad = '<b>x</b> <a href="http://127.0.0.1:9/">l</a> & co'
     assert plot_text(bad) == '&lt;b&gt;x&lt;/b&gt; &lt;a href="http://127.0.0.1:9/"&gt;l&lt;/a&gt; &amp; co'
@@ -254,8 +254,8 @@ def test_layer_comparison_and_its_chart():
     """Two runs layer by layer: time of each policy layer (its nodes and conversions summed), its
     precision in each, and a chart with both runs named by their labels and a legend of precisions."""
     from core.backends.base import PER_LAYER_COLUMNS
-    from core.plots import plot_layer_comparison
-    from core.present import LAYER_COMPARE_COLUMNS, layer_comparison
+    from core.display.charts import plot_layer_comparison
+    from core.display.tables import LAYER_COMPARE_COLUMNS, layer_comparison
 
     a = pd.DataFrame([("/mm", "MatMulInteger", "/mm", "int8", 0.4, 40.0, False),
                       ("/mm/x0/QuantizeLinear", "QuantizeLinear", "/mm", "int8", 0.1, 10.0, True),

@@ -11,7 +11,7 @@ import pytest
 from core.errors import MixprecError
 from core.export import (DEFAULT_TRT_VERSION, compiled_onnx, polygraphy_command, trtexec_legacy_command,
                          trtexec_typed_command)
-from core.policy import POLICY_VERSION, Policy, migrate_v1, policy_from_dict, policy_from_text, uniform_policy
+from core.quant.policy import POLICY_VERSION, Policy, migrate_v1, policy_from_dict, policy_from_text, uniform_policy
 
 
 def test_default_policy_roundtrip(tiny_transformer):
@@ -86,7 +86,7 @@ def test_legacy_command_has_int8_and_calib_only_with_int8_layers(tiny_cnn):
 
 def test_calibration_cache_header_names_the_target_tensorrt(tiny_cnn):
     """Bug 1: the header was hard-coded to TRT-100100 (10.1.0); TensorRT rejects another version's cache."""
-    from core.calibration import calibrate, trt_calibration_cache, trt_version_number
+    from core.quant.calibration import calibrate, trt_calibration_cache, trt_version_number
 
     calib = calibrate(tiny_cnn.model, tiny_cnn.calib_data, "minmax", tiny_cnn.ws)
     assert trt_calibration_cache(calib, "10.8.0.43").splitlines()[0] == "TRT-100800-EntropyCalibration2"
@@ -184,8 +184,8 @@ def test_v1_policies_compile_to_the_same_model(golden_models):
     all-FP16, on models with residual Adds, pooling and a float Concat) loads through the migration
     and compiles node by node to what the format-1 compiler wrote, on both targets."""
     import v1_golden
-    from core.compile import compile_policy
-    from core.inventory import build_inventory
+    from core.quant.compile import compile_policy
+    from core.model.inventory import build_inventory
 
     cases = json.loads(v1_golden.GOLDEN.read_text())
     assert len(cases) == 12
@@ -204,7 +204,7 @@ def test_v1_migration_keeps_format_1_meaning(golden_models):
     """A format-1 document that omits layers gets format-1 defaults (placement layers at the network
     default), the float Concat the precision it followed; the same document as format 2 gets the new
     pattern defaults (INT8 residual Add, pooling and Concat)."""
-    from core.inventory import build_inventory
+    from core.model.inventory import build_inventory
 
     model = golden_models["branchy"]
     layers = build_inventory(model)

@@ -13,14 +13,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from core.distributed import RAY_ENV, RayTrialPool, gather, ray_address
-from core.distributed_builds import build_policies
 from core.errors import MixprecError
+from core.jobs.distributed_builds import build_policies
 from core.project import open_project
+from core.quant.calibration import calibrate_policy
 from core.search import SearchConfig, search
 from core.sensitivity import TrialPool, open_trial_pool, sensitivity, split_eval, switchable_model, trial_data
+from core.sensitivity.distributed import RAY_ENV, RayTrialPool, gather, ray_address
 from core.sensitivity.isolated import _trial_sets
-from core.calibration import calibrate_policy
 from core.workspace import Workspace
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (scripts/setup.sh installs it)")
@@ -31,12 +31,12 @@ STORE = 100 << 20
 
 @pytest.fixture(scope="module")
 def cluster():
-    """Two Ray nodes on this machine; this process is the driver (``core.distributed.connect``)."""
+    """Two Ray nodes on this machine; this process is the driver (``core.sensitivity.distributed.connect``)."""
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": STORE,
                                                       "include_dashboard": False})
     c.add_node(num_cpus=2, num_gpus=2, object_store_memory=STORE)  # GPUs declared only: the scheduling test
     c.wait_for_nodes()
-    from core.distributed import connect
+    from core.sensitivity.distributed import connect
 
     connect(c.address)
     yield c
@@ -130,7 +130,7 @@ def test_trials_share_the_model_once_and_reuse_worker_sessions(cluster, rws, mon
 
 
 def test_a_model_with_external_weights_is_read_from_the_workspace(cluster, rws, tmp_path, monkeypatch):
-    """Weights kept in data files (core.external; here forced from 1 byte on) never go through the
+    """Weights kept in data files (core.model.external; here forced from 1 byte on) never go through the
     object store: the workers open the switchable model and its data files from the workspace."""
     import numpy as np
     import onnx
@@ -218,7 +218,7 @@ def test_search_trials_on_the_cluster_match_local(cluster, rws, monkeypatch):
 
 
 def test_cli_sensitivity_with_ray(cluster, rws, monkeypatch, capsys):
-    from core.cli import main
+    from core.cli.commands import main
 
     monkeypatch.setenv("MIXPREC_WORKSPACE", str(rws.root))
     p = open_project("sample:tiny-cnn", ws=rws)

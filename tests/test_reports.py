@@ -1,4 +1,4 @@
-"""core.reports and its charts in core.plots, on the real A100 trtexec reports in shared/fixtures.
+"""core.backends.reports and its charts in core.display.charts, on the real A100 trtexec reports in shared/fixtures.
 
 Uploads (file contents as bytes) are read with ``load_engine_report``: ``EngineReport.from_bytes``, which only
 these tests used, was removed as dead code (issue 9); the tests of it now call ``load_engine_report`` on the
@@ -11,14 +11,14 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
+from core.backends.reports import (
+                                   LAYER_COLUMNS, NEIGHBOUR_COLUMNS, PRECISION_COLUMNS, REFORMAT_COLUMNS, TYPE_COLUMNS,
+                                   EngineReport, datatype, load_engine_report, onnx_names, reformat_table,
+                                   )
+from core.display.charts import (
+                                 plot_latency_by_type, plot_layer_latency, plot_precision_distribution, plot_reformat_overhead,
+                                 )
 from core.errors import MixprecError
-from core.plots import (
-    plot_latency_by_type, plot_layer_latency, plot_precision_distribution, plot_reformat_overhead,
-)
-from core.reports import (
-    LAYER_COLUMNS, NEIGHBOUR_COLUMNS, PRECISION_COLUMNS, REFORMAT_COLUMNS, TYPE_COLUMNS,
-    EngineReport, datatype, load_engine_report, onnx_names, reformat_table,
-)
 
 RUNS = ["fp32", "fp16", "qat", "qat-residual", "qat-residual-qgap"]
 # run: (layers, reformat layers, reformat ms, per-layer sum ms, NoOp CopyNodes, layers by precision)

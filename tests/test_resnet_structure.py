@@ -1,5 +1,5 @@
 """Structure of a ResNet-18 default policy (issue 11 §4): ResNet-18 built with torch.nn in torchvision's
-layout (core/nets.py), exported at 32 × 3 × 224 × 224, and compiled for TensorRT. Every residual Add
+layout (tests/fixtures/nets.py), exported at 32 × 3 × 224 × 224, and compiled for TensorRT. Every residual Add
 has its skip input quantized (a DequantizeLinear feeds it) and its conv input not, which is the
 placement the real A100 engine ``a100-resnet-qat-residual`` fuses into ``Conv + Add + Relu`` INT8
 convolutions. The boundaries the placement leaves are checked against the Reformat layers of the three
@@ -12,10 +12,10 @@ from collections import Counter
 import onnx
 import pytest
 
-from core.calibration import calibrate_policy
-from core.compile import compile_policy
-from core.nets import resnet18, resnet18_onnx
-from core.placement import RESIDUAL_INT8, boundaries
+from core.quant.calibration import calibrate_policy
+from core.quant.compile import compile_policy
+from tests.fixtures.nets import resnet18, resnet18_onnx
+from core.model.placement import RESIDUAL_INT8, boundaries
 from core.project import open_project
 from core.workspace import Workspace
 
@@ -124,7 +124,7 @@ def _float_to_int8_tensors(resnet, policy) -> int:
 ])
 def test_boundaries_match_the_real_engines(resnet, trt_reports_dir, fixture, adds, maxpool, gap):
     """For the placement of each real A100 INT8 engine, the float→INT8 boundaries that
-    core.placement.boundaries finds are the QuantizeLinear reformats TensorRT built (9, 1 and 0)."""
+    core.model.placement.boundaries finds are the QuantizeLinear reformats TensorRT built (9, 1 and 0)."""
     base = resnet.default_policy()
     pol = base.with_layers({**{l.name: adds for l in resnet.layers if l.op_type == "Add"},
                             "/maxpool/MaxPool": maxpool, "/avgpool/GlobalAveragePool": gap})

@@ -10,13 +10,13 @@ import pytest
 
 from core.backends import Latency
 from core.backends.base import PER_LAYER_COLUMNS
+from core.backends.reports import ReformatSummary
 from core.errors import MixprecError
-from core.metrics import Quality
-from core.reports import ReformatSummary
-from core.runs import GENERATED_NOTE, ORT_CPU_SOURCE, RUN_COLUMNS, RunResult, build_and_measure, latency_caveat, \
+from core.measure.metrics import Quality
+from core.measure.runs import GENERATED_NOTE, ORT_CPU_SOURCE, RUN_COLUMNS, RunResult, build_and_measure, latency_caveat, \
     latency_source, quality_warnings, speedup_text
 from core.sensitivity import RANK_COLUMNS, Ranking
-from core.store import list_runs, load_run, load_run_per_layer
+from core.store.results import list_runs, load_run, load_run_per_layer
 from core.workspace import Workspace, atomic_write_json, atomic_write_text
 
 FFN_DOWN = [f"/encoder/layer.{i}/output/dense/MatMul" for i in range(6)]
@@ -51,7 +51,7 @@ def test_build_reports_every_field(tiny_transformer):
 
 
 def test_fp32_policy_is_lossless(tiny_cnn):
-    from core.policy import uniform_policy
+    from core.quant.policy import uniform_policy
 
     r = build_and_measure(tiny_cnn, uniform_policy(tiny_cnn.model, tiny_cnn.layers, "fp32"), iterations=10,
                           profile_iterations=2)
@@ -79,9 +79,9 @@ def test_minilm_ffn_down_with_int8_outputs_reproduces_the_seed(minilm):
     in FP16 lift it by more than 0.05 — their outputs carry the residual stream's outliers.
     mixprec's placement (outputs stay float) starts at 0.981 instead."""
     from conftest import run_model
-    from core.calibration import calibrate
-    from core.compile import compile_policy
-    from core.metrics import cosine_rows
+    from core.quant.calibration import calibrate
+    from core.quant.compile import compile_policy
+    from core.measure.metrics import cosine_rows
 
     base = minilm.default_policy()
     calib = calibrate(minilm.model, minilm.calib_data, base.calibration, minilm.ws)
@@ -242,7 +242,7 @@ def test_quality_warning_below_the_threshold(tiny_cnn):
 
 
 def test_cli_build_json_carries_the_warning(ws, tiny_cnn, monkeypatch, capsys):
-    from core.cli import main
+    from core.cli.commands import main
 
     monkeypatch.setenv("MIXPREC_WORKSPACE", str(ws.root))
     assert main(["build", "sample:tiny-cnn", "--json", "--iterations", "3", "--warn-below", "1.01"]) == 0
@@ -256,7 +256,7 @@ def test_cli_build_json_carries_the_warning(ws, tiny_cnn, monkeypatch, capsys):
 
 
 def test_cli_target_in_the_json_and_the_text(ws, monkeypatch, capsys):
-    from core.cli import main
+    from core.cli.commands import main
 
     monkeypatch.setenv("MIXPREC_WORKSPACE", str(ws.root))
     assert main(["build", "sample:tiny-cnn", "--json", "--iterations", "3", "--target", "onnxruntime"]) == 0

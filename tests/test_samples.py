@@ -1,4 +1,4 @@
-"""Bundled samples: graphs, data, numerics and caching (core/samples.py)."""
+"""Bundled samples: graphs, data, numerics and caching (core/model/samples.py)."""
 from __future__ import annotations
 
 from collections import Counter
@@ -10,8 +10,8 @@ import pytest
 from onnx import numpy_helper
 
 from core.errors import MixprecError
-from core.samples import (FORMAT_VERSION, SAMPLES, load_minilm_module, materialize_sample, run_minilm_module,
-                          split_corpus, tokenize_sentences, write_sample)
+from core.model.samples import (FORMAT_VERSION, SAMPLES, load_minilm_module, materialize_sample, run_minilm_module,
+                                split_corpus, tokenize_sentences, write_sample)
 from core.workspace import Workspace, sha256_file
 
 

@@ -100,8 +100,8 @@ def test_top1_drop_budget_uses_labels(tiny_cnn, tmp_path):
     from dataclasses import replace
 
     from conftest import run_model
-    from core.data import load_npz
-    from core.runs import build_and_measure
+    from core.model.data import load_npz
+    from core.measure.runs import build_and_measure
 
     ev = tiny_cnn.eval_data
     pred = run_model(tiny_cnn.model.proto, ev.batches(1)).argmax(1)
@@ -131,7 +131,7 @@ def test_tensorrt_target_without_tensorrt_searches_mac_share_not_cpu_latency(tin
     estimate), and its verdict says so."""
     from dataclasses import replace
 
-    from core.metrics import Quality
+    from core.measure.metrics import Quality
     from core.search.result import Candidate
     from core.search.searcher import MAC_SHARE_NOTE, _preference, search_objective
 
@@ -186,7 +186,7 @@ def test_histogram_failure_in_calibration_is_a_clear_error(tiny_cnn, monkeypatch
     mixprec turns it into a MixprecError that names the method and the fix."""
     from onnxruntime.quantization import calibrate as ort_calibrate
 
-    from core.calibration import calibrate
+    from core.quant.calibration import calibrate
     from core.workspace import Workspace
 
     def boom(self, *a, **k):
@@ -199,7 +199,7 @@ def test_histogram_failure_in_calibration_is_a_clear_error(tiny_cnn, monkeypatch
 
 # --- the TensorRT estimate's band: ties ---------------------------------------------------------
 def _cand(name, est, boundaries, cos, band=0.12):
-    from core.metrics import Quality
+    from core.measure.metrics import Quality
     from core.search.result import Candidate
 
     q = Quality(cos, cos - 0.01, 30.0, 0.1, None, None, 8)

@@ -1,4 +1,4 @@
-"""Input shapes (core/shapes.py): batch axes from the dims' symbols, every dynamic dim settable,
+"""Input shapes (core/model/shapes.py): batch axes from the dims' symbols, every dynamic dim settable,
 defaults reported as such, and the shapes used for data, calibration, evaluation and the build.
 Models are built in code and kept tiny."""
 from __future__ import annotations
@@ -11,16 +11,16 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from core.cli import main as cli_main
-from core.data import generate_dataset, load_npz
+from core.cli.commands import main as cli_main
 from core.errors import MixprecError
-from core.evaluation import eval_batch, timing_feed
 from core.export import trtexec_typed_command
 from core.jobs.params import BuildParams, build_params
-from core.model import load_model
+from core.measure.reference import eval_batch, timing_feed
+from core.measure.runs import build_and_measure
+from core.model.data import generate_dataset, load_npz
+from core.model.load import load_model
+from core.model.shapes import batch_axes, fixed_batch, parse_shape, resolve_input_shapes, shape_choices
 from core.project import open_project
-from core.runs import build_and_measure
-from core.shapes import batch_axes, fixed_batch, parse_shape, resolve_input_shapes, shape_choices
 from core.workspace import Workspace
 
 F = TensorProto.FLOAT
@@ -252,7 +252,7 @@ def test_dev_and_held_out_halves_are_whole_fixed_batches():
     """96 samples of a model whose batch is fixed at 32 split into 32 + 64, never 48 + 48."""
     import numpy as np
 
-    from core.data import Dataset
+    from core.model.data import Dataset
     from core.errors import MixprecError
     from core.sensitivity import split_eval
 
@@ -266,7 +266,7 @@ def test_dev_and_held_out_halves_are_whole_fixed_batches():
 
 def test_non_ascii_digits_are_a_clear_error():
     """'²'.isdigit() is True but int('²') raises: both shape flags refuse it cleanly."""
-    from core.cli import _shape_overrides
+    from core.cli.commands import _shape_overrides
 
     with pytest.raises(MixprecError, match="bad --shape"):
         parse_shape("x=1x²")

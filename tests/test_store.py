@@ -1,4 +1,4 @@
-"""core.store: rankings, sensitivity tables and searches are stored as typed JSON records under
+"""core.store.results: rankings, sensitivity tables and searches are stored as typed JSON records under
 keys of model, data and method; an older or damaged stored document is not used (None, so it is
 computed again) and a note says why; uploads keep their file name."""
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from core.metrics import Quality
+from core.measure.metrics import Quality
 from core.sensitivity import RANK_COLUMNS, SENSITIVITY_COLUMNS, Ranking, Sensitivity
-from core.store import (load_ranking, load_sensitivity, project_ranking_key, ranking_path, save_ranking,
-                        save_sensitivity, store_upload)
+from core.store.results import (load_ranking, load_sensitivity, project_ranking_key, ranking_path, save_ranking,
+                                save_sensitivity, store_upload)
 from core.workspace import Workspace, atomic_write_text, take_notes
 
 
@@ -73,7 +73,7 @@ def test_older_or_damaged_stored_documents_are_recomputed_with_a_note(store_ws, 
 
 
 def test_store_upload_keeps_content_by_hash_and_the_file_name(store_ws, tiny_cnn):
-    from core.model import load_model
+    from core.model.load import load_model
 
     data = tiny_cnn.model.path.read_bytes()
     path = store_upload(store_ws, data, "tiny.onnx", "model")
@@ -108,7 +108,7 @@ def test_searches_are_kept_per_gpu_and_an_old_key_is_read_for_its_own_gpu(store_
     before (no GPU) is still found for the GPU it estimated on, and only for it."""
     from core.estimate.gpus import GPU, GPUS
     from core.project import open_project
-    from core.store import load_search, save_search, search_path, stored_search_path
+    from core.store.results import load_search, save_search, search_path, stored_search_path
 
     b = "cosine_mean>=0.99"
     t4, a100 = GPUS["t4"], GPUS["a100"]

@@ -11,9 +11,9 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from core.calibration import calibrate_policy
-from core.compile import QUANT_INPUTS, compile_policy
-from core.distributed import TRIAL_DISABLED_OPTIMIZERS, trial_options, trial_session
+from core.quant.calibration import calibrate_policy
+from core.quant.compile import QUANT_INPUTS, compile_policy
+from core.sensitivity.distributed import TRIAL_DISABLED_OPTIMIZERS, trial_options, trial_session
 
 
 def _compiled(p, smooth: bool = False):

@@ -1,4 +1,4 @@
-"""TensorRT's explicit-quantization rules (core/trt_rules.py), checked on what the compiler really
+"""TensorRT's explicit-quantization rules (core/quant/trt_rules.py), checked on what the compiler really
 writes for the ``trt`` target: every bundled sample and the real-model classes (NHWC convs behind
 Transposes, Gemm with transB 0/1, ConvTranspose, opset 11 through normalisation, Constant weights),
 each under the default, an all-INT8 and a mixed policy. Hand-made models that break each rule show
@@ -14,12 +14,12 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from core.calibration import calibrate, calibrate_policy
-from core.compile import compile_policy
 from core.errors import MixprecError
-from core.policy import uniform_policy
 from core.project import open_project
-from core.trt_rules import RULES, Violation, assert_trt_rules, check_explicit_quantization
+from core.quant.calibration import calibrate, calibrate_policy
+from core.quant.compile import compile_policy
+from core.quant.policy import uniform_policy
+from core.quant.trt_rules import RULES, Violation, assert_trt_rules, check_explicit_quantization
 from core.workspace import Workspace
 
 RNG = np.random.default_rng(11)
@@ -470,7 +470,7 @@ def test_placement_rules():
 def test_placement_models_follow_the_rules(tmp_path):
     """ResNet-18 and a small CNN with every placement op (Concat, MaxPool, residual Add, GAP), under
     the default, all-INT8 and mixed policies: the INT8 placements are really compiled, and pass."""
-    from core.nets import branchy_onnx, resnet18_onnx
+    from tests.fixtures.nets import branchy_onnx, resnet18_onnx
 
     for name, data in (("branchy", branchy_onnx()), ("resnet18", resnet18_onnx(batch=2))):
         (tmp_path / f"{name}.onnx").write_bytes(data)
@@ -499,7 +499,7 @@ def test_the_models_own_casts_are_not_precision_boundaries(tmp_path):
     compiler made: an all-FP32 and a default trt compile of such a model pass."""
     from onnx import helper as h
 
-    from core.policy import uniform_policy
+    from core.quant.policy import uniform_policy
     from core.project import open_project
     from core.workspace import Workspace
 

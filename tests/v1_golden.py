@@ -1,6 +1,6 @@
 """Golden record of how policy-format-1 documents compiled before the INT8 placement (issue 11 §1).
 
-:func:`record` was run on the format-1 code (commit a964255, with ``core/nets.py`` copied in) and wrote
+:func:`record` was run on the format-1 code (commit a964255, with ``tests/fixtures/nets.py`` copied in) and wrote
 ``tests/data/policy_v1_compiled.json``: for each case, the v1 policy document and a node-by-node
 signature of its compiled ONNX (both targets). ``tests/test_policy.py`` loads each v1 document through
 the migration and checks that today's compiler produces the same signature, i.e. that a v1 policy
@@ -8,7 +8,7 @@ keeps its compiled model. Calibration ranges are synthetic (a digest of the tens
 record depends on nothing but the model bytes and the policy. To record again (only if a model's
 bytes change), on the format-1 code::
 
-    git archive a964255 core | tar -x -C /tmp/v1 && cp core/nets.py /tmp/v1/core/
+    git archive a964255 core | tar -x -C /tmp/v1 && cp tests/fixtures/nets.py /tmp/v1/core/
     cd /tmp && PYTHONPATH=/tmp/v1 python -c "import sys; sys.path.insert(0, '/path/to/repo/tests'); \
         import v1_golden; v1_golden.record()"
 """
@@ -27,8 +27,8 @@ TARGETS = ("trt", "ort")
 
 def synthetic_calib(model):
     """A CalibrationResult with a deterministic range for every float tensor of the model."""
-    from core.calibration import CalibrationResult
-    from core.policy import CalibrationSettings
+    from core.quant.calibration import CalibrationResult
+    from core.quant.policy import CalibrationSettings
 
     names = {vi.name for vi in [*model.proto.graph.input, *model.proto.graph.value_info, *model.proto.graph.output]}
     names |= {o for n in model.proto.graph.node for o in n.output}
@@ -53,8 +53,8 @@ def signature(proto) -> list:
 
 def case_models():
     """(case name, model bytes) for every golden case."""
-    from core.nets import branchy_onnx, resnet18_onnx
-    from core.samples import materialize_sample
+    from tests.fixtures.nets import branchy_onnx, resnet18_onnx
+    from core.model.samples import materialize_sample
     from core.workspace import Workspace
     import tempfile
 
@@ -66,7 +66,7 @@ def case_models():
 
 
 def load(name: str, data: bytes, tmp: Path):
-    from core.model import model_from_bytes
+    from core.model.load import model_from_bytes
 
     path = tmp / f"{name}.onnx"
     path.write_bytes(data)
@@ -76,9 +76,9 @@ def load(name: str, data: bytes, tmp: Path):
 def record() -> None:
     import tempfile
 
-    from core.compile import compile_policy
-    from core.inventory import build_inventory
-    from core.policy import default_policy, uniform_policy
+    from core.quant.compile import compile_policy
+    from core.model.inventory import build_inventory
+    from core.quant.policy import default_policy, uniform_policy
 
     tmp = Path(tempfile.mkdtemp(prefix="mixprec-golden-"))
     cases = {}

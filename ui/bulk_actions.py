@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import streamlit as st
 
+from core.display.layer_select import top_k
+from core.display.policy_edit import policy_diff, select_layers, set_precision
 from core.errors import MixprecError
-from core.inventory import PRECISIONS
-from core.layer_select import top_k
-from core.policy_edit import policy_diff, select_layers, set_precision
+from core.model.inventory import PRECISIONS
 from core.project import Project
 from ui import common as ui
 

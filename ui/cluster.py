@@ -1,5 +1,5 @@
 """The sidebar's compute settings: where the trials of the isolated / leave-one-out sensitivity and
-of the search run (this server's local process pool, or Ray tasks: ``core.distributed``), and the
+of the search run (this server's local process pool, or Ray tasks: ``core.sensitivity.distributed``), and the
 memory budget of the rank's layer-wise comparison (``rank --max-memory``). Both are checked by the
 job builders' own checks (``core.jobs.params``), kept for the session and saved with the project
 (as the GPU picker of ``ui.estimate_panel`` is): a reload of the project's URL brings them back."""
@@ -10,10 +10,10 @@ import os
 
 import streamlit as st
 
-from core.distributed import LOCAL, RAY_ENV, RAY_PIN
 from core.errors import MixprecError
 from core.jobs.params import IsolatedParams, memory_param, ray_param
 from core.sensitivity import parse_memory
+from core.sensitivity.distributed import LOCAL, RAY_ENV, RAY_PIN
 from core.workspace import human_bytes
 from ui import common as ui
 

@@ -11,14 +11,16 @@ from pathlib import Path
 
 import streamlit as st
 
-from core import drafts, store
-from core import samples as core_samples
+from core.store import drafts
+
 from core.backends import select_backend
 from core.errors import MixprecError
 from core.jobs import Job, JobManager, can_cancel
-from core.policy import Policy, policy_from_dict
+from core.measure.runs import speedup_text
+from core.model import samples as core_samples
 from core.project import DEFAULT_TARGET, DEPLOY_TARGETS, Project, open_project
-from core.runs import speedup_text
+from core.quant.policy import Policy, policy_from_dict
+from core.store import results as store
 from core.workspace import Workspace
 
 SAMPLES = [f"sample:{name}" for name in core_samples.SAMPLES]
@@ -70,7 +72,7 @@ _DELTA = {"up": "green", "down": "red", "off": "gray"}
 
 def speedup_metric(where, label: str, value: str, speedup, help: str | None = None) -> None:
     """An ``st.metric`` whose delta is the speedup against FP32 in words: green with an up arrow
-    when faster, red with a down arrow and "slower than FP32" when slower (``core.runs.speedup_text``)."""
+    when faster, red with a down arrow and "slower than FP32" when slower (``core.measure.runs.speedup_text``)."""
     text, direction = speedup_text(speedup)
     where.metric(label, value, text, delta_color=_DELTA[direction], delta_arrow=direction, help=help)
 
@@ -148,7 +150,7 @@ def set_shapes(shapes: dict | None) -> None:
     set_source(src["model"], src.get("data"), src.get("eval_data"), shapes, src.get("target"))
 
 
-# --- the saved project: id in the URL, source and kept settings in the workspace (core.drafts) ---
+# --- the saved project: id in the URL, source and kept settings in the workspace (core.store.drafts) ---
 def project_id() -> str:
     """The id of the session's saved project: the URL's ``?project=`` if well-formed, else a new one."""
     if "project_id" not in st.session_state:
@@ -294,7 +296,7 @@ def upload(file, kind: str, model=None) -> str | None:
         return None
 
 
-# --- stored results (records from core.store; a document of another format is shown as an error) ---
+# --- stored results (records from core.store.results; a document of another format is shown as an error) ---
 def _stored(load, *args):
     try:
         return load(*args)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import streamlit as st
 
-from core.errors import MixprecError
-from core.plots import plot_latency_by_type, plot_layer_latency, plot_precision_distribution, \
+from core.backends.reports import PCT_LABEL, load_engine_report, reformat_table
+from core.display.charts import plot_latency_by_type, plot_layer_latency, plot_precision_distribution, \
     plot_reformat_overhead
-from core.present import ms_text
-from core.reports import PCT_LABEL, load_engine_report, reformat_table
+from core.display.tables import ms_text
+from core.errors import MixprecError
 from ui import common as ui
 from ui import estimate_panel, tables
 

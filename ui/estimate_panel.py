@@ -12,17 +12,17 @@ from concurrent.futures import TimeoutError as NotReady
 
 import streamlit as st
 
+from core.display.charts import plot_estimate_layers
+from core.display.tables import ms_text
 from core.errors import MixprecError
 from core.estimate.cost import FITTED, CostParams
 from core.estimate.fit import calibrate
 from core.estimate.gpus import FIXTURE_GPU, GPU, GPUS
 from core.estimate.predict import Prediction
 from core.estimate.service import EstimateService
-from core.plots import plot_estimate_layers
-from core.policy import Policy
-from core.present import ms_text
 from core.project import Project
-from core.store import load_gpu_calibration, run_dir, run_policy, save_gpu_calibration
+from core.quant.policy import Policy
+from core.store.results import load_gpu_calibration, run_dir, run_policy, save_gpu_calibration
 from ui import common as ui
 from ui import gpu_form
 

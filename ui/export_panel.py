@@ -8,14 +8,14 @@ from dataclasses import dataclass
 
 import streamlit as st
 
+from core.display.tables import local_time, run_title
 from core.errors import MixprecError
 from core.export import (BUNDLE_SCRIPTS, BUNDLE_STEM, DEFAULT_ATOL, DEFAULT_TRT_VERSION, POLICY_NAME, README_NAME,
                          SCRIPT_HEAD, TYPED_HEADER, bundle_filename, export_bundle, fold_command, legacy_script,
                          policy_filename, polygraphy_command, typed_script)
-from core.policy import Policy
-from core.present import local_time, run_title
 from core.project import Project
-from core.store import list_runs, run_dir, run_policy
+from core.quant.policy import Policy
+from core.store.results import list_runs, run_dir, run_policy
 from ui import common as ui
 from ui import estimate_panel
 

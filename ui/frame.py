@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import streamlit as st
 
+from core.measure.runs import latency_caveat
 from core.project import DEPLOY_TARGETS, TARGET_LABELS
-from core.runs import latency_caveat
 from ui import cluster
 from ui import common as ui
 

@@ -1,5 +1,5 @@
 """"Add a GPU" on the Precision page: a form with the fields of a GPU table row, validated by the
-same code as ``--gpu-spec`` (``core.estimate.gpus.check_spec``, via ``core.store.save_gpu_spec``),
+same code as ``--gpu-spec`` (``core.estimate.gpus.check_spec``, via ``core.store.results.save_gpu_spec``),
 saved in the workspace (``gpus/<key>.json``) and then offered in the estimate's GPU picker beside
 the table's rows. A saved file that is not valid is skipped with a note, never fatal."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import streamlit as st
 
 from core.errors import MixprecError
 from core.estimate.gpus import ARCHITECTURES, FIELD_HELP, FIGURES, GPU
-from core.store import delete_gpu_spec, read_gpu_specs, save_gpu_spec
+from core.store.results import delete_gpu_spec, read_gpu_specs, save_gpu_spec
 from core.workspace import Workspace
 from ui import common as ui
 

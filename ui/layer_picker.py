@@ -10,11 +10,11 @@ from functools import partial
 import pandas as pd
 import streamlit as st
 
-from core.layer_select import (RANKING_LABELS, RANKING_MODES, layer_latency, names_from_points, plot_layer_latency,
-                               plot_layer_scores, ranked_layers)
-from core.policy import CALIB_METHODS, Policy
+from core.display.layer_select import (RANKING_LABELS, RANKING_MODES, layer_latency, names_from_points, plot_layer_latency,
+                                       plot_layer_scores, ranked_layers)
 from core.project import Project
-from core.store import list_runs, load_run_per_layer, project_ranking_key, ranking_path, run_dir
+from core.quant.policy import CALIB_METHODS, Policy
+from core.store.results import list_runs, load_run_per_layer, project_ranking_key, ranking_path, run_dir
 from ui import common as ui
 
 SEL = "sel_layers"  # the working selection: layer names, set by the charts, the table or by name

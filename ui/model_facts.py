@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from core.measure.runs import GENERATED_NOTE, is_generated
 from core.project import Project
-from core.runs import GENERATED_NOTE, is_generated
 from ui import common as ui
 
 

@@ -10,12 +10,12 @@ from functools import partial
 import pandas as pd
 import streamlit as st
 
-from core.inventory import PRECISIONS
-from core.layer_select import filter_table
-from core.placement import boundaries
-from core.policy import Policy
-from core.policy_edit import editor_table, policy_summary
+from core.display.layer_select import filter_table
+from core.display.policy_edit import editor_table, policy_summary
+from core.model.inventory import PRECISIONS
+from core.model.placement import boundaries
 from core.project import Project
+from core.quant.policy import Policy
 from ui import bulk_actions
 from ui import common as ui
 from ui.layer_picker import SEL, RankingChoice, selection, set_selection
@@ -69,7 +69,7 @@ def _to_selection(p: Project, precision: str) -> None:
 
 
 def _boundary_counts(p: Project, pol: Policy) -> tuple[pd.DataFrame, dict[str, int]]:
-    """``core.placement.boundaries`` of the draft, and how many each layer has."""
+    """``core.model.placement.boundaries`` of the draft, and how many each layer has."""
     df = boundaries(p.model, p.layers, pol)
     return df, df.groupby("layer").size().to_dict() if not df.empty else {}
 

@@ -7,11 +7,11 @@ import time
 import streamlit as st
 
 from core.backends import BACKENDS
+from core.display.policy_edit import policy_diff
 from core.jobs import build_params
-from core.policy import Policy
-from core.policy_edit import policy_diff
 from core.project import Project
-from core.store import last_built_policy
+from core.quant.policy import Policy
+from core.store.results import last_built_policy
 from ui import common as ui
 
 

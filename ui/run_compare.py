@@ -5,12 +5,12 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from core.display.charts import plot_layer_comparison
+from core.display.policy_edit import policy_diff
+from core.display.tables import layer_comparison, run_columns, run_comparison_table, run_title
 from core.errors import MixprecError
-from core.plots import plot_layer_comparison
-from core.policy_edit import policy_diff
-from core.present import layer_comparison, run_columns, run_comparison_table, run_title
 from core.project import Project
-from core.store import load_run_per_layer, run_dir, run_policy
+from core.store.results import load_run_per_layer, run_dir, run_policy
 from ui import common as ui
 from ui import run_notes
 

@@ -8,11 +8,11 @@ import pandas as pd
 import streamlit as st
 
 from core.errors import MixprecError
+from core.measure.runs import GENERATED_NOTE, latency_caveat, worst_int8_layers
+from core.model.shapes import shape_text
 from core.project import Project
 from core.project import TARGET_LABELS
-from core.runs import GENERATED_NOTE, latency_caveat, worst_int8_layers
-from core.shapes import shape_text
-from core.store import load_run, run_policy
+from core.store.results import load_run, run_policy
 from ui import common as ui
 
 

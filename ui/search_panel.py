@@ -9,16 +9,16 @@ import math
 import plotly.graph_objects as go
 import streamlit as st
 
+from core.display.charts import plot_pareto
+from core.display.policy_edit import policy_diff
 from core.errors import MixprecError
-from core.jobs import search_params
-from core.plots import plot_pareto
-from core.policy_edit import policy_diff
-from core.project import Project
-from core.runs import GENERATED_NOTE
-from core.search import BUDGET_METRICS
 from core.estimate.gpus import FIXTURE_GPU, GPU, GPUS
-from core.store import searched_gpu_name
+from core.jobs import search_params
+from core.measure.runs import GENERATED_NOTE
+from core.project import Project
+from core.search import BUDGET_METRICS
 from core.search.searcher import MAC_SHARE_NOTE, TRT_ESTIMATE_NOTE, search_objective
+from core.store.results import searched_gpu_name
 from ui import cluster
 from ui import common as ui
 from ui import estimate_panel

@@ -6,8 +6,8 @@ from __future__ import annotations
 import streamlit as st
 
 from core.errors import MixprecError
+from core.model.shapes import shape_text
 from core.project import Project
-from core.shapes import shape_text
 from ui import common as ui
 
 _SOURCE_TEXT = {"given": "set by you", "batch": "batch", "data": "from the data", "default": "default",

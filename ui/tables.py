@@ -13,7 +13,7 @@ _FORMATS = [  # (test on the column name, format)
     (lambda c: c in ("cosine", "cos_drop", "added_cos_drop", "delta", "isolated_delta", "quality", "cosine_mean",
                      "cosine_min", "sensitivity"), "%.4f"),
     (lambda c: c in ("max_abs",), "%.3g"),
-    # the headings of core.present's display tables, which carry their unit
+    # the headings of core.display.tables's display tables, which carry their unit
     (lambda c: c.startswith("cosine "), "%.4f"),
     (lambda c: c.endswith(("(dB)", "(%)", "(s)")), "%.1f"),
     (lambda c: c in ("macs",), "compact"),

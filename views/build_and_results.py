@@ -1,14 +1,14 @@
 """Build and results: the job queue, and what each run cost in latency, reformats and quality."""
 import streamlit as st
 
-from core.jobs import build_params
-from core.plots import plot_quality_vs_latency, plot_run_latency, plot_run_layers, plot_run_quality, \
+from core.display.charts import plot_quality_vs_latency, plot_run_latency, plot_run_layers, plot_run_quality, \
     plot_run_reformat
-from core.policy import uniform_policy
-from core.present import local_time, ms_text, run_history, run_title
+from core.display.tables import local_time, ms_text, run_history, run_title
+from core.jobs import build_params
+from core.measure.runs import GENERATED_NOTE, latency_caveat
 from core.project import TARGET_LABELS
-from core.runs import GENERATED_NOTE, latency_caveat
-from core.store import list_runs, load_run_per_layer, run_dir
+from core.quant.policy import uniform_policy
+from core.store.results import list_runs, load_run_per_layer, run_dir
 from ui import common as ui
 from ui import engine_report, estimate_panel, export_panel, run_compare, run_notes, tables
 

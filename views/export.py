@@ -3,7 +3,7 @@ compiled ONNX, the calibration cache, the Polygraphy check and a bundle zip; imp
 import streamlit as st
 
 from core.errors import MixprecError
-from core.policy import policy_from_text
+from core.quant.policy import policy_from_text
 from ui import common as ui
 from ui import export_panel
 

@@ -4,8 +4,8 @@ with the project (ui.common.set_source); each model keeps its own draft policy."
 import pandas as pd
 import streamlit as st
 
+from core.display.charts import plot_op_types
 from core.errors import MixprecError
-from core.plots import plot_op_types
 from ui import common as ui
 from ui import model_facts, shape_editor
 

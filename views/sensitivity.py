@@ -2,10 +2,10 @@
 isolated one (one layer at a time, core.sensitivity), each computed once by a background job."""
 import streamlit as st
 
+from core.display.charts import plot_ranking, plot_sensitivity_compare
 from core.jobs import isolated_params, rank_params
-from core.plots import plot_ranking, plot_sensitivity_compare
-from core.policy import CALIB_METHODS
-from core.runs import GENERATED_NOTE
+from core.measure.runs import GENERATED_NOTE
+from core.quant.policy import CALIB_METHODS
 from core.sensitivity import MODES, RANK_METRICS, ranking_comparison
 from ui import cluster
 from ui import common as ui

@@ -5,10 +5,10 @@ shares its helpers through :mod:`.base`. Both backend modules import without Ten
 (TensorRT and Polygraphy's TensorRT loaders are imported inside the functions that use them)."""
 from __future__ import annotations
 
-from ..errors import MixprecError
-from .base import Backend, Engine, Latency, Runner
-from .onnxruntime import OnnxRuntimeBackend
-from .tensorrt import TensorRTBackend, tensorrt_available
+from core.backends.base import Backend, Engine, Latency, Runner
+from core.backends.onnxruntime import OnnxRuntimeBackend
+from core.backends.tensorrt import TensorRTBackend, tensorrt_available
+from core.errors import MixprecError
 
 BACKENDS = ("auto", "onnxruntime", "tensorrt")
 

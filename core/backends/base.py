@@ -12,10 +12,10 @@ from typing import Iterable, NamedTuple
 import numpy as np
 import pandas as pd
 
-from ..calibration import CalibrationResult
-from ..inventory import Layer
-from ..model import LoadedModel
-from ..policy import Policy
+from core.model.inventory import Layer
+from core.model.load import LoadedModel
+from core.quant.calibration import CalibrationResult
+from core.quant.policy import Policy
 
 PER_LAYER_COLUMNS = ["name", "op_type", "layer", "precision", "ms", "pct", "is_reformat"]
 """Columns of a backend's per-layer profile (:meth:`Backend.profile`, built by :func:`per_layer_frame`)."""

@@ -5,7 +5,7 @@ with full graph optimization and keeps the optimized model as the run's engine a
 Per-layer time comes from ORT's profiler; Q/DQ and Cast nodes left after optimization are
 the CPU analogue of TensorRT's Reformat layers.
 
-Every session is created from a file. A model with external weights (``core.external``) is written
+Every session is created from a file. A model with external weights (``core.model.external``) is written
 as its graph beside links of its data files (and, compiled, its own data file of new weights): ORT
 maps them. Its optimized model is not kept (it would write every weight again): the artifact is
 the compiled model itself, and its session is first created when it is run."""
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..compile import CONVERSION_OPS, compile_policy
-from ..errors import MixprecError
-from ..workspace import atomic_write_bytes
-from .base import Backend, Engine, Latency, ProfileRow, Runner, latency_from_pairs, per_layer_frame
+from core.backends.base import Backend, Engine, Latency, ProfileRow, Runner, latency_from_pairs, per_layer_frame
+from core.errors import MixprecError
+from core.quant.compile import CONVERSION_OPS, compile_policy
+from core.workspace import atomic_write_bytes
 
 
 def session_options(optimized_path: Path | None = None, profile_prefix: str | None = None,

@@ -42,16 +42,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..compile import compile_policy
-from ..errors import MixprecError
-from ..evaluation import EVAL_BATCH
-from ..external import saved_sha256
-from ..reports import _ONNX_LAYER, metadata_nodes, parse_layers  # one metadata parser (issue 11, bug 9)
-from ..shapes import batch_axes
-from ..trt_rules import MIN_OPSET
-from ..workspace import (Workspace, atomic_write_bytes, atomic_write_json, cache_note, file_stamp, sha256_bytes,
-                         stamps_match)
-from .base import Backend, Engine, Latency, ProfileRow, Runner, latency_from_pairs, per_layer_frame
+from core.backends.base import Backend, Engine, Latency, ProfileRow, Runner, latency_from_pairs, per_layer_frame
+from core.backends.reports import _ONNX_LAYER, metadata_nodes, parse_layers  # one metadata parser (issue 11, bug 9)
+from core.errors import MixprecError
+from core.model.external import saved_sha256
+from core.model.shapes import EVAL_BATCH, batch_axes
+from core.quant.compile import compile_policy
+from core.quant.trt_rules import MIN_OPSET
+from core.workspace import (Workspace, atomic_write_bytes, atomic_write_json, cache_note, file_stamp, sha256_bytes,
+                            stamps_match)
 
 MODES = ("auto", "strongly-typed", "legacy")
 MIN_VERSION = (10, 0)          # TensorRT 10 API: execute_async_v3, ILayer.metadata, named tensors
@@ -152,12 +151,12 @@ def build_mode(trt_version: str, requested: str = "auto") -> str:
     return "strongly-typed" if v >= STRONG_TYPING_FROM else "legacy"
 
 
-TRT_MIN_OPSET = MIN_OPSET  # per-channel DequantizeLinear (``axis``) needs opset 13 (core.trt_rules)
+TRT_MIN_OPSET = MIN_OPSET  # per-channel DequantizeLinear (``axis``) needs opset 13 (core.quant.trt_rules)
 
 
 def require_trt_opset(model) -> None:
     """The ``trt`` target's Q/DQ need opset >= 13 (issue 11, bug 8). Models loaded with
-    ``core.model.load_model`` are upgraded already; this catches one that was not."""
+    ``core.model.load.load_model`` are upgraded already; this catches one that was not."""
     if int(model.opset) < TRT_MIN_OPSET:
         raise MixprecError(
             f"{model.name} is at opset {model.opset}, but the TensorRT export writes per-channel "
@@ -172,7 +171,7 @@ def profile_shapes(input_shapes: dict[str, tuple[int, ...]], overrides: dict | N
     """``{input: (min, opt, max)}``. By default opt is the project's shape and so are min and max,
     except that inputs in ``dynamic_batch`` (a dynamic batch axis in the model: ``{input: axis}``,
     or input names whose batch is axis 0) take batches from 1 up to ``max_batch`` (default:
-    ``evaluation.EVAL_BATCH``, the batch quality is evaluated in) along that axis.
+    ``core.model.shapes.EVAL_BATCH``, the batch quality is evaluated in) along that axis.
     ``overrides`` replaces an input's range; it must contain the project's shape."""
     if max_batch is None:
         max_batch = EVAL_BATCH
@@ -210,7 +209,7 @@ def _with_dim(shape: tuple[int, ...], axis: int, value: int) -> tuple[int, ...]:
 
 
 def dynamic_batch_axes(model) -> dict[str, int]:
-    """Inputs whose batch axis (``core.shapes.batch_axes``, not necessarily axis 0) is dynamic."""
+    """Inputs whose batch axis (``core.model.shapes.batch_axes``, not necessarily axis 0) is dynamic."""
     specs = {s.name: s for s in model.inputs}
     return {n: ax for n, ax in batch_axes(model).items() if ax is not None and ax in specs[n].dynamic_axes}
 
@@ -249,7 +248,7 @@ def store_engine(cache: Path, key: str, parts: dict, data) -> None:
 
 def layer_node(layer_name: str, metadata: str | None = None) -> str:
     """The ONNX node a network layer was parsed from: the first ``[ONNX Layer: <node> | ...]`` in its
-    metadata (TensorRT >= 10.0's parser, read by :func:`core.reports.metadata_nodes`), else the
+    metadata (TensorRT >= 10.0's parser, read by :func:`core.backends.reports.metadata_nodes`), else the
     layer's name (the parser names layers after nodes)."""
     nodes = metadata_nodes(metadata)
     return nodes[0] if nodes else layer_name
@@ -285,7 +284,7 @@ class LayerTimes:
 
 def per_layer_from_reports(graph: dict, profile: list, layers, policy) -> pd.DataFrame:
     """``PER_LAYER_COLUMNS`` from the engine inspector's JSON and the profiler's records (trtexec's
-    ``--exportLayerInfo``/``--exportProfile``, read by :func:`core.reports.parse_layers`): each engine
+    ``--exportLayerInfo``/``--exportProfile``, read by :func:`core.backends.reports.parse_layers`): each engine
     layer with the policy layer it runs (the first of its ONNX nodes, or the Q/DQ and Cast nodes
     compiled for a layer, that names one) and that layer's policy precision."""
     try:
@@ -863,7 +862,7 @@ class TensorRTBackend(Backend):
     def __init__(self, ws: Workspace | None = None, profiles: dict | None = None,
                  workspace_bytes: int = DEFAULT_WORKSPACE_BYTES, mode: str = "auto", tf32: bool = False):
         """``profiles``: ``{input: (min, opt, max)}`` replacing the default ranges of :func:`profile_shapes`
-        (quality is evaluated in batches of up to ``evaluation.EVAL_BATCH`` where the batch axis is dynamic, so a
+        (quality is evaluated in batches of up to ``core.model.shapes.EVAL_BATCH`` where the batch axis is dynamic, so a
         range should reach that); ``workspace_bytes``: the builder's workspace pool; ``mode``: ``auto``
         (by TensorRT version), ``strongly-typed`` or ``legacy``; ``tf32``: let FP32 layers use TF32
         (off by default, as in Polygraphy; trtexec needs ``--noTF32`` to match)."""
@@ -939,12 +938,12 @@ class TensorRTBackend(Backend):
                                f"build it with the model it was made for, or make a new policy for {model.name}")
         if int8 and calib is None:
             raise MixprecError("the policy has INT8 layers but no calibration was given",
-                               "calibrate first (core.calibration.calibrate), or set those layers to fp16/fp32")
+                               "calibrate first (core.quant.calibration.calibrate), or set those layers to fp16/fp32")
         out_dir = Path(out_dir)
         if policy is not None and mode == "strongly-typed":
             require_trt_opset(model)
             onnx_path = compile_policy(model, policy, calib, target="trt").save(out_dir / "compiled.onnx")
-        else:  # a model whose weights stay external is written with its data files beside it (core.external)
+        else:  # a model whose weights stay external is written with its data files beside it (core.model.external)
             onnx_path = model.save(out_dir / (f"{stem}.onnx" if policy is None else "model.onnx"))
         with _polygraphy_log(out_dir / f"{stem}.tensorrt-build.log") as log:
             # the legacy constraints depend on the parsed network, so it is parsed before the cache lookup

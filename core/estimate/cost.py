@@ -82,9 +82,9 @@ import re
 import threading
 from dataclasses import dataclass, field, replace
 
-from ..records import check_format
-from .engine import DTYPE_BYTES, LAYER_CLASSES, EngineLayer, Tensor
-from .gpus import FIXTURE_GPU, GPU, gpu as gpu_entry
+from core.estimate.engine import DTYPE_BYTES, LAYER_CLASSES, EngineLayer, Tensor
+from core.estimate.gpus import FIXTURE_GPU, GPU, gpu as gpu_entry
+from core.records import check_format
 
 PARAMS_KIND = "mixprec.cost_params"
 PARAMS_VERSION = 1
@@ -652,7 +652,7 @@ FITTED = CostParams.from_json({
 
 # the transformer classes (transformer GEMMs, attention, transformer_norm) are fitted on NVIDIA's published
 # BERT latencies, not on the CNN engines above (core.estimate.transformer; transformer_fit.json)
-from .transformer_fit import merged as _with_transformer_fit  # noqa: E402
+from core.estimate.transformer_fit import merged as _with_transformer_fit  # noqa: E402
 
 FITTED = _with_transformer_fit(FITTED)
 

@@ -35,13 +35,13 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..errors import MixprecError
-from .cost import (CALIBRATION_BASIS, FITTED, FIXTURE_BASIS, PRIOR, CostParams, input_channels, is_conv,
-                   layer_ms, linear_float_output, memoized, _is_simt)
-from .engine import LAYER_CLASSES, EngineLayer
-from .gpus import FIXTURE_GPU, GPU, gpu as gpu_entry
-from ..records import check_format
-from .layers import measured_layers
+from core.errors import MixprecError
+from core.estimate.cost import (CALIBRATION_BASIS, FITTED, FIXTURE_BASIS, PRIOR, CostParams, input_channels, is_conv,
+                                layer_ms, linear_float_output, memoized, _is_simt)
+from core.estimate.engine import LAYER_CLASSES, EngineLayer
+from core.estimate.gpus import FIXTURE_GPU, GPU, gpu as gpu_entry
+from core.estimate.layers import measured_layers
+from core.records import check_format
 
 # the fixture engines (folder under ../shared/fixtures, GPU, model, report names)
 A100_NAMES = ("a100-resnet-fp32", "a100-resnet-fp16", "a100-resnet-qat", "a100-resnet-qat-residual",

@@ -55,7 +55,7 @@ What it does not simulate: tactic choice beyond these formats, multi-stream over
 
 No weight value is read: the cost model needs FLOPs and bytes, which shapes, types and attributes
 give (a weight's dims from its initializer's metadata). A model whose weights stay in external data
-files (``core.external``, models over 2 GB) is predicted from its graph; only the few small external
+files (``core.model.external``, models over 2 GB) is predicted from its graph; only the few small external
 tensors shape inference may need (under :data:`SMALL_VALUE` bytes: a Reshape's shape) are read, one
 at a time (:func:`inference_twin`).
 """
@@ -70,12 +70,12 @@ import onnx
 from onnx import helper, numpy_helper
 from onnx.external_data_helper import uses_external_data
 
-from ..compile import SHAPE_ONLY
-from ..errors import MixprecError
-from ..external import INLINE_BELOW, location, read_tensor
-from ..onnx_graph import attr, with_input_dims, without_weights
-from .engine import EngineLayer, Tensor
-from .layers import layer_class
+from core.errors import MixprecError
+from core.estimate.engine import EngineLayer, Tensor
+from core.estimate.layers import layer_class
+from core.model.external import INLINE_BELOW, location, read_tensor
+from core.model.graph import attr, with_input_dims, without_weights
+from core.quant.compile import SHAPE_ONLY
 
 ANCHORS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 RESIDUAL_ANCHORS = frozenset({"Conv", "ConvTranspose", "Gemm"})
@@ -1099,8 +1099,8 @@ def _small_value(t: onnx.TensorProto, files: dict[str, Path]) -> onnx.TensorProt
 def inference_twin(m: onnx.ModelProto, files: dict[str, Path]) -> onnx.ModelProto:
     """``m`` ready for shape inference without reading its weights: each external initializer of the
     main graph under SMALL_VALUE bytes read in (:func:`_small_value`), each larger one a graph input of
-    its type and dims (``core.onnx_graph.without_weights``); the ShapeOnly weights of a structure-only
-    compile (``core.compile.SHAPE_ONLY``) are never read. ``m`` itself when it has no external data."""
+    its type and dims (``core.model.graph.without_weights``); the ShapeOnly weights of a structure-only
+    compile (``core.quant.compile.SHAPE_ONLY``) are never read. ``m`` itself when it has no external data."""
     if not any(uses_external_data(t) for t in m.graph.initializer):
         return m
     small: dict[str, onnx.TensorProto] = {}

@@ -12,7 +12,7 @@ at half rate. ``tf32_tflops`` is ``None`` before Ampere (no TF32 tensor cores).
 
 A GPU that is not in the table is described by a JSON document with the same fields
 (:func:`load_gpu_spec`, ``--gpu-spec FILE.json``; :meth:`GPU.from_json` validates it), or saved in
-the workspace from the dashboard (``core.store.save_gpu_spec``). :func:`gpu` resolves a key, a
+the workspace from the dashboard (``core.store.results.save_gpu_spec``). :func:`gpu` resolves a key, a
 product name as ``nvidia-smi`` prints it (``Tesla V100-SXM2-16GB``, ``NVIDIA GeForce RTX 3080
 Laptop GPU``) or a :class:`GPU` to its entry, and refuses a name it cannot place honestly (a
 "RTX 4070 Ti SUPER" never becomes a "RTX 4070 Ti")."""
@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Mapping
 
-from ..errors import MixprecError
-from ..workspace import read_user_file
+from core.errors import MixprecError
+from core.workspace import read_user_file
 
 ARCHITECTURES = ("volta", "turing", "ampere", "ada", "hopper", "blackwell")
 TF32_ARCHITECTURES = ARCHITECTURES[ARCHITECTURES.index("ampere"):]  # TF32 tensor cores from Ampere on

@@ -24,7 +24,7 @@ What is read from each layer:
   ``Weights``/``Bias`` counts and types). For a fused ``ConvActPool`` layer the convolution's own
   output size (before the pooling) is kept in ``attrs["conv_out"]``.
 
-Reformat detection is :mod:`core.reports`'s (:func:`core.reports.is_reformat_layer`): ``LayerType ==
+Reformat detection is :mod:`core.backends.reports`'s (:func:`core.backends.reports.is_reformat_layer`): ``LayerType ==
 "Reformat"``, a ``Reformatting CopyNode`` that is not a ``NoOp``, or a TensorRT 8.2 Q/DQ ``Scale``
 layer; NoOp layers run no kernel."""
 from __future__ import annotations
@@ -32,10 +32,10 @@ from __future__ import annotations
 import math
 import re
 
-from ..errors import MixprecError
-from ..reports import (GRAPH_FLAG, PROFILE_FLAG, EngineReport, _COPY_NODE, _raw_layers, _read_json,
-                       datatype, is_qdq_scale, is_reformat_layer, load_engine_report, onnx_names)
-from .engine import EngineLayer, Tensor
+from core.backends.reports import (GRAPH_FLAG, PROFILE_FLAG, EngineReport, _COPY_NODE, _raw_layers, _read_json,
+                                   datatype, is_qdq_scale, is_reformat_layer, load_engine_report, onnx_names)
+from core.errors import MixprecError
+from core.estimate.engine import EngineLayer, Tensor
 
 _DTYPES = {"FP32": "fp32", "FP16": "fp16", "BF16": "bf16", "INT8": "int8", "UINT8": "int8", "FP8": "fp8",
            "INT32": "int32", "INT64": "int64", "BOOL": "bool", "INT4": "int8", "FP4": "fp8"}
@@ -165,7 +165,7 @@ def engine_layer(raw: dict) -> EngineLayer:
 def from_layer_info(graph) -> list[EngineLayer]:
     """The engine layers of a trtexec layer-info report: a path, bytes or the parsed JSON.
 
-    An :class:`~core.reports.EngineReport` keeps no dims or convolution parameters, so it is not
+    An :class:`~core.backends.reports.EngineReport` keeps no dims or convolution parameters, so it is not
     enough: pass the layer-info file it was read from."""
     if isinstance(graph, EngineReport):
         raise MixprecError(f"The engine report {graph.name!r} keeps no tensor dims or convolution "
@@ -177,7 +177,7 @@ def from_layer_info(graph) -> list[EngineLayer]:
 
 def measured_layers(graph, profile) -> tuple[list[EngineLayer], list[float]]:
     """The engine layers of a layer-info report and each one's measured time (the profile's
-    ``averageMs``), matched by name as :func:`core.reports.load_engine_report` matches them."""
+    ``averageMs``), matched by name as :func:`core.backends.reports.load_engine_report` matches them."""
     if profile is None:
         raise MixprecError("A profile is needed to calibrate the cost model",
                            f"pass the file written by trtexec {PROFILE_FLAG}=FILE from the same run")

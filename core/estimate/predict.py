@@ -1,7 +1,7 @@
 """The policy-level predictor: the TensorRT engine a policy would build on a GPU, and its estimated
 time, without TensorRT or a GPU.
 
-:func:`predict` compiles the policy for the ``trt`` target (``core.compile.compile_policy``: exactly
+:func:`predict` compiles the policy for the ``trt`` target (``core.quant.compile.compile_policy``: exactly
 the Q/DQ and Cast placement TensorRT gets), simulates TensorRT's fusions, precisions and reformats on
 that graph (:mod:`core.estimate.fusion`) and prices every predicted engine layer with the cost model
 (:func:`core.estimate.cost.layer_breakdown`, fitted on the fixture engines (A100, TITAN RTX) or on the user's own
@@ -22,17 +22,17 @@ from typing import ClassVar
 import numpy as np
 import pandas as pd
 
-from ..calibration import CalibrationResult
-from ..compile import CompiledModel, compile_policy
-from ..errors import MixprecError
-from ..model import LoadedModel
-from ..policy import Policy
-from ..records import check_format, frame_from_json, frame_to_json
-from .cost import FITTED, CostParams, layer_breakdown
-from .engine import EngineLayer
-from .fusion import predicted, static_net
-from .gpus import GPU, gpu as gpu_entry
-from .validation import Band, band_of
+from core.errors import MixprecError
+from core.estimate.cost import FITTED, CostParams, layer_breakdown
+from core.estimate.engine import EngineLayer
+from core.estimate.fusion import predicted, static_net
+from core.estimate.gpus import GPU, gpu as gpu_entry
+from core.estimate.validation import Band, band_of
+from core.model.load import LoadedModel
+from core.quant.calibration import CalibrationResult
+from core.quant.compile import CompiledModel, compile_policy
+from core.quant.policy import Policy
+from core.records import check_format, frame_from_json, frame_to_json
 
 PREDICTION_COLUMNS = ["engine_layer", "onnx_nodes", "precision", "est_ms", "is_reformat", "layer_class"]
 LABEL = "estimate"
@@ -58,7 +58,7 @@ def placeholder_calibration(model: LoadedModel, policy: Policy) -> CalibrationRe
 
 def data_files(compiled: CompiledModel) -> dict[str, Path]:
     """Location -> file of each external data file a compiled model references: the model's own
-    (``weights.sources``, read where :class:`~core.external.ExternalWeights` reads them) and the new
+    (``weights.sources``, read where :class:`~core.model.external.ExternalWeights` reads them) and the new
     weights' file the compiler wrote (its Spill). Empty for a model with its weights in the graph."""
     files: dict[str, Path] = {}
     if compiled.weights is not None:
@@ -72,7 +72,7 @@ def predict_engine(model: LoadedModel, policy: Policy, input_shapes: dict[str, t
                    calib: CalibrationResult | None = None) -> tuple[list[EngineLayer], list[str]]:
     """The engine layers TensorRT would build for ``policy`` (no times), and notes on what the
     prediction leaves out (:func:`core.estimate.fusion.unmodelled`). The prediction reads shapes and
-    types only: weights kept in external data files (``core.external``) are never read by it (the
+    types only: weights kept in external data files (``core.model.external``) are never read by it (the
     compiler reads those it converts, one at a time)."""
     calib = calib if calib is not None else placeholder_calibration(model, policy)
     try:

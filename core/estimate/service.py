@@ -27,12 +27,12 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from ..errors import MixprecError
-from ..model import LoadedModel, load_model
-from ..policy import Policy
-from ..workspace import Workspace
-from .cost import CostParams
-from .predict import Prediction, predict
+from core.errors import MixprecError
+from core.estimate.cost import CostParams
+from core.estimate.predict import Prediction, predict
+from core.model.load import LoadedModel, load_model
+from core.quant.policy import Policy
+from core.workspace import Workspace
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MODELS_KEPT = 2  # models the child keeps loaded (a session usually works on one)
@@ -40,7 +40,7 @@ _HEADER = struct.Struct("!Q")
 
 
 def model_source(model: LoadedModel) -> str:
-    """What :func:`core.model.load_model` loads ``model`` from again: its sample or its file."""
+    """What :func:`core.model.load.load_model` loads ``model`` from again: its sample or its file."""
     return f"sample:{model.sample}" if model.sample else str(model.path)
 
 

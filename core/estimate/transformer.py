@@ -28,17 +28,17 @@ from pathlib import Path
 
 import numpy as np
 
-from ..compile import compile_policy
-from ..errors import MixprecError
-from ..policy import default_policy, uniform_policy
-from ..workspace import atomic_write_bytes
-from .cost import CostParams, layer_ms
-from .fit import _nelder_mead
-from .fusion import predicted, static_net
-from .predict import data_files, placeholder_calibration
-from .transformer_fit import FIT_FILE
-from .engine import EngineLayer
-from .gpus import gpu as gpu_entry
+from core.errors import MixprecError
+from core.estimate.cost import CostParams, layer_ms
+from core.estimate.engine import EngineLayer
+from core.estimate.fit import _nelder_mead
+from core.estimate.fusion import predicted, static_net
+from core.estimate.gpus import gpu as gpu_entry
+from core.estimate.predict import data_files, placeholder_calibration
+from core.estimate.transformer_fit import FIT_FILE
+from core.quant.compile import compile_policy
+from core.quant.policy import default_policy, uniform_policy
+from core.workspace import atomic_write_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 PUBLISHED = ROOT.parent / "shared" / "fixtures" / "trt-bert-published" / "bert-base-a100-t4.json"

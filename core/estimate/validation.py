@@ -55,9 +55,9 @@ from typing import ClassVar, Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from ..errors import MixprecError
-from .cost import TRANSFORMER_CLASSES as _COST_TRANSFORMER_CLASSES
-from .gpus import GPUS
+from core.errors import MixprecError
+from core.estimate.cost import TRANSFORMER_CLASSES as _COST_TRANSFORMER_CLASSES
+from core.estimate.gpus import GPUS
 
 KIND = "mixprec.estimate_validation"
 # 2: the difference band (diff_spreads, pairs); 3: spreads per basis (a GPU the fit saw / the GPUs of an

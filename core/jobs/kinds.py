@@ -1,5 +1,5 @@
 """What each job kind runs in the child process: ``KINDS[kind](params, ws, progress)`` returns
-the path of its result, saved through ``core.store`` (or ``core.runs`` for a build). The isolated
+the path of its result, saved through ``core.store.results`` (or ``core.measure.runs`` for a build). The isolated
 and search jobs run their trials where their ``ray`` param says (``core.jobs.params``); the rank
 compares within its ``max_memory``."""
 from __future__ import annotations
@@ -9,16 +9,16 @@ import signal
 import time
 import uuid
 
-from ..errors import MixprecError
-from ..policy import policy_from_text
-from ..project import DEFAULT_TARGET, open_project
-from ..runs import METRICS_FILE, build_and_measure
-from ..search import SearchConfig, search
-from ..sensitivity import rank_layers, sensitivity
-from ..estimate.gpus import GPUS, custom_gpu
-from ..store import cached_ranking, load_gpu_calibration, resolve_gpu, save_ranking, save_search, save_sensitivity
-from ..workspace import Workspace, atomic_write_json
-from .params import BuildParams, IsolatedParams, RankParams, SearchParams
+from core.errors import MixprecError
+from core.estimate.gpus import GPUS, custom_gpu
+from core.jobs.params import BuildParams, IsolatedParams, RankParams, SearchParams
+from core.measure.runs import METRICS_FILE, build_and_measure
+from core.project import DEFAULT_TARGET, open_project
+from core.quant.policy import policy_from_text
+from core.search import SearchConfig, search
+from core.sensitivity import rank_layers, sensitivity
+from core.store.results import cached_ranking, load_gpu_calibration, resolve_gpu, save_ranking, save_search, save_sensitivity
+from core.workspace import Workspace, atomic_write_json
 
 ANALYSIS_KINDS = ("rank", "isolated", "search")  # one at a time, in the "rank" queue, beside the builds
 

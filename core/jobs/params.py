@@ -4,7 +4,7 @@ builders write them into the job's JSON params, the runners in ``kinds`` read th
 dataclasses' (a dataclass keeps a field's default as its class attribute).
 
 Where trials run (isolated / leave-one-out sensitivity, the search): ``ray`` None is the job
-process's ``$MIXPREC_RAY_ADDRESS`` (``core.distributed.ray_address``), ``""`` the local process
+process's ``$MIXPREC_RAY_ADDRESS`` (``core.sensitivity.distributed.ray_address``), ``""`` the local process
 pool, else a Ray address (checked by :func:`ray_param`). The rank's ``max_memory`` is
 ``rank --max-memory`` (``core.sensitivity.memory.parse_memory``; None: the default budget)."""
 from __future__ import annotations
@@ -12,12 +12,12 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, fields
 
-from ..distributed import LOCAL, OFF
-from ..errors import MixprecError
-from ..estimate.gpus import FIXTURE_GPU, GPU, GPUS, custom_gpu, gpu as gpu_entry
-from ..project import DEFAULT_TARGET
-from ..search import Budget
-from ..sensitivity import parse_memory
+from core.errors import MixprecError
+from core.estimate.gpus import FIXTURE_GPU, GPU, GPUS, custom_gpu, gpu as gpu_entry
+from core.project import DEFAULT_TARGET
+from core.search import Budget
+from core.sensitivity import parse_memory
+from core.sensitivity.distributed import LOCAL, OFF
 
 RAY_FORMS = "local, auto, HOST:6379 or ray://HOST:10001"
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"  # one part of a host name
@@ -30,7 +30,7 @@ class _Params:
     model: str
     data: str | None = None
     eval_data: str | None = None
-    shapes: dict | None = None  # per-input full shapes, {"images": [1, 3, 320, 320]} (core.shapes)
+    shapes: dict | None = None  # per-input full shapes, {"images": [1, 3, 320, 320]} (core.model.shapes)
     dims: dict | None = None  # named dims, {"seq": 128}
     batch: int = 1
     target: str = DEFAULT_TARGET  # the project's deployment target (core.project.DEPLOY_TARGETS)

@@ -1,10 +1,10 @@
 """The mixed-precision search under a quality budget: the budget, the latency model fitted on
 measured profiles, the searcher, and its result record (candidates, Pareto front, chosen point)."""
-from .budget import BUDGET_METRICS, Budget, default_margin
-from .latency import LatencyModel, fit_latency_model, fusable_edges, latency_model, to_wall_clock
-from .result import CANDIDATE_COLUMNS, FRONT_COLUMNS, Candidate, SearchResult, candidate_policy, candidate_table, \
+from core.search.budget import BUDGET_METRICS, Budget, default_margin
+from core.search.latency import LatencyModel, fit_latency_model, fusable_edges, latency_model, to_wall_clock
+from core.search.result import CANDIDATE_COLUMNS, FRONT_COLUMNS, Candidate, SearchResult, candidate_policy, candidate_table, \
     chosen_candidate, pareto_flags
-from .searcher import SearchConfig, Variant, _preference, search
+from core.search.searcher import SearchConfig, Variant, _preference, search
 
 __all__ = ["BUDGET_METRICS", "CANDIDATE_COLUMNS", "FRONT_COLUMNS", "Budget", "Candidate", "LatencyModel",
            "SearchConfig", "SearchResult", "Variant", "_preference", "candidate_policy", "candidate_table",

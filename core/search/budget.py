@@ -4,12 +4,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..errors import MixprecError
-from ..metrics import Quality
+from core.errors import MixprecError
+from core.measure.metrics import Quality
 
 BUDGET_METRICS = {"cosine_mean": "max", "cosine_min": "max", "snr_db": "max", "knn5_overlap": "max",
                   "top1_agreement": "max", "top1_drop": "min", "kl_div": "min", "perplexity": "min"}
-# kl_div: mean KL(FP32 || candidate) of softmaxed logits, nats; perplexity: with next-token labels (core.metrics)
+# kl_div: mean KL(FP32 || candidate) of softmaxed logits, nats; perplexity: with next-token labels (core.measure.metrics)
 
 
 @dataclass(frozen=True)

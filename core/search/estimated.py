@@ -17,14 +17,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..estimate.cost import FITTED, CostParams
-from ..estimate.gpus import GPU, gpu as gpu_entry
-from ..estimate.predict import Prediction, placeholder_calibration, predict
-from ..estimate.validation import Band
-from ..inventory import Layer, tensor_shapes
-from ..policy import Policy
-from ..project import Project
-from .latency import Edge, fusable_edges
+from core.estimate.cost import FITTED, CostParams
+from core.estimate.gpus import GPU, gpu as gpu_entry
+from core.estimate.predict import Prediction, placeholder_calibration, predict
+from core.estimate.validation import Band
+from core.model.inventory import Layer, tensor_shapes
+from core.project import Project
+from core.quant.policy import Policy
+from core.search.latency import Edge, fusable_edges
 
 EXACT_GAIN_LAYERS = 64
 FALLBACK = "fp16"

@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from ..backends import select_backend
-from ..evaluation import reference_engine, timing_feed
-from ..inventory import Layer, tensor_shapes
-from ..model import LoadedModel
-from ..policy import Policy
-from ..project import Project
+from core.backends import select_backend
+from core.measure.reference import reference_engine, timing_feed
+from core.model.inventory import Layer, tensor_shapes
+from core.model.load import LoadedModel
+from core.project import Project
+from core.quant.policy import Policy
 
 # ops between two eligible layers across which the consumer's QuantizeLinear still fuses into
 # the producer (ORT's QDQ propagation/ReluQuantFusion; TensorRT's Q/DQ fusion)

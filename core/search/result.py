@@ -9,15 +9,15 @@ from typing import ClassVar
 import numpy as np
 import pandas as pd
 
-from ..errors import MixprecError
-from ..inventory import Layer
-from ..metrics import Quality
-from ..model import LoadedModel
-from ..policy import Policy, policy_from_dict
-from ..records import check_format, frame_from_json, frame_to_json
-from ..runs import RunResult
-from ..sensitivity import Sensitivity
-from .budget import Budget
+from core.errors import MixprecError
+from core.measure.metrics import Quality
+from core.measure.runs import RunResult
+from core.model.inventory import Layer
+from core.model.load import LoadedModel
+from core.quant.policy import Policy, policy_from_dict
+from core.records import check_format, frame_from_json, frame_to_json
+from core.search.budget import Budget
+from core.sensitivity import Sensitivity
 
 CANDIDATE_COLUMNS = ["candidate", "method", "n_int8", "n_fallback", "quality", "est_ms", "int8_mac_share",
                      "est_reformat_pct", "boundaries", "meets_budget", "pareto", "fallback", "int8_layers",

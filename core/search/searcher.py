@@ -30,23 +30,23 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 
-from ..backends import select_backend
-from ..calibration import calibrate, calibrate_policy
-from ..data import Dataset
-from ..errors import MixprecError
-from ..estimate.cost import CostParams
-from ..estimate.gpus import FIXTURE_GPU, GPU
-from ..inventory import Layer, require_eligible
-from ..metrics import quality
-from ..policy import CALIB_METHODS, Policy
-from ..project import Project
-from ..runs import GENERATED_NOTE, WARN_BELOW, RunResult, build_and_measure, is_generated
-from ..sensitivity import Sensitivity, Switchable, TrialData, open_trial_pool, sensitivity, split_eval, \
+from core.backends import select_backend
+from core.errors import MixprecError
+from core.estimate.cost import CostParams
+from core.estimate.gpus import FIXTURE_GPU, GPU
+from core.measure.metrics import quality
+from core.measure.runs import GENERATED_NOTE, WARN_BELOW, RunResult, build_and_measure, is_generated
+from core.model.data import Dataset
+from core.model.inventory import Layer, require_eligible
+from core.project import Project
+from core.quant.calibration import calibrate, calibrate_policy
+from core.quant.policy import CALIB_METHODS, Policy
+from core.search.budget import Budget, default_margin
+from core.search.estimated import EstimatedLatency, estimated_latency
+from core.search.latency import LatencyModel, latency_model
+from core.search.result import Candidate, SearchResult, candidate_number, candidate_table, chosen_candidate
+from core.sensitivity import Sensitivity, Switchable, TrialData, open_trial_pool, sensitivity, split_eval, \
     switchable_model, trial_data
-from .budget import Budget, default_margin
-from .estimated import EstimatedLatency, estimated_latency
-from .latency import LatencyModel, latency_model
-from .result import Candidate, SearchResult, candidate_number, candidate_table, chosen_candidate
 
 OBJECTIVES = ("auto", "latency", "trt_estimate", "mac_share")
 MAC_SHARE_NOTE = ("Objective: INT8 MAC share, then the fewest INT8/float boundaries (hardware-neutral). The target is "

@@ -1,10 +1,10 @@
 """Per-layer sensitivity to INT8: cumulative (every eligible layer INT8, compared layer by layer,
 in chunks under a memory budget) and isolated / leave-one-out (one layer switched at a time on a switchable model)."""
-from .comparison import COMPARE_COLUMNS, ranking_comparison
-from .cumulative import RANK_COLUMNS, RANK_METRICS, Ranking, rank_layers
-from .isolated import (MODES, SENSITIVITY_COLUMNS, Sensitivity, Switchable, TrialData, TrialPool, open_trial_pool,
-                       sensitivity, split_eval, switchable_model, trial_data)
-from .memory import PeakMemory, comparison_budget, parse_memory
+from core.sensitivity.comparison import COMPARE_COLUMNS, ranking_comparison
+from core.sensitivity.cumulative import RANK_COLUMNS, RANK_METRICS, Ranking, rank_layers
+from core.sensitivity.isolated import (MODES, SENSITIVITY_COLUMNS, Sensitivity, Switchable, TrialData, TrialPool, open_trial_pool,
+                                       sensitivity, split_eval, switchable_model, trial_data)
+from core.sensitivity.memory import PeakMemory, comparison_budget, parse_memory
 
 __all__ = ["COMPARE_COLUMNS", "MODES", "RANK_COLUMNS", "RANK_METRICS", "SENSITIVITY_COLUMNS", "Ranking", "Sensitivity",
            "Switchable", "TrialData", "TrialPool", "PeakMemory", "comparison_budget", "open_trial_pool",

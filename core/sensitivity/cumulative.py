@@ -23,16 +23,16 @@ import onnx
 import onnxruntime as ort
 import pandas as pd
 
-from ..calibration import calibrate_policy
-from ..compile import compile_policy
-from ..errors import MixprecError
-from ..inventory import main_graph_layers, require_eligible, tensor_shapes
-from ..metrics import StreamingError
-from ..policy import Policy, uniform_policy
-from ..project import Project
-from ..records import check_format, frame_from_json, frame_to_json
-from ..workspace import cache_note
-from .memory import SESSION_COPIES, ChunkPlan, PeakMemory, bound_heap, comparison_budget, plan_chunks, release_memory
+from core.errors import MixprecError
+from core.measure.metrics import StreamingError
+from core.model.inventory import main_graph_layers, require_eligible, tensor_shapes
+from core.project import Project
+from core.quant.calibration import calibrate_policy
+from core.quant.compile import compile_policy
+from core.quant.policy import Policy, uniform_policy
+from core.records import check_format, frame_from_json, frame_to_json
+from core.sensitivity.memory import SESSION_COPIES, ChunkPlan, PeakMemory, bound_heap, comparison_budget, plan_chunks, release_memory
+from core.workspace import cache_note
 
 FLOAT_ELEM = {1: 4, 10: 2, 11: 8}  # ONNX float element types marked for comparison, and their bytes
 
@@ -63,6 +63,11 @@ class Ranking:
     budget_bytes: int | None = None
     chunks: int | None = None
 
+    @property
+    def title(self) -> str:
+        """What this table is, in a sentence's words (a run's warning names the ranking it used)."""
+        return f"the cached cumulative ranking ({self.method})"
+
     def to_json(self) -> dict:
         return {"kind": self.KIND, "format_version": self.FORMAT_VERSION, "metric": self.metric,
                 "method": self.method, "samples": self.samples, "seconds": self.seconds,
@@ -84,7 +89,7 @@ def _session(proto: onnx.ModelProto, outputs: list[str], model=None) -> ort.Infe
     serialized ModelProto appended to the bytes (protobuf merges repeated fields of concatenated
     messages): no copy of the model's proto. No memory arena, so a chunk's outputs are freed after it.
     ``model`` (the LoadedModel or CompiledModel of ``proto``) when its weights stay external
-    (``core.external``): the session opens a file written beside links of its data files."""
+    (``core.model.external``): the session opens a file written beside links of its data files."""
     extra = onnx.ModelProto()
     have = {o.name for o in proto.graph.output}
     for t in outputs:

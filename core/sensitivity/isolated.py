@@ -29,20 +29,20 @@ import numpy as np
 import onnx
 import pandas as pd
 
-from ..backends import select_backend
-from ..calibration import calibrate_policy
-from ..compile import compile_policy
-from ..data import Dataset
-from ..distributed import RayTrialPool, from_trial_arrays, ray_address, run_trial, trial_arrays, trial_session
-from ..errors import MixprecError
-from ..evaluation import eval_batches, output_name, reference_on
-from ..external import data_files
-from ..inventory import require_eligible
-from ..metrics import Quality
-from ..policy import Policy
-from ..project import Project
-from ..records import check_format, frame_from_json, frame_to_json
-from ..workspace import atomic_write_json, discard_corrupt, file_stamp, sha256_bytes
+from core.backends import select_backend
+from core.errors import MixprecError
+from core.measure.metrics import Quality
+from core.measure.reference import eval_batches, output_name, reference_on
+from core.model.data import Dataset
+from core.model.external import data_files
+from core.model.inventory import require_eligible
+from core.project import Project
+from core.quant.calibration import calibrate_policy
+from core.quant.compile import compile_policy
+from core.quant.policy import Policy
+from core.records import check_format, frame_from_json, frame_to_json
+from core.sensitivity.distributed import RayTrialPool, from_trial_arrays, ray_address, run_trial, trial_arrays, trial_session
+from core.workspace import atomic_write_json, discard_corrupt, file_stamp, sha256_bytes
 
 # in the cache keys of switchable models; 2: one shared QuantizeLinear per tensor; 3: a weight's switch is an
 # If (int8 DequantizeLinear / float16 copy cast to float32), no float32 copy of the weight
@@ -104,7 +104,7 @@ class Switchable:
 
 class TrialPool:
     """Worker processes that each hold one session of the switchable model (the default; trials on a
-    Ray cluster: ``core.distributed.RayTrialPool``, see :func:`open_trial_pool`)."""
+    Ray cluster: ``core.sensitivity.distributed.RayTrialPool``, see :func:`open_trial_pool`)."""
 
     def __init__(self, model_path, batches, switch_inputs: dict[str, str], ref, out_name, workers: int = 2,
                  labels=None):
@@ -153,7 +153,7 @@ class TrialPool:
 
 def open_trial_pool(switchable: Switchable, data: TrialData, workers: int = 2, ray: str | None = None):
     """The pool trials run on: Ray tasks when an address is given (``ray``, else
-    ``$MIXPREC_RAY_ADDRESS``; see ``core.distributed``), else local worker processes. A switchable
+    ``$MIXPREC_RAY_ADDRESS``; see ``core.sensitivity.distributed``), else local worker processes. A switchable
     model whose weights are in external data files is opened by the workers from the workspace (which
     must then be on storage every node reads), never sent through the object store."""
     address = ray_address(ray)
@@ -195,7 +195,7 @@ def switchable_model(project: Project, base: Policy, calib, method_tag: str) -> 
             discard_corrupt(path, "switchable model", f"{type(e).__name__}: {e}")
             meta.unlink(missing_ok=True)
     compiled = compile_policy(project.model, pol, calib, target="ort", switchable=True)
-    compiled.save(path)  # external weights (core.external): its own data file and links beside it
+    compiled.save(path)  # external weights (core.model.external): its own data file and links beside it
     atomic_write_json(meta, {"switch_inputs": compiled.switch_inputs, "stamp": file_stamp(path)})
     return Switchable(str(path), compiled.switch_inputs)
 
@@ -215,6 +215,11 @@ class Sensitivity:
     seconds: float
     cache_hit: bool
     trials_on: str = ""  # where the trials ran: the local process pool or a Ray cluster
+
+    @property
+    def title(self) -> str:
+        """What this table is, in a sentence's words (a run's warning names the ranking it used)."""
+        return f"the {self.mode} ranking ({self.method})"
 
     def to_json(self) -> dict:
         return {"kind": self.KIND, "format_version": self.FORMAT_VERSION, "mode": self.mode, "method": self.method,

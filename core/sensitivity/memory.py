@@ -13,13 +13,13 @@ import gc
 import threading
 from dataclasses import dataclass
 
-from ..errors import MixprecError
-from ..shapes import memory_budget
-from ..workspace import human_bytes
+from core.errors import MixprecError
+from core.model.shapes import memory_budget
+from core.workspace import human_bytes
 
-COMPARE_BUDGET_SHARE = 0.5  # of the process's memory budget (core.shapes.memory_budget: 80 % of free RAM)
+COMPARE_BUDGET_SHARE = 0.5  # of the process's memory budget (core.model.shapes.memory_budget: 80 % of free RAM)
 # working memory, in bytes of the largest marked tensor: its float64 copies and temporaries while its
-# error is accumulated (core.metrics.StreamingError, ~10), and ONNX Runtime's own activations (~4)
+# error is accumulated (core.measure.metrics.StreamingError, ~10), and ONNX Runtime's own activations (~4)
 WORKING_COPIES = 14
 # a session holds its model's weights about twice (ONNX Runtime pre-packs MatMul weights; measured on
 # MiniLM: +168 MiB for 87 MiB of weights) and, while it is created, the serialized model once more

@@ -7,7 +7,7 @@ import pytest
 
 from core.backends.base import PER_LAYER_COLUMNS, owner_layer
 from core.backends.onnxruntime import per_layer_from_trace
-from core.policy import Policy
+from core.quant.policy import Policy
 
 
 def test_owner_layer_longest_prefix_first():
@@ -45,7 +45,7 @@ def test_reference_outputs_are_cached_per_backend_identity(tmp_path, monkeypatch
     so another TensorRT or GPU reused outputs it did not compute."""
     import numpy as np
 
-    import core.evaluation as ev
+    import core.measure.reference as ev
 
     calls = []
     monkeypatch.setattr(ev, "engine_outputs", lambda be, ref, batches, name: calls.append(be) or [np.ones(2)])

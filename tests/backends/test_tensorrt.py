@@ -11,11 +11,11 @@ import pytest
 
 from core.backends import tensorrt_available
 from core.backends.base import PER_LAYER_COLUMNS
-from core.calibration import calibrate
-from core.metrics import quality
+from core.backends.reports import load_engine_report
+from core.measure.metrics import quality
+from core.model.samples import materialize_sample
 from core.project import open_project
-from core.reports import load_engine_report
-from core.samples import materialize_sample
+from core.quant.calibration import calibrate
 from core.workspace import Workspace
 
 
@@ -112,7 +112,7 @@ def test_build_time_profile_and_layer_info(backend, project, tmp_path):
 
 
 def test_fp16_policy_runs_fp16(backend, project, tmp_path):
-    from core.policy import uniform_policy
+    from core.quant.policy import uniform_policy
 
     policy = uniform_policy(project.model, project.layers, "fp16")
     engine = _build(backend, project, policy, tmp_path)

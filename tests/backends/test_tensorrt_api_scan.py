@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import core.backends.tensorrt as tb
-from core.policy import Policy
+from core.quant.policy import Policy
 from trt_scan import scan_source
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,11 +16,11 @@ import pytest
 
 import core.backends.tensorrt as tb
 from core.backends.base import PER_LAYER_COLUMNS
-from core.calibration import calibrate
 from core.errors import MixprecError
-from core.policy import Policy
+from core.model.samples import materialize_sample
 from core.project import open_project
-from core.samples import materialize_sample
+from core.quant.calibration import calibrate
+from core.quant.policy import Policy
 from core.workspace import Workspace
 from fake_cuda import FakeEngine, install
 
@@ -308,7 +308,7 @@ def test_build_failure_lists_tensorrt_errors(fakes, project, tmp_path, monkeypat
 
 
 def test_build_and_measure_runs_on_the_tensorrt_backend(fakes, project, monkeypatch):
-    from core.runs import build_and_measure, load_run_per_layer
+    from core.measure.runs import build_and_measure, load_run_per_layer
 
     monkeypatch.setenv("MIXPREC_WORKSPACE", str(project.ws.root))
     result = build_and_measure(project, project.default_policy(), backend="tensorrt", iterations=5)

@@ -16,9 +16,9 @@ import pytest
 
 import core.backends.tensorrt as trt_backend
 from core.backends.base import PER_LAYER_COLUMNS
+from core.backends.reports import parse_layers
 from core.errors import MixprecError
-from core.policy import Policy
-from core.reports import parse_layers
+from core.quant.policy import Policy
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = Path(trt_backend.__file__).read_text()
@@ -186,7 +186,7 @@ def test_profile_shapes_default_and_override():
 
 
 def test_profile_shapes_cover_the_evaluation_batch_on_dynamic_batch_axes():
-    from core.evaluation import EVAL_BATCH
+    from core.measure.reference import EVAL_BATCH
 
     got = trt_backend.profile_shapes({"ids": (2, 64), "mask": (2, 64)}, dynamic_batch={"ids"})
     assert got["ids"] == ((1, 64), (2, 64), (EVAL_BATCH, 64)) and got["mask"] == ((2, 64),) * 3
@@ -195,9 +195,9 @@ def test_profile_shapes_cover_the_evaluation_batch_on_dynamic_batch_axes():
 
 
 def test_profile_shapes_widen_the_batch_axis_where_it_is():
-    """A [2, B, H] recurrent state has its batch on axis 1 (core.shapes.batch_axes): the profile
+    """A [2, B, H] recurrent state has its batch on axis 1 (core.model.shapes.batch_axes): the profile
     widens that axis, not axis 0."""
-    from core.evaluation import EVAL_BATCH
+    from core.measure.reference import EVAL_BATCH
 
     got = trt_backend.profile_shapes({"state": (2, 1, 16), "x": (1, 8)}, dynamic_batch={"state": 1, "x": 0})
     assert got["state"] == ((2, 1, 16), (2, 1, 16), (2, EVAL_BATCH, 16))

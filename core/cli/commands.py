@@ -1,0 +1,414 @@
+"""``python -m core``: the headless twin of the dashboard.
+
+Every command has ``--json`` (one JSON document on stdout). Long work shows a progress bar
+on stderr. A :class:`MixprecError` prints one line and exits 2, with no traceback; so does any
+OSError (a full disk names the workspace and the space needed). Notes (e.g. a corrupt cache that
+was computed again) print as ``note: …`` lines on stderr and, with ``--json``, under ``"notes"``."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from core.backends import BACKENDS
+from core.backends.reports import load_engine_report
+from core.cli import estimate as estimate_command
+from core.errors import MixprecError
+from core.estimate.gpus import GPUS
+from core.export import DEFAULT_TRT_VERSION, EXPORT_FORMATS, export_policy
+from core.measure.runs import GENERATED_NOTE, WARN_BELOW, build_and_measure, speedup_text
+from core.model.samples import SAMPLES, write_sample
+from core.model.shapes import parse_shape, shape_text
+from core.project import DEFAULT_TARGET, DEPLOY_TARGETS, TARGET_LABELS, open_project
+from core.quant.compile import TARGETS
+from core.quant.policy import CALIB_METHODS, NETWORK_DEFAULTS, load_policy
+from core.records import json_safe
+from core.search import SearchConfig, search
+from core.sensitivity import MODES, RANK_METRICS, rank_layers, sensitivity
+from core.sensitivity.distributed import RAY_ENV
+from core.store.results import cached_ranking, load_gpu_calibration
+from core.workspace import atomic_write_text, default_root, human_bytes, is_space_error, space_error, take_notes
+
+
+class Progress:
+    """A one-line progress bar on stderr (silent when stderr is not a terminal, except the final line)."""
+
+    def __init__(self, label: str):
+        self.label = label
+        self.tty = sys.stderr.isatty()
+        self.last = ""
+
+    def __call__(self, fraction: float, text: str = ""):
+        n = int(30 * max(0.0, min(1.0, fraction)))
+        line = f"\r{self.label} [{'#' * n}{'.' * (30 - n)}] {int(100 * fraction):3d}% {text}"[:120]
+        if self.tty:
+            sys.stderr.write(line.ljust(len(self.last)))
+            sys.stderr.flush()
+        elif text != self.last:
+            sys.stderr.write(line.strip() + "\n")
+        self.last = text if not self.tty else line
+
+    def done(self):
+        if self.tty:
+            sys.stderr.write("\n")
+
+
+
+
+def _emit(args, doc: dict, text: str):
+    notes = take_notes()
+    _print_notes(notes)
+    if args.json:
+        print(json.dumps(json_safe(doc | ({"notes": notes} if notes else {})), indent=2))
+    else:
+        print(text)
+
+
+def _os_error(e: OSError) -> MixprecError:
+    """An OSError no command wrapped, as a one-line error: a full disk names the workspace."""
+    if is_space_error(e):
+        return space_error(Path(e.filename) if e.filename else default_root() / "?")
+    return MixprecError(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""),
+                        "check the file, its folder and the disk (MIXPREC_WORKSPACE names the workspace)")
+
+
+def _print_notes(notes: list[str] | None = None) -> None:
+    for note in take_notes() if notes is None else notes:
+        print(f"note: {note}", file=sys.stderr)
+
+
+def _shape_overrides(items: list[str] | None) -> dict[str, int]:
+    out = {}
+    for item in items or []:
+        name, _, value = item.partition("=")
+        if not (value.isascii() and value.isdigit()):
+            raise MixprecError(f"bad --dim {item!r}", "write --dim NAME=VALUE, e.g. --dim seq=128")
+        out[name] = int(value)
+    return out
+
+
+def _input_shapes(items: list[str] | None) -> dict[str, tuple[int, ...]]:
+    """``--shape INPUT=1x3x320x320`` (repeatable) → ``{INPUT: (1, 3, 320, 320)}``."""
+    return dict(parse_shape(item) for item in items or [])
+
+
+def _shape_lines(p) -> str:
+    """The input shapes, each dim's source, and every default or guess with how to set it."""
+    lines = [f"input {name}: {shape_text(shape)}" for name, shape in p.input_shapes.items()]
+    lines += [f"  {c.input} axis {c.axis}{f' ({c.symbol})' if c.symbol and c.symbol != '?' else ''}: {c.note}"
+              for c in p.shape_choices if c.source != "fixed"]
+    if p.data_problem is not None:
+        lines.append(f"data: needed before a build — {p.data_problem}")
+    elif p.data_generated:
+        lines.append("data: generated (give --data/--eval .npz files for real quality numbers)")
+    return "\n" + "\n".join(lines)
+
+
+def parse_trt_profiles(items: list[str] | None) -> dict:
+    """``NAME=MIN:OPT:MAX`` with shapes written ``1x64`` → ``{NAME: ((1, 64), …)}``."""
+    out = {}
+    for item in items or []:
+        name, _, spec = item.partition("=")
+        try:
+            shapes = tuple(tuple(int(d) for d in part.split("x")) for part in spec.split(":"))
+        except ValueError:
+            shapes = ()
+        if not name or len(shapes) != 3:
+            raise MixprecError(f"bad --trt-profile {item!r}",
+                               "write --trt-profile INPUT=MIN:OPT:MAX with shapes like 1x16, "
+                               "e.g. --trt-profile input_ids=1x16:1x64:16x128")
+        out[name] = shapes
+    return out
+
+
+def trt_options(args) -> dict:
+    """The TensorRT backend's options from ``--trt-profile`` and ``--trt-workspace-gb``."""
+    return {"profiles": parse_trt_profiles(args.trt_profile) or None,
+            "workspace_bytes": int(args.trt_workspace_gb * (1 << 30))}
+
+
+def _project(args, progress=None):
+    return open_project(args.model, data=getattr(args, "data", None), eval_data=getattr(args, "eval", None),
+                        batch=getattr(args, "batch", 1), shape_overrides=_shape_overrides(getattr(args, "dim", None)),
+                        shapes=_input_shapes(getattr(args, "shape", None)), progress=progress,
+                        target=getattr(args, "deploy_target", DEFAULT_TARGET))
+
+
+def _policy(args, project):
+    if getattr(args, "policy", None):
+        return load_policy(args.policy, project.model, project.layers)
+    return project.default_policy(getattr(args, "network_default", "fp32"), getattr(args, "calibration", "minmax"))
+
+
+def cmd_inspect(args):
+    p = _project(args)
+    m, inv = p.model, p.inventory()
+    doc = {
+        "model": {"name": m.name, "path": str(m.path), "sha256": m.sha256, "opset": m.opset,
+                  "original_opset": m.original_opset, "size_bytes": m.size_bytes,
+                  "inputs": [{"name": s.name, "dtype": s.dtype, "shape": list(s.shape)} for s in m.inputs],
+                  "outputs": [{"name": s.name, "dtype": s.dtype, "shape": list(s.shape)} for s in m.outputs],
+                  "input_shapes": {k: list(v) for k, v in p.input_shapes.items()},
+                  "shape_choices": [c.to_dict() for c in p.shape_choices], "data_generated": p.data_generated,
+                  "data_problem": None if p.data_problem is None else str(p.data_problem),
+                  "generated_names": m.generated_names},
+        "target": p.target,
+        "normalization": [s.to_dict() for s in m.normalization],
+        "layers": inv.drop(columns=["inputs", "outputs"]).to_dict(orient="records"),
+    }
+    norm = "".join(f"\nnormalised ({s.step}): {s.detail}" for s in m.normalization)
+    counts = inv.groupby(["op_type", "default_precision"]).size().to_string()
+    _emit(args, doc, f"{m.name}  sha256 {m.sha256[:12]}…  opset {m.opset}  {len(inv)} layers "
+                     f"({int(inv.eligible.sum())} INT8-eligible)  target {TARGET_LABELS[p.target]}{norm}\n{counts}"
+          + _shape_lines(p))
+
+
+def cmd_rank(args):
+    bar = Progress("rank")
+    p = _project(args, bar)
+    r = rank_layers(p, method=args.calibration, metric=args.metric, max_samples=args.samples, progress=bar,
+                    max_memory=args.max_memory)
+    bar.done()
+    table = r.table
+    doc = {"metric": r.metric, "samples": r.samples, "seconds": r.seconds,
+           "calibration_cache_hit": r.calibration_cache_hit, "layers": table.to_dict(orient="records"),
+           "memory": {"peak_bytes": r.peak_bytes, "added_bytes": r.added_bytes, "budget_bytes": r.budget_bytes,
+                      "chunks": r.chunks}}
+    shown = table[table.eligible] if not args.all else table
+    _emit(args, doc, shown.head(args.top).to_string(index=False) + f"\ncompared in {r.chunks} chunk(s) under a "
+          f"{human_bytes(r.budget_bytes)} budget; peak memory {human_bytes(r.peak_bytes)} "
+          f"(+{human_bytes(r.added_bytes)} for the ranking)")
+
+
+def _on_generated(run) -> str:
+    return f" ({GENERATED_NOTE})" if run.data_generated else ""
+
+
+def cmd_build(args):
+    bar = Progress("build")
+    p = _project(args, bar)
+    policy = _policy(args, p)
+    r = build_and_measure(p, policy, backend=args.backend, progress=bar, iterations=args.iterations,
+                          trt_options=trt_options(args), warn_below=args.warn_below,
+                          ranking=cached_ranking(p, policy.calibration.method))
+    bar.done()
+    doc = r.to_json() | {"speedup_text": speedup_text(r.latency.speedup)[0], "latency_note": r.latency_note}
+    q = r.quality
+    text = (f"run {r.run_id} on {r.backend} ({r.backend_reason})\n"
+            f"latency median {r.latency.median_ms:.3f} ms  p95 {r.latency.p95_ms:.3f} ms  "
+            f"fp32 {r.latency.ref_median_ms:.3f} ms  speedup {speedup_text(r.latency.speedup)[0]}  "
+            f"[{r.latency_label}]" + (f"\nlatency note: {r.latency_note}" if r.latency_note else "") + "\n"
+            f"reformat {r.reformat.count} nodes  {r.reformat.ms:.3f} ms  {r.reformat.pct:.1f}%\n"
+            f"quality cosine mean {q.cosine_mean:.4f} min {q.cosine_min:.4f}  SNR {q.snr_db:.1f} dB  "
+            f"max abs {q.max_abs:.3g}" + (f"  top1 {q.top1_agreement:.3f}" if q.top1_agreement is not None else "")
+            + (f"  KL {q.kl_div:.3g}" if q.kl_div is not None else "")
+            + (f"  perplexity {q.perplexity:.3f} (FP32 {q.fp32_perplexity:.3f})" if q.perplexity is not None else "")
+            + (f"  knn5 {q.knn5_overlap:.3f}" if q.knn5_overlap is not None else "") + _on_generated(r) + "\n"
+            f"precision {r.precision_counts}  INT8 MAC share {100 * r.int8_mac_fraction:.1f}%\n"
+            f"run dir {r.run_dir}" + "".join(f"\nwarning: {w}" for w in r.warnings))
+    _emit(args, doc, text)
+
+
+def cmd_export(args):
+    p = _project(args)
+    policy = _policy(args, p)
+    out = export_policy(p, policy, args.format, args.out, target=args.target, trt_version=args.trt_version,
+                        tf32=args.tf32, atol=args.atol)
+    _emit(args, {"format": args.format, "out": str(out), "policy_sha256": policy.sha256},
+          f"wrote {out} ({args.format})")
+
+
+def cmd_sample(args):
+    paths = write_sample(args.name, Path(args.out))
+    _emit(args, {"name": paths.name, "model": str(paths.model), "calib": str(paths.calib), "eval": str(paths.eval)},
+          f"wrote {paths.model}, {paths.calib}, {paths.eval}")
+
+
+def cmd_sensitivity(args):
+    bar = Progress("sensitivity")
+    p = _project(args, bar)
+    r = sensitivity(p, args.mode, args.calibration, workers=args.workers, progress=bar, ray=args.ray)
+    bar.done()
+    doc = {"mode": r.mode, "method": r.method, "seconds": r.seconds, "cache_hit": r.cache_hit,
+           "trials_on": r.trials_on, "baseline_cosine": r.baseline.cosine_mean,
+           "layers": r.table.to_dict(orient="records")}
+    what = "quality drop with only this layer INT8" if r.mode == "isolated" else \
+        "quality gain when only this layer leaves INT8"
+    _emit(args, doc, f"{r.mode} sensitivity ({what}; cosine_mean delta), {r.seconds:.1f} s"
+                     f"{' (cached)' if r.cache_hit else ''}{f' on {r.trials_on}' if r.trials_on else ''}\n"
+                     + r.table.head(args.top).to_string(index=False))
+
+
+def _rank_args(sp):
+    sp.add_argument("--calibration", default="minmax", choices=CALIB_METHODS)
+    sp.add_argument("--metric", default="cos_drop", choices=RANK_METRICS)
+    sp.add_argument("--samples", type=int, default=16, help="evaluation samples to compare (default 16)")
+    sp.add_argument("--top", type=int, default=20)
+    sp.add_argument("--all", action="store_true", help="show all layers, not only INT8-eligible ones")
+    sp.add_argument("--max-memory", metavar="SIZE", help="memory the layer-wise comparison may use, e.g. 4G, 512M "
+                    "or 40%% (default: half of the memory budget, 80%% of free RAM); outputs are compared in chunks")
+
+
+def _trial_args(sp):
+    sp.add_argument("--workers", type=int, default=2,
+                    help="parallel worker processes (default 2; with --ray local: the Ray instance's CPUs)")
+    sp.add_argument("--ray", metavar="ADDRESS", default=None,
+                    help="run the trials as Ray tasks on the cluster at ADDRESS (auto, HOST:6379, ray://HOST:10001, "
+                         f"or local); default ${RAY_ENV}, else local worker processes")
+
+
+def _warn_arg(sp):
+    sp.add_argument("--warn-below", type=float, default=WARN_BELOW, metavar="COSINE",
+                    help=f"warn when the build's cosine_mean falls below this (default {WARN_BELOW})")
+
+
+def _gpu_arg(sp):
+    """``--gpu`` / ``--gpu-spec`` of the estimated TensorRT time (target tensorrt without TensorRT here)."""
+    estimate_command.add_gpu_args(sp, check=True)
+
+
+def _trt_args(sp):
+    sp.add_argument("--trt-profile", action="append", metavar="INPUT=MIN:OPT:MAX",
+                    help="TensorRT optimisation profile of a dynamic input, shapes like 1x64 (default: the "
+                         "run's shape as opt, batch 1..16 where the batch is dynamic)")
+    sp.add_argument("--trt-workspace-gb", type=float, default=4.0, help="TensorRT builder workspace (default 4 GiB)")
+
+
+def cmd_search(args):
+    bar = Progress("search")
+    g = estimate_command.gpu_from_args(args)  # a bad --gpu-spec fails before the model loads
+    p = _project(args, bar)
+    custom = GPUS.get(g.key) != g  # a --gpu-spec or a GPU saved in the workspace travels as itself
+    config = SearchConfig(budget=args.budget, workers=args.workers, ray=args.ray, smooth=args.smooth,
+                          backend=args.backend,
+                          trt_options=trt_options(args), warn_below=args.warn_below, gpu=g if custom else g.key,
+                          cost_params=load_gpu_calibration(p.ws, g))
+    r = search(p, config, progress=bar)
+    bar.done()
+    out = Path(args.out) if args.out else p.ws.sub("policies") / f"search-{r.policy.sha256[:12]}.json"
+    atomic_write_text(out, r.policy.to_json())
+    doc = r.to_json() | {"policy_path": str(out), "warnings": list(r.run.warnings) if r.run else [],
+                         "data_generated": bool(r.run and r.run.data_generated), "target": p.target,
+                         "gpu": g.key}  # "objective" is r's: what ranked the candidates, a fallback included
+    if custom:
+        doc["gpu_spec"] = g.to_json()
+    text = [r.message, f"policy written to {out}  ({r.seconds:.0f} s)"]
+    if r.run is not None:
+        q, lat = r.run.quality, r.run.latency
+        text.append(f"build {r.run.run_id}: cosine mean {q.cosine_mean:.4f} min {q.cosine_min:.4f}, speedup "
+                    f"{speedup_text(lat.speedup)[0]} [{r.run.latency_label}], reformat {r.run.reformat.pct:.1f}%, INT8 MAC share "
+                    f"{100 * r.run.int8_mac_fraction:.0f}%{_on_generated(r.run)}")
+    front = r.front
+    if front["est_high_ms"].isna().all():  # no TensorRT estimate, no band
+        front = front.drop(columns=["est_low_ms", "est_high_ms"])
+    text.append("Pareto front (quality on the dev half, estimated latency"
+                + (", est_low_ms-est_high_ms: the estimate's band" if "est_high_ms" in front else "") + "):")
+    text.append(front.to_string(index=False))
+    _emit(args, doc, "\n".join(text))
+    return 0 if r.met_on_dev and r.met_on_holdout is not False else 1
+
+
+def cmd_report(args):
+    rep = load_engine_report(args.graph, args.profile)
+    doc = rep.to_json()
+    rf = doc["reformat"]
+    timing = (f", {rf['ms']:.4f} ms of {rf['total_ms']:.4f} ms ({rf['pct']:.1f}% of the per-layer time sum)"
+              if rf["ms"] is not None else " (no profile given: no times)")
+    _emit(args, doc, f"{doc['layers']} layers; reformat {rf['count']} layers{timing}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m core", description="mixprec: sensitivity-guided mixed precision "
+                                 "for ONNX models headed to TensorRT")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    def add(name, fn, help_, model=True, data=True):
+        sp = sub.add_parser(name, help=help_)
+        if model:
+            sp.add_argument("model", help="path to a .onnx file or " + "|".join(f"sample:{n}" for n in SAMPLES))
+        if data:
+            sp.add_argument("--data", help="calibration data .npz (one array per input, samples along its batch axis: "
+                                           "axis 0 for most models; see inspect)")
+            sp.add_argument("--eval", help="held-out evaluation data .npz (default: the sample's, or the last "
+                                           "quarter of --data)")
+            sp.add_argument("--batch", type=int, default=1, help="batch size for dynamic batch dims (default 1)")
+            sp.add_argument("--dim", action="append", metavar="NAME=VALUE", help="value of a named dynamic dim")
+            sp.add_argument("--shape", action="append", metavar="INPUT=1x3x320x320",
+                            help="the full shape of an input (every dim, named or not; repeatable)")
+        if data and name != "export":  # export's --target is the compile target (trt/ort)
+            sp.add_argument("--target", dest="deploy_target", default=DEFAULT_TARGET, choices=DEPLOY_TARGETS,
+                            help="where the model is deployed: tensorrt (GPU, default) or onnxruntime (CPU); "
+                                 "labels latency and sets the search objective")
+        sp.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+        sp.set_defaults(func=fn)
+        return sp
+
+    add("inspect", cmd_inspect, "model summary and layer inventory")
+    _rank_args(add("rank", cmd_rank, "Polygraphy layer-wise FP32-vs-INT8 ranking"))
+    sp = add("build", cmd_build, "build a policy and measure latency, reformat overhead and quality")
+    sp.add_argument("--policy", help="policy JSON (default: the default policy)")
+    sp.add_argument("--backend", default="auto", choices=BACKENDS)
+    sp.add_argument("--calibration", default="minmax", choices=CALIB_METHODS)
+    sp.add_argument("--network-default", default="fp32", choices=NETWORK_DEFAULTS)
+    sp.add_argument("--iterations", type=int, default=30, help="interleaved timing pairs (default 30)")
+    _warn_arg(sp)
+    _trt_args(sp)
+    sp = add("export", cmd_export, "export a policy as JSON, trtexec/Polygraphy commands or compiled ONNX")
+    sp.add_argument("--policy", help="policy JSON (default: the default policy)")
+    sp.add_argument("--format", required=True, choices=EXPORT_FORMATS)
+    sp.add_argument("--target", default="trt", choices=TARGETS, help="int8 encoding of --format onnx")
+    sp.add_argument("--trt-version", default=DEFAULT_TRT_VERSION,
+                    help=f"TensorRT that reads --format trtexec / calib-cache (its cache header; default {DEFAULT_TRT_VERSION})")
+    sp.add_argument("--tf32", action="store_true", help="let FP32 layers use TF32 (default off: --noTF32)")
+    sp.add_argument("--atol", type=float, help="--format polygraphy tolerance (default: measured, see the file)")
+    sp.add_argument("--calibration", default="minmax", choices=CALIB_METHODS)
+    sp.add_argument("--network-default", default="fp32", choices=NETWORK_DEFAULTS)
+    sp.add_argument("--out", required=True)
+    sp = add("sensitivity", cmd_sensitivity, "isolated or leave-one-out per-layer INT8 sensitivity")
+    sp.add_argument("--mode", default="isolated", choices=MODES)
+    sp.add_argument("--calibration", default="minmax", choices=CALIB_METHODS)
+    _trial_args(sp)
+    sp.add_argument("--top", type=int, default=20)
+    sp = add("search", cmd_search, "search the policy with the most INT8 benefit that meets a quality budget")
+    sp.add_argument("--budget", required=True, help="e.g. 'cosine_mean>=0.99', 'snr_db>=30', 'top1_drop<=0.5%%'")
+    _trial_args(sp)
+    sp.add_argument("--out", help="where to write the policy JSON (default: workspace/policies/)")
+    sp.add_argument("--smooth", action="store_true",
+                    help="also try SmoothQuant-style smoothing (alpha 0.75) of every MatMul with weights (kept only if it pays)")
+    sp.add_argument("--backend", default="auto", choices=BACKENDS,
+                    help="backend of the latency model and the verifying build (quality trials run on ONNX Runtime)")
+    _gpu_arg(sp)
+    _warn_arg(sp)
+    _trt_args(sp)
+    sp = sub.add_parser("sample", help="write a bundled sample: model.onnx, calib.npz, eval.npz")
+    sp.add_argument("name", choices=SAMPLES)
+    sp.add_argument("--out", required=True)
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=cmd_sample)
+    sp = sub.add_parser("report", help="read trtexec --exportLayerInfo / --exportProfile JSON")
+    sp.add_argument("graph")
+    sp.add_argument("profile", nargs="?")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=cmd_report)
+    estimate_command.add_parser(sub)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        rc = args.func(args)
+    except MixprecError as e:
+        _print_notes()
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a write or read the commands did not wrap: still one line, never a traceback
+        _print_notes()
+        print(f"error: {_os_error(e)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    _print_notes()
+    return rc or 0

@@ -1,0 +1,222 @@
+"""Numbers as a person reads them: units, sensible rounding and local times; the run history, two
+runs side by side (columns named by the runs' labels) and one run's layers against another's, as
+display tables. Pure functions over the tables of ``core.measure.runs`` and ``core.backends``; the pages
+show what they return."""
+from __future__ import annotations
+
+import math
+from datetime import datetime
+
+import pandas as pd
+
+from core.measure.runs import speedup_text
+from core.project import TARGET_LABELS
+
+LAYER_COMPARE_COLUMNS = ["layer", "op_type", "precision_a", "ms_a", "precision_b", "ms_b", "delta_ms", "changed"]
+# The run history as shown: (column of core.measure.runs.RUN_COLUMNS, heading with its unit, decimals, "sig" for 4
+# significant digits, or None for text).
+HISTORY_COLUMNS = [
+    ("created", "created (local time)", None), ("label", "label", None), ("speedup", "vs FP32", None),
+    ("latency_median_ms", "median (ms)", "sig"), ("latency_p95_ms", "p95 (ms)", "sig"),
+    ("fp32_median_ms", "FP32 median (ms)", "sig"), ("cosine_mean", "cosine mean", 4), ("cosine_min", "cosine min", 4),
+    ("snr_db", "SNR (dB)", 1), ("max_abs", "max abs error", None), ("reformat_count", "reformats", 0),
+    ("reformat_ms", "reformat time (ms)", "sig"), ("reformat_pct", "reformat share (%)", 1),
+    ("n_fp32", "FP32 layers", 0), ("n_fp16", "FP16 layers", 0), ("n_int8", "INT8 layers", 0),
+    ("int8_mac_fraction", "INT8 MAC share (%)", 1), ("build_seconds", "build (s)", 1),
+    ("data_generated", "on generated data", None), ("latency_source", "latency source", None),
+    ("target", "target", None), ("backend", "backend", None), ("warnings", "warnings", None),
+    ("run_id", "run id", None),
+]
+# Two runs side by side: (column, row label); the value's unit comes from :func:`metric_text`.
+COMPARE_ROWS = [
+    ("created", "created (local time)"), ("backend", "backend"), ("target", "deployment target"),
+    ("latency_source", "latency source"), ("latency_median_ms", "median latency"), ("latency_p95_ms", "p95 latency"),
+    ("fp32_median_ms", "FP32 median latency"), ("speedup", "vs FP32"), ("reformat_count", "reformat nodes"),
+    ("reformat_ms", "reformat time"), ("reformat_pct", "reformat share"), ("cosine_mean", "cosine (mean)"),
+    ("cosine_min", "cosine (min)"), ("snr_db", "SNR"), ("max_abs", "max abs error"),
+    ("top1_agreement", "top-1 agreement"), ("kl_div", "KL divergence (nats)"), ("perplexity", "perplexity"),
+    ("knn5_overlap", "top-5 neighbour overlap"), ("n_fp32", "FP32 layers"),
+    ("n_fp16", "FP16 layers"), ("n_int8", "INT8 layers"), ("int8_mac_fraction", "INT8 share of MACs"),
+    ("build_seconds", "build time"), ("data_generated", "quality on generated data"), ("warnings", "warnings"),
+    ("run_id", "run id"),
+]
+_MS = {"latency_median_ms", "latency_p95_ms", "fp32_median_ms", "reformat_ms"}
+_FRACTION = {"top1_agreement", "knn5_overlap", "int8_mac_fraction"}  # 0..1, shown as %
+_COUNT = {"reformat_count", "n_fp32", "n_fp16", "n_int8"}
+
+
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA
+
+
+def local_time(epoch) -> str:
+    """Epoch seconds as this machine's local time, ``2026-12-01 09:50:52 CET``; "—" for none."""
+    if _missing(epoch):
+        return "—"
+    return datetime.fromtimestamp(float(epoch)).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z").strip()
+
+
+def significant(value: float, digits: int = 4, max_decimals: int | None = None) -> str:
+    """``value`` with ``digits`` significant digits in fixed notation (25.465 → ``25.47``,
+    0.018754 → ``0.01875``), at most ``max_decimals`` decimals; integers of more digits are kept whole."""
+    if _missing(value):
+        return "—"
+    v = float(value)
+    if v == 0 or not math.isfinite(v):
+        return f"{v:g}"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(v))))
+    return f"{v:.{decimals if max_decimals is None else min(decimals, max_decimals)}f}"
+
+
+def ms_text(value) -> str:
+    """A time in milliseconds, 4 significant digits down to 0.01 µs: ``12.96 ms``, ``0.01875 ms``."""
+    return "—" if _missing(value) else f"{significant(value, max_decimals=5)} ms"
+
+
+def metric_text(column: str, value) -> str:
+    """One value of a run (a ``core.measure.runs.RUN_COLUMNS`` column) with its unit and rounding."""
+    if column == "speedup":
+        return speedup_text(None if _missing(value) else float(value))[0]
+    if column == "snr_db" and _missing(value):
+        return "∞ (outputs identical)"
+    if _missing(value) or value == "":
+        return "—"
+    if column == "created":
+        return local_time(value)
+    if column in _MS:
+        return ms_text(value)
+    if column in _FRACTION:
+        return f"{100 * float(value):.1f} %"
+    if column in _COUNT:
+        return str(int(value))
+    if column == "reformat_pct":
+        return f"{float(value):.1f} % of per-layer time"
+    if column in ("cosine_mean", "cosine_min"):
+        return f"{float(value):.4f}"
+    if column == "snr_db":
+        return f"{float(value):.1f} dB"
+    if column == "max_abs":
+        return f"{float(value):.3g}"
+    if column == "build_seconds":
+        return f"{float(value):.1f} s"
+    if column == "data_generated":
+        return "yes" if bool(value) else "no"
+    if column == "target":
+        return TARGET_LABELS.get(str(value), str(value))
+    return str(value)
+
+
+def run_title(runs: pd.DataFrame, run_id: str) -> str:
+    """How a run is named in a picker: its label, local time and the end of its id."""
+    row = runs.set_index("run_id").loc[run_id]
+    return f"{row['label']} · {local_time(row['created'])} · {run_id[-6:]}"
+
+
+def run_history(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs of ``core.measure.runs.list_runs`` as shown: headings with units, rounded numbers, local
+    times, the speedup in words (``vs FP32``), counts as integers, shares in %."""
+    out = {}
+    for col, heading, decimals in HISTORY_COLUMNS:
+        s = runs[col]
+        if col == "created":
+            s = s.map(local_time)
+        elif col == "speedup":
+            s = s.map(lambda v: metric_text("speedup", v))
+        elif col in ("int8_mac_fraction",):
+            s = (100 * s.astype(float)).round(decimals)
+        elif col == "max_abs":
+            s = s.map(lambda v: metric_text("max_abs", v))
+        elif col == "target":
+            s = s.map(lambda v: metric_text("target", v))
+        elif decimals == "sig":
+            s = pd.to_numeric(s, errors="coerce").map(lambda v: float(significant(v, max_decimals=5)) if v == v else v)
+        elif decimals == 0:
+            s = s.astype("Int64")
+        elif decimals is not None:
+            s = pd.to_numeric(s, errors="coerce").astype(float).round(decimals)
+        out[heading] = s.reset_index(drop=True)
+    return pd.DataFrame(out, columns=[h for _, h, _ in HISTORY_COLUMNS])
+
+
+def run_columns(runs: pd.DataFrame, a: str, b: str) -> tuple[str, str]:
+    """The headings of runs ``a`` and ``b`` in a side-by-side table: ``A: <label>``, ``B: <label>``
+    (the letters keep them apart when the labels are the same)."""
+    labels = runs.set_index("run_id")["label"]
+    return f"A: {labels[a]}", f"B: {labels[b]}"
+
+
+def _change(column: str, va, vb) -> str:
+    """B against A for a numeric metric: ``+1.234 ms (+5.1 %)``; "" for text or missing values."""
+    if column not in _MS | _COUNT | _FRACTION | {"cosine_mean", "cosine_min", "snr_db", "reformat_pct", "speedup",
+                                                  "build_seconds", "max_abs"}:
+        return ""
+    if _missing(va) or _missing(vb):
+        return ""
+    va, vb = float(va), float(vb)
+    if column in _COUNT:
+        return f"{int(vb - va):+d}"
+    d = vb - va
+    if column in _MS:
+        text = f"{'+' if d >= 0 else '-'}{significant(abs(d), max_decimals=5)} ms"
+    elif column in _FRACTION:
+        text = f"{100 * d:+.1f} points"
+    elif column == "reformat_pct":
+        text = f"{d:+.1f} points"
+    elif column == "speedup":
+        text = f"{d:+.2f}×"
+    elif column in ("cosine_mean", "cosine_min"):
+        text = f"{d:+.4f}"
+    elif column == "snr_db":
+        text = f"{d:+.1f} dB"
+    elif column == "build_seconds":
+        text = f"{d:+.1f} s"
+    else:
+        text = f"{d:+.3g}"
+    if column in _MS and va:
+        text += f" ({100 * d / va:+.1f} %)"
+    return text
+
+
+def run_comparison_table(runs: pd.DataFrame, a: str, b: str) -> pd.DataFrame:
+    """Two runs side by side: one row per metric (with its unit), one column per run, named by its
+    label (:func:`run_columns`), and ``B vs A`` for the numbers."""
+    by_id = runs.set_index("run_id")
+    col_a, col_b = run_columns(runs, a, b)
+    rows = []
+    for col, label in COMPARE_ROWS:
+        va, vb = (a, b) if col == "run_id" else (by_id.at[a, col], by_id.at[b, col])
+        rows.append((label, metric_text(col, va), metric_text(col, vb), _change(col, va, vb)))
+    return pd.DataFrame(rows, columns=["metric", col_a, col_b, "B vs A"]).set_index("metric")
+
+
+def _per_layer(per_layer: pd.DataFrame) -> pd.DataFrame:
+    """One row per policy layer of a run's per-layer table: its time (its nodes and conversions
+    summed), its precision and op type (those of the node named like the layer, else its first)."""
+    df = per_layer[per_layer["layer"].astype(str) != ""].copy()
+    df["ms"] = pd.to_numeric(df["ms"], errors="coerce").fillna(0.0)
+    df["own"] = df["name"].astype(str) == df["layer"].astype(str)
+    df = df.sort_values("own", ascending=False, kind="stable")
+    g = df.groupby("layer", sort=False)
+    return pd.DataFrame({"ms": g["ms"].sum(), "precision": g["precision"].first().astype(str),
+                         "op_type": g["op_type"].first().astype(str)})
+
+
+def layer_comparison(per_a: pd.DataFrame, per_b: pd.DataFrame) -> pd.DataFrame:
+    """The layers of two runs' per-layer tables (``core.backends.base.PER_LAYER_COLUMNS``) side by
+    side (LAYER_COMPARE_COLUMNS): each layer's time in A and B (its nodes and their precision
+    conversions), its precision in each, B − A, and whether the precision changed; slowest
+    (in either run) first. A layer one run does not have (e.g. a Relu ONNX Runtime fused into the
+    INT8 conv before it) reads NaN ms and precision "", and is not counted as changed."""
+    la, lb = _per_layer(per_a), _per_layer(per_b)
+    names = list(dict.fromkeys([*la.index, *lb.index]))
+    rows = []
+    for n in names:
+        pa = la.at[n, "precision"] if n in la.index else ""
+        pb = lb.at[n, "precision"] if n in lb.index else ""
+        ma = float(la.at[n, "ms"]) if n in la.index else float("nan")
+        mb = float(lb.at[n, "ms"]) if n in lb.index else float("nan")
+        op = la.at[n, "op_type"] if n in la.index else lb.at[n, "op_type"]
+        rows.append((n, op, pa, ma, pb, mb, mb - ma, bool(pa and pb and pa != pb)))
+    df = pd.DataFrame(rows, columns=LAYER_COMPARE_COLUMNS)
+    order = df[["ms_a", "ms_b"]].max(axis=1, skipna=True).fillna(0.0)
+    return df.loc[order.sort_values(ascending=False, kind="stable").index].reset_index(drop=True)
