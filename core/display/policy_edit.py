@@ -42,16 +42,6 @@ def set_precision(policy: Policy, layers: list[Layer], names, precision: str) ->
     return policy.with_layers({n: precision for n in names if n not in skipped}), skipped
 
 
-def top_sensitive(ranking: pd.DataFrame | None, k: int, metric: str = "cos_drop") -> list[str]:
-    """The ``k`` most sensitive INT8-eligible layers of a ranking table (RANK_COLUMNS)."""
-    if ranking is None or ranking.empty:
-        raise MixprecError("there is no sensitivity ranking for this model and data yet",
-                           "compute the sensitivity ranking first")
-    df = ranking[ranking["eligible"]]
-    df = df.sort_values(metric, ascending=metric == "snr_db", kind="stable")
-    return df["name"].head(int(k)).tolist()
-
-
 def editor_table(project: Project, policy: Policy, ranking: pd.DataFrame | None) -> pd.DataFrame:
     """One row per layer (EDITOR_COLUMNS), ``sensitivity`` = cosine drop under all-INT8."""
     sens = dict(zip(ranking["name"], ranking["cos_drop"])) if ranking is not None else {}
@@ -71,10 +61,3 @@ def policy_diff(before: Policy | None, after: Policy, layers: list[Layer]) -> pd
     rows = [(l.name, l.op_type, old.get(l.name, "—"), after.layers.get(l.name))
             for l in layers if old.get(l.name) != after.layers.get(l.name)]
     return pd.DataFrame(rows, columns=DIFF_COLUMNS)
-
-
-def run_comparison(runs: pd.DataFrame, a: str, b: str) -> pd.DataFrame:
-    """Two runs of :func:`core.store.results.list_runs` side by side: one row per metric, one column per run."""
-    pick = runs.set_index("run_id").loc[[a, b]].T
-    pick.columns = [f"{runs.set_index('run_id').at[r, 'label']} ({r[-6:]})" for r in (a, b)]
-    return pick.drop(index=["created", "model_sha256", "policy_sha256"], errors="ignore").astype(str)

@@ -560,11 +560,6 @@ def layer_ms(layer: EngineLayer, gpu: GPU | str, params: CostParams | None = Non
     return layer_breakdown(layer, gpu, params, tf32)["ms"]
 
 
-def engine_ms(layers, gpu: GPU | str, params: CostParams | None = None, tf32: bool = True) -> float:
-    """Estimated sum of per-layer times of an engine (what a trtexec profile's per-layer sum measures)."""
-    return float(sum(layer_ms(layer, gpu, params, tf32) for layer in layers))
-
-
 # One parameter set fitted jointly on the nine fixture engines: five A100 ResNet-18 (batch 32) and four
 # TITAN RTX MobileNetV2 QAT (batch 1), each priced on its own GPU (bench/bench_trt_estimate.py
 # --print-fit prints it; tests/test_estimate_cost.py checks that fitting the fixtures again gives it).
@@ -655,4 +650,3 @@ FITTED = CostParams.from_json({
 from core.estimate.transformer_fit import merged as _with_transformer_fit  # noqa: E402
 
 FITTED = _with_transformer_fit(FITTED)
-

@@ -324,11 +324,6 @@ def calibrate(reports, gpu_name: str) -> CostParams:
     return fit(samples, gpu_name, start=FITTED, basis=CALIBRATION_BASIS)
 
 
-def default_params() -> CostParams:
-    """The shipped parameters: the joint fit on the nine fixture engines (A100 and TITAN RTX)."""
-    return FITTED
-
-
 # ---------------------------------------------------------------------------- validation rows
 
 FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"

@@ -535,8 +535,3 @@ def gpu(name: str | GPU, custom: Mapping[str, GPU] | None = None) -> GPU:
         raise MixprecError(f"{name!r} fits several rows of the estimate's GPU table",
                            "say which with --gpu: " + ", ".join(_label(k) for k in best))
     raise _not_found(name, custom)
-
-
-def gpu_table() -> list[dict]:
-    """The table as rows (for the CLI and the docs)."""
-    return [g.to_json() for g in GPUS.values()]
