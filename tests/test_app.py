@@ -575,7 +575,7 @@ def test_table_filters_row_selection_and_one_click_precision(ws):
 
 
 def test_select_on_the_sensitivity_and_latency_charts_then_set_precision(ws):
-    from core.display.layer_select import ranked_layers
+    from core.display.precision_edit import ranked_layers
     from core.project import open_project
     from core.store.results import load_ranking
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from core.display.layer_select import top_k
-from core.display.policy_edit import policy_diff, select_layers, set_precision
+from core.display.precision_edit import policy_diff, select_layers, set_precision, top_k
 from core.errors import MixprecError
 from core.model.inventory import PRECISIONS
 from core.project import Project

@@ -10,8 +10,8 @@ from functools import partial
 import pandas as pd
 import streamlit as st
 
-from core.display.layer_select import (RANKING_LABELS, RANKING_MODES, layer_latency, names_from_points, plot_layer_latency,
-                                       plot_layer_scores, ranked_layers)
+from core.display.precision_edit import (RANKING_LABELS, RANKING_MODES, layer_latency, names_from_points,
+                                         plot_layer_latency, plot_layer_scores, ranked_layers)
 from core.project import Project
 from core.quant.policy import CALIB_METHODS, Policy
 from core.store.results import list_runs, load_run_per_layer, project_ranking_key, ranking_path, run_dir

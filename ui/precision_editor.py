@@ -10,8 +10,7 @@ from functools import partial
 import pandas as pd
 import streamlit as st
 
-from core.display.layer_select import filter_table
-from core.display.policy_edit import editor_table, policy_summary
+from core.display.precision_edit import editor_table, filter_table, policy_summary
 from core.model.inventory import PRECISIONS
 from core.model.placement import boundaries
 from core.project import Project

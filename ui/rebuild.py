@@ -7,7 +7,7 @@ import time
 import streamlit as st
 
 from core.backends import BACKENDS
-from core.display.policy_edit import policy_diff
+from core.display.precision_edit import policy_diff
 from core.jobs import build_params
 from core.project import Project
 from core.quant.policy import Policy

@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from core.display.charts import plot_layer_comparison
-from core.display.policy_edit import policy_diff
+from core.display.precision_edit import policy_diff
 from core.display.tables import layer_comparison, run_columns, run_comparison_table, run_title
 from core.errors import MixprecError
 from core.project import Project

@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from core.display.charts import plot_pareto
-from core.display.policy_edit import policy_diff
+from core.display.precision_edit import policy_diff
 from core.errors import MixprecError
 from core.estimate.gpus import FIXTURE_GPU, GPU, GPUS
 from core.jobs import search_params

@@ -1,8 +1,9 @@
-"""Choosing layers to edit: a sensitivity ranking turned into per-layer scores (the one the user
-picks: cumulative, isolated or leave-one-out), the top-k of it, filters over the precision table,
-the layers a Plotly chart selection names, a run's time per policy layer, and the two selectable
-charts (scores, per-layer latency) whose bars carry their layer's name. Pure functions over
-tables, used by the dashboard's Precision page."""
+"""Precision editing on the dashboard's Precision and Build pages: a sensitivity ranking turned into
+per-layer scores (the one the user picks: cumulative, isolated or leave-one-out) and its top-k, one
+filter over the layers (op types, a name, a pattern, precisions), the layers a Plotly chart selection
+names, setting precisions, the per-layer precision table, summaries, diffs between policies, a run's
+time per policy layer, and the two selectable charts (scores, per-layer latency) whose bars carry
+their layer's name. Pure functions over core objects and tables, testable without Streamlit."""
 from __future__ import annotations
 
 import html
@@ -12,7 +13,11 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from core.display.charts import TEMPLATE, precision_color
-from core.model.inventory import Layer
+from core.errors import MixprecError
+from core.measure.runs import int8_mac_fraction
+from core.model.inventory import PRECISIONS, Layer, can_be_int8
+from core.project import Project
+from core.quant.policy import Policy
 
 RANKING_MODES = ("isolated", "cumulative", "leave-one-out")
 RANKING_LABELS = {
@@ -22,6 +27,8 @@ RANKING_LABELS = {
 }
 SCORE_COLUMNS = ["name", "op_type", "score"]
 LATENCY_COLUMNS = ["name", "op_type", "built", "ms", "conversion_ms"]
+EDITOR_COLUMNS = ["name", "op_type", "macs", "sensitivity", "eligible", "precision"]
+DIFF_COLUMNS = ["name", "op_type", "built", "now"]
 
 
 def ranked_layers(table: pd.DataFrame | None, mode: str) -> pd.DataFrame:
@@ -47,10 +54,13 @@ def top_k(ranked: pd.DataFrame, k: int) -> list[str]:
     return ranked["name"].head(max(0, int(k))).tolist()
 
 
-def filter_table(table: pd.DataFrame, op_types=(), name: str = "", precisions=()) -> pd.DataFrame:
-    """Rows of a precision table (``name``, ``op_type``, ``precision`` columns) whose op type and
-    precision are among those given (all when none) and whose name contains ``name`` (case
-    ignored, plain text)."""
+def filter_table(table: pd.DataFrame, op_types=(), name: str = "", precisions=(),
+                 regex: str | None = None) -> pd.DataFrame:
+    """The one filter over layers: rows of a table with ``name`` and ``op_type`` columns (and
+    ``precision`` when ``precisions`` are given) whose op type and precision are among those given
+    (all when none), whose name contains ``name`` (case ignored, plain text) and matches ``regex``
+    (``re.search``, case kept; a bad pattern is a MixprecError)."""
+    pattern = _pattern(regex) if regex else None
     keep = pd.Series(True, index=table.index)
     if op_types:
         keep &= table["op_type"].isin(list(op_types))
@@ -58,7 +68,24 @@ def filter_table(table: pd.DataFrame, op_types=(), name: str = "", precisions=()
         keep &= table["precision"].isin(list(precisions))
     if name:
         keep &= table["name"].astype(str).str.contains(re.escape(name), case=False, regex=True)
+    if pattern is not None:
+        keep &= table["name"].astype(str).map(lambda n: pattern.search(n) is not None).astype(bool)
     return table[keep]
+
+
+def select_layers(layers: list[Layer], op_types=None, regex: str | None = None) -> list[str]:
+    """Names of the layers whose op type is in ``op_types`` (if given) and whose name matches
+    ``regex`` (``re.search``, if given): :func:`filter_table` over the layers."""
+    table = pd.DataFrame({"name": [l.name for l in layers], "op_type": [l.op_type for l in layers]}, dtype=object)
+    return filter_table(table, op_types or (), regex=regex)["name"].tolist()
+
+
+def _pattern(regex: str) -> re.Pattern:
+    try:
+        return re.compile(regex)
+    except re.error as e:
+        raise MixprecError(f"the name pattern {regex!r} is not a valid regular expression ({e})",
+                           "escape special characters, e.g. layer\\.5/output") from e
 
 
 def names_from_points(points, known) -> list[str]:
@@ -76,6 +103,40 @@ def names_from_points(points, known) -> list[str]:
         if name is not None and name not in out:
             out.append(name)
     return out
+
+
+def set_precision(policy: Policy, layers: list[Layer], names, precision: str) -> tuple[Policy, list[str]]:
+    """Set ``names`` to ``precision``; INT8 is applied only to layers that can be INT8 (eligible, or a
+    placement Add/pooling/Concat), FP16/INT8 not to layers inside control flow; the others are
+    returned as skipped."""
+    if precision not in PRECISIONS:
+        raise MixprecError(f"unknown precision {precision!r}", "use fp32, fp16 or int8")
+    eligible = {l.name for l in layers if can_be_int8(l)}
+    names = list(names)
+    fixed = {l.name for l in layers if l.subgraph is not None}  # inside control flow: always fp32
+    skipped = [n for n in names if (precision == "int8" and n not in eligible) or (precision != "fp32" and n in fixed)]
+    return policy.with_layers({n: precision for n in names if n not in skipped}), skipped
+
+
+def editor_table(project: Project, policy: Policy, ranking: pd.DataFrame | None) -> pd.DataFrame:
+    """One row per layer (EDITOR_COLUMNS), ``sensitivity`` = cosine drop under all-INT8."""
+    sens = dict(zip(ranking["name"], ranking["cos_drop"])) if ranking is not None else {}
+    rows = [(l.name, l.op_type, l.macs, sens.get(l.name), l.eligible, policy.layers.get(l.name, "fp32"))
+            for l in project.layers]
+    return pd.DataFrame(rows, columns=EDITOR_COLUMNS)
+
+
+def policy_summary(project: Project, policy: Policy) -> dict:
+    """Layer counts per precision and the INT8 share of the eligible MACs (``int8_mac_share``)."""
+    return {**policy.precision_counts(), "int8_mac_share": int8_mac_fraction(project, policy)}
+
+
+def policy_diff(before: Policy | None, after: Policy, layers: list[Layer]) -> pd.DataFrame:
+    """Layers whose precision differs between two policies (DIFF_COLUMNS)."""
+    old = before.layers if before else {}
+    rows = [(l.name, l.op_type, old.get(l.name, "—"), after.layers.get(l.name))
+            for l in layers if old.get(l.name) != after.layers.get(l.name)]
+    return pd.DataFrame(rows, columns=DIFF_COLUMNS)
 
 
 def layer_latency(per_layer: pd.DataFrame, layers: list[Layer]) -> pd.DataFrame:
