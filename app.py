@@ -1,7 +1,10 @@
 """mixprec dashboard: `streamlit run app.py`. This is the frame around every page (st.navigation):
 the page list, the page config, the sidebar (model, jobs, backend) and each page's title. The pages
 are short scripts in views/ over core and the components in ui/; the home page is ui/home.py.
-(Not a `pages/` folder: Streamlit would run its scripts without this frame, as a legacy multipage app.)"""
+Not a `pages/` folder: Streamlit serves a `pages/` folder beside app.py as a legacy multipage app (its
+scripts run without this frame) until app.py's st.navigation first runs in the server process, which
+turns that off for the process (streamlit.runtime.pages_manager.PagesManager.uses_pages_directory);
+views/ is a folder Streamlit never looks at, so there is no such window."""
 import streamlit as st
 
 from ui import frame, home
