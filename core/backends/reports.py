@@ -78,13 +78,13 @@ _DATATYPES = {
     "int32": "INT32", "int64": "INT64", "bool": "BOOL", "double": "FP64",
 }
 UNKNOWN = "UNKNOWN"
-_COPY_NODE = re.compile(r"^Reformatting CopyNode for (Input|Output) Tensor \d+ to ")
+COPY_NODE = re.compile(r"^Reformatting CopyNode for (Input|Output) Tensor \d+ to ")
 _QDQ = re.compile(r"(Quantize|Dequantize)Linear")
 _TRT_MADE = re.compile(r"\(Unnamed Layer\* \d+\)|^(reshape|unsqueeze_node|copied_squeeze)_after_")
 # One "[ONNX Layer: <node> | <property> | ...]" entry of a layer's Metadata (TensorRT >= 10's ONNX
 # parser writes one per node; an engine layer joins its nodes' entries with \x1e/\x1f). The node name
 # ends at the first "|" (local function, doc string); an entry ends at a "]" before the next one.
-_ONNX_LAYER = re.compile(r"\[ONNX Layer: (.*?)(?:\s*\|[^\x1e\x1f]*?)?\](?=\[|[\x1e\x1f]|$)")
+ONNX_LAYER = re.compile(r"\[ONNX Layer: (.*?)(?:\s*\|[^\x1e\x1f]*?)?\](?=\[|[\x1e\x1f]|$)")
 
 
 @dataclass(frozen=True)
@@ -121,14 +121,14 @@ def datatype(fmt: str) -> str:
 def metadata_nodes(metadata: str | None) -> list[str]:
     """The ONNX node names of the ``[ONNX Layer: <node> | ...]`` entries in a TensorRT layer's
     ``Metadata`` (network or engine layer), in order; ``[]`` when it has none."""
-    return [n for n in (m.strip() for m in _ONNX_LAYER.findall(metadata or "")) if n]
+    return [n for n in (m.strip() for m in ONNX_LAYER.findall(metadata or "")) if n]
 
 
 def onnx_names(layer_name: str, metadata: str | None = None) -> tuple[list[str], list[str]]:
     """``(onnx_nodes, qdq_nodes)`` of one engine layer (see the module docstring)."""
     if metadata:
         parts = metadata_nodes(metadata) or re.split(r"[\x1e\x1f]", metadata)
-    elif _COPY_NODE.match(layer_name):
+    elif COPY_NODE.match(layer_name):
         parts = []
     else:
         parts = layer_name.split(" + ")
@@ -155,11 +155,11 @@ def is_reformat_layer(raw: dict) -> bool:
     """``is_reformat`` of one layer-info record (the module docstring): a ``Reformat``, a
     ``Reformatting CopyNode`` that runs a kernel, or a TensorRT 8.2 Q/DQ ``Scale`` layer."""
     layer_type = str(raw.get("LayerType", ""))
-    return (layer_type == "Reformat" or (layer_type != "NoOp" and bool(_COPY_NODE.match(str(raw.get("Name", "")))))
+    return (layer_type == "Reformat" or (layer_type != "NoOp" and bool(COPY_NODE.match(str(raw.get("Name", "")))))
             or is_qdq_scale(raw))
 
 
-def _read_json(source, what: str, flag: str):
+def read_json(source, what: str, flag: str):
     """Parsed JSON of a path, raw bytes, or an already-parsed object."""
     if isinstance(source, (dict, list)):
         return source
@@ -180,7 +180,9 @@ def _read_json(source, what: str, flag: str):
                            f"pass the file written by trtexec {flag}=FILE") from e
 
 
-def _raw_layers(graph) -> tuple[list[dict], list[str]]:
+def layer_records(graph) -> tuple[list[dict], list[str]]:
+    """The ``Layers`` records and ``Bindings`` of parsed layer info (:func:`read_json`), or a MixprecError
+    when it is not the detailed layer info of trtexec ``--exportLayerInfo``."""
     if isinstance(graph, list):
         raise MixprecError(
             "The layer info is a JSON list, which is what a trtexec profile looks like",
@@ -281,7 +283,7 @@ def _share(part, total: float):
 
 def parse_layers(graph, profile=None) -> tuple[pd.DataFrame, list[str], int | None]:
     """The layers table (LAYER_COLUMNS), the bindings and the profiled run count of parsed JSON."""
-    raw_layers, bindings = _raw_layers(graph)
+    raw_layers, bindings = layer_records(graph)
     layers = pd.DataFrame([_layer_row(raw) for raw in raw_layers])
     runs = None
     if profile is None:
@@ -325,7 +327,7 @@ def reformat_summary(layers: pd.DataFrame) -> ReformatSummary:
     ms = math.nan if math.isnan(total) else float(reformats[col].sum())
     elided = 0
     if "layer_type" in layers:
-        elided = int((layers["name"].str.match(_COPY_NODE.pattern) & (layers["layer_type"] == "NoOp")).sum())
+        elided = int((layers["name"].str.match(COPY_NODE.pattern) & (layers["layer_type"] == "NoOp")).sum())
     return ReformatSummary(count=len(reformats), ms=ms, pct=_share(ms, total), total_ms=total, elided=elided)
 
 
@@ -454,8 +456,8 @@ def _report_name(graph) -> str:
 def load_engine_report(graph, profile=None, name: str | None = None) -> EngineReport:
     """Load a trtexec layer info (and profile). Each may be a path, bytes, or parsed JSON."""
     return EngineReport.from_json(
-        _read_json(graph, "layer info", GRAPH_FLAG),
-        None if profile is None else _read_json(profile, "profile", PROFILE_FLAG),
+        read_json(graph, "layer info", GRAPH_FLAG),
+        None if profile is None else read_json(profile, "profile", PROFILE_FLAG),
         name=name or _report_name(graph))
 
 

@@ -32,8 +32,8 @@ from __future__ import annotations
 import math
 import re
 
-from core.backends.reports import (GRAPH_FLAG, PROFILE_FLAG, EngineReport, _COPY_NODE, _raw_layers, _read_json,
-                                   datatype, is_qdq_scale, is_reformat_layer, load_engine_report, onnx_names)
+from core.backends.reports import (COPY_NODE, GRAPH_FLAG, PROFILE_FLAG, EngineReport, datatype, is_qdq_scale,
+                                   is_reformat_layer, layer_records, load_engine_report, onnx_names, read_json)
 from core.errors import MixprecError
 from core.estimate.engine import EngineLayer, Tensor
 
@@ -86,7 +86,7 @@ def layer_class(layer_type: str, name: str = "", raw: dict | None = None) -> str
     plain scale."""
     if layer_type == "NoOp":
         return "other"
-    if layer_type == "Reformat" or _COPY_NODE.match(name) or (raw is not None and is_qdq_scale(raw)):
+    if layer_type == "Reformat" or COPY_NODE.match(name) or (raw is not None and is_qdq_scale(raw)):
         return "reformat"
     for pattern, cls in _CLASSES:
         if pattern.search(layer_type):
@@ -171,7 +171,7 @@ def from_layer_info(graph) -> list[EngineLayer]:
         raise MixprecError(f"The engine report {graph.name!r} keeps no tensor dims or convolution "
                            "parameters, which the cost model needs",
                            f"pass the layer-info JSON itself (the file written by trtexec {GRAPH_FLAG})")
-    raw_layers, _ = _raw_layers(_read_json(graph, "layer info", GRAPH_FLAG))
+    raw_layers, _ = layer_records(read_json(graph, "layer info", GRAPH_FLAG))
     return [engine_layer(raw) for raw in raw_layers]
 
 
@@ -181,7 +181,7 @@ def measured_layers(graph, profile) -> tuple[list[EngineLayer], list[float]]:
     if profile is None:
         raise MixprecError("A profile is needed to calibrate the cost model",
                            f"pass the file written by trtexec {PROFILE_FLAG}=FILE from the same run")
-    graph_doc = _read_json(graph, "layer info", GRAPH_FLAG)
+    graph_doc = read_json(graph, "layer info", GRAPH_FLAG)
     report = load_engine_report(graph_doc, profile)
     layers = from_layer_info(graph_doc)
     times = [float(t) for t in report.layers["time_ms"]]

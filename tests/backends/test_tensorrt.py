@@ -259,6 +259,7 @@ def test_speedup_is_measured_with_cuda_events(ws, monkeypatch):
     import time
 
     import core.backends.tensorrt as tb
+    from core.backends.tensorrt import timing
 
     project = _cnn(ws)
     backend = tb.TensorRTBackend(ws=ws)
@@ -266,13 +267,13 @@ def test_speedup_is_measured_with_cuda_events(ws, monkeypatch):
     engine = _build(backend, project, policy, ws.root / "events-run")
     ref = backend.reference(project.model, ws.root / "events-ref", project.input_shapes)
     elapsed = []
-    real = tb.CudaEvents.elapsed_ms
+    real = timing.CudaEvents.elapsed_ms
 
     def spy(self, start, end):
         elapsed.append(real(self, start, end))
         return elapsed[-1]
 
-    monkeypatch.setattr(tb.CudaEvents, "elapsed_ms", spy)
+    monkeypatch.setattr(timing.CudaEvents, "elapsed_ms", spy)
     feed = project.eval_data.batches(16)[0]
     lat = backend.time_interleaved(engine, ref, feed, warmup=10, iterations=50)
     cand, refs = np.array(elapsed[0::2]), np.array(elapsed[1::2])

@@ -12,12 +12,14 @@ from pathlib import Path
 import pytest
 
 import core.backends.tensorrt as tb
+from core.backends.tensorrt import api, legacy
 from core.quant.policy import Policy
 from trt_scan import scan_source
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = (REPO / "docs" / "tensorrt-api-check.md").read_text()
-SOURCE = Path(tb.__file__).read_text()
+PACKAGE = sorted(p.resolve() for p in Path(tb.__file__).parent.glob("*.py"))  # the backend's modules, read as one
+SOURCE = "\n".join(p.read_text() for p in PACKAGE)
 # Polygraphy's calling conventions for the post-process scripts (polygraphy/tools/args/backend/trt/
 # loader.py: "postprocess ... a named argument `network` of type `trt.INetworkDefinition`"; config.py:
 # postprocess_config "should take a builder, network, and config")
@@ -64,7 +66,7 @@ def scan(source: str = SOURCE, script: str | None = None) -> dict[str, set[tuple
     return uses
 
 
-def problems(uses: dict, legacy_only=tb.LEGACY_ONLY, removed_from=tb.LEGACY_REMOVED_IN) -> list[str]:
+def problems(uses: dict, legacy_only=legacy.LEGACY_ONLY, removed_from=tb.LEGACY_REMOVED_IN) -> list[str]:
     """What the version table does not allow in ``uses``."""
     out = []
     for use, spots in sorted(uses.items()):
@@ -93,20 +95,20 @@ def problems(uses: dict, legacy_only=tb.LEGACY_ONLY, removed_from=tb.LEGACY_REMO
 USES = scan()
 
 
-BACKEND = Path(tb.__file__).resolve()
+BACKEND = set(PACKAGE)
 
 
 def _tensorrt_modules() -> list[Path]:
-    """The core modules that import tensorrt or get it from the backend's ``_trt()``."""
-    pattern = re.compile(r"^\s*(import tensorrt|from tensorrt)|\b_trt\(\)", re.M)
+    """The core modules that import tensorrt or get it from the backend's ``import_tensorrt()``."""
+    pattern = re.compile(r"^\s*(import tensorrt|from tensorrt)|\bimport_tensorrt\(\)", re.M)
     return sorted(p.resolve() for p in (REPO / "core").rglob("*.py") if pattern.search(p.read_text()))
 
 
 def test_every_other_core_module_using_tensorrt_is_scanned_too():
     """A module besides the backend that uses TensorRT gets the same scan, and no legacy-only exemption."""
-    assert BACKEND in _tensorrt_modules()
+    assert BACKEND & set(_tensorrt_modules())
     for path in _tensorrt_modules():
-        if path != BACKEND:
+        if path not in BACKEND:
             found = problems(scan_source(path.read_text(), TABLE).uses, legacy_only=())
             assert not found, f"{path.relative_to(REPO)}:\n" + "\n".join(found)
 
@@ -117,8 +119,8 @@ def test_every_tensorrt_use_in_the_code_is_allowed_by_the_version_table():
 
 def test_the_uses_found_are_exactly_the_declared_ones():
     found = set(USES)
-    assert found == set(tb.TENSORRT_API), (f"used but not in TENSORRT_API: {sorted(found - set(tb.TENSORRT_API))}; "
-                                          f"listed but not used: {sorted(set(tb.TENSORRT_API) - found)}")
+    assert found == set(api.TENSORRT_API), (f"used but not in TENSORRT_API: {sorted(found - set(api.TENSORRT_API))}; "
+                                           f"listed but not used: {sorted(set(api.TENSORRT_API) - found)}")
 
 
 def test_the_scan_reaches_the_uses_named_in_the_issue():
@@ -193,15 +195,16 @@ def test_the_version_table_reads_as_documented():
 
 
 def test_every_listed_name_is_documented():
-    missing = [a for a in (*tb.TENSORRT_API, *tb.TENSORRT_VIA_POLYGRAPHY) if f"`{a}`" not in DOC]
+    missing = [a for a in (*api.TENSORRT_API, *api.TENSORRT_VIA_POLYGRAPHY) if f"`{a}`" not in DOC]
     assert not missing, f"not in docs/tensorrt-api-check.md: {missing}"
-    missing = [q for q in tb.POLYGRAPHY_CALLS if f"`{q}`" not in DOC]
+    missing = [q for q in api.POLYGRAPHY_CALLS if f"`{q}`" not in DOC]
     assert not missing, f"Polygraphy calls not in docs/tensorrt-api-check.md: {missing}"
-    assert set(tb.LEGACY_ONLY) - {"POSTPROCESS_SCRIPT"} <= {n for n in dir(tb) if callable(getattr(tb, n))}
+    assert set(legacy.LEGACY_ONLY) - {"POSTPROCESS_SCRIPT"} <= {n for n in dir(legacy) if callable(getattr(legacy, n))}
 
 
 def test_a_module_that_gets_tensorrt_from_the_backend_is_checked():
-    snippet = ("from .backends.tensorrt import _trt\n\n\ndef flags(config):\n    trt = _trt()\n"
+    snippet = ("from core.backends.tensorrt.versions import import_tensorrt\n\n\ndef flags(config):\n"
+               "    trt = import_tensorrt()\n"
                "    config_flag = trt.BuilderFlag.FP16\n    return trt.float16, config_flag\n")
     found = problems(scan_source(snippet, TABLE).uses, legacy_only=())
     assert any(p.startswith("trt.BuilderFlag.FP16 (used in ['flags']) has no row") for p in found), found

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 
-import core.backends.tensorrt as tb
+from core.backends.tensorrt import engine_cache
 from core.workspace import take_notes
 from test_tensorrt_flow import _build, fakes, project  # noqa: F401  (pytest fixtures)
 
@@ -16,30 +16,30 @@ KEY = "0123456789abcdef0123456789abcdef"
 
 def test_a_stored_engine_is_used_until_its_file_changes(tmp_path):
     cache = tmp_path / f"{KEY}.plan"
-    assert not tb.cached_engine(cache, KEY)  # nothing cached: a plain miss, no note
+    assert not engine_cache.cached_engine(cache, KEY)  # nothing cached: a plain miss, no note
     assert take_notes() == []
-    tb.store_engine(cache, KEY, {"gpu": "Fake GPU"}, b"PLAN-1" * 100)
-    assert tb.cached_engine(cache, KEY)
+    engine_cache.store_engine(cache, KEY, {"gpu": "Fake GPU"}, b"PLAN-1" * 100)
+    assert engine_cache.cached_engine(cache, KEY)
     record = json.loads(cache.with_suffix(".json").read_text())
     assert record["key"] == KEY and record["gpu"] == "Fake GPU" and record["stamps"][cache.name]["size"] == 600
-    assert not tb.cached_engine(cache, "another key")
+    assert not engine_cache.cached_engine(cache, "another key")
 
     cache.write_bytes(b"PLAN-1" * 50)  # truncated (a copy or a write cut short)
-    assert not tb.cached_engine(cache, KEY)
+    assert not engine_cache.cached_engine(cache, KEY)
     assert any(cache.name in n and "built again" in n for n in take_notes())
 
-    tb.store_engine(cache, KEY, {}, b"PLAN-2" * 100)
+    engine_cache.store_engine(cache, KEY, {}, b"PLAN-2" * 100)
     st = cache.stat()
     os.utime(cache, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # same size, rewritten later
-    assert not tb.cached_engine(cache, KEY)
+    assert not engine_cache.cached_engine(cache, KEY)
 
-    tb.store_engine(cache, KEY, {}, b"PLAN-3" * 100)
+    engine_cache.store_engine(cache, KEY, {}, b"PLAN-3" * 100)
     cache.with_suffix(".json").write_text("{not json")  # the record damaged
-    assert not tb.cached_engine(cache, KEY)
+    assert not engine_cache.cached_engine(cache, KEY)
     cache.with_suffix(".json").unlink()  # a plan without its record (crash before it, or an older cache)
-    assert not tb.cached_engine(cache, KEY)
+    assert not engine_cache.cached_engine(cache, KEY)
     cache.with_suffix(".json").write_text(json.dumps({"key": KEY}))  # a record from before the stamps
-    assert not tb.cached_engine(cache, KEY)
+    assert not engine_cache.cached_engine(cache, KEY)
     take_notes()
 
 

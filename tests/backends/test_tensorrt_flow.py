@@ -16,6 +16,7 @@ import pytest
 
 import core.backends.tensorrt as tb
 from core.backends.base import PER_LAYER_COLUMNS
+from core.backends.tensorrt import legacy, runner, versions
 from core.errors import MixprecError
 from core.model.samples import materialize_sample
 from core.project import open_project
@@ -183,7 +184,8 @@ def fakes(monkeypatch, request):
     monkeypatch.setattr(pt, "EngineBytesFromNetwork", f.engine_bytes)
     monkeypatch.setattr(pt, "EngineFromBytes", lambda data: lambda: data)
     monkeypatch.setattr(pt, "TrtRunner", _Runner)
-    monkeypatch.setattr(tb, "cuda_device", lambda ordinal=0: ("Fake GPU", "8.9"))
+    monkeypatch.setattr(versions, "cuda_device", lambda ordinal=0: ("Fake GPU", "8.9"))  # availability
+    monkeypatch.setattr(runner, "cuda_device", lambda ordinal=0: ("Fake GPU", "8.9"))  # the build, the identity
     yield f
     for mod in [m for n, m in sys.modules.items() if n.startswith("polygraphy") and m is not None]:
         lazy = vars(mod).get("trt")
@@ -279,7 +281,7 @@ def test_policy_checks_hold_on_the_legacy_path(fakes, project, tmp_path):
 
 
 def test_no_gpu_is_a_clear_error(fakes, project, tmp_path, monkeypatch):
-    monkeypatch.setattr(tb, "cuda_device", lambda ordinal=0: None)
+    monkeypatch.setattr(runner, "cuda_device", lambda ordinal=0: None)
     with pytest.raises(MixprecError, match="no CUDA device"):
         _build(project, tmp_path)
 
@@ -344,7 +346,7 @@ def test_legacy_constraints_and_ranges():
     policy = Policy("m", "0" * 64, "fp16", {"conv1": "fp32", "relu1": "fp16", "fc": "int8", "relu2": "fp16",
                                             "norm": "fp16"})
     calib = types.SimpleNamespace(ranges={"r1": (-0.5, 6.0), "x": (-1.0, 1.0)}, amax={"r1": 6.0, "x": 1.0}.get)
-    precisions, outputs, ranges = tb.legacy_constraints(net, policy, calib, _fake_trt())
+    precisions, outputs, ranges = legacy.legacy_constraints(net, policy, calib, _fake_trt())
     # the MatMul of the INT8 node runs int8; the weight Shuffle and bias add the parser made for it (with no
     # metadata, issue 11 bug 7) follow that node, the bias add its MatMul rather than the relu2 it feeds.
     # Under an fp16 network default the INT8 node still outputs fp32, as the strongly typed path's
@@ -353,7 +355,7 @@ def test_legacy_constraints_and_ranges():
     assert precisions == {"conv1": "f32", "relu1": "f16", shuffle: "f32", "fc": "i8", bias: "f32", "relu2": "f16"}
     assert outputs == {"conv1": "f32", "relu1": "f16", shuffle: "f32", "fc": "f32", bias: "f32", "relu2": "f16"}
     assert ranges == {"r1": 6.0, "wt": 3.0}  # the calibrated activation; the weights through the Shuffle
-    tb._apply_types_and_ranges(net, outputs, ranges)
+    legacy._apply_types_and_ranges(net, outputs, ranges)
     assert net[4].out_types == {0: "f32"} and net.tensors["r1"].dynamic_range == (-6.0, 6.0)
     assert net.tensors["wt"].dynamic_range == (-3.0, 3.0) and net.tensors["x"].dynamic_range is None
 
@@ -362,7 +364,7 @@ def test_legacy_constraints_name_int8_inputs_without_range():
     policy = Policy("m", "0" * 64, "fp32", {"fc": "int8"})
     calib = types.SimpleNamespace(ranges={}, amax=lambda n: 0.0)
     with pytest.raises(MixprecError, match="no calibrated range") as e:
-        tb.legacy_constraints(_gemm_network(), policy, calib, _fake_trt())
+        legacy.legacy_constraints(_gemm_network(), policy, calib, _fake_trt())
     assert e.value.details == ["fc: input 0 (r1)"]
 
 
@@ -375,14 +377,14 @@ def test_engine_cache_key_covers_the_compiled_onnx(fakes, project, tmp_path, mon
     _build(project, tmp_path / "a", workspace_bytes=6 << 30)  # a key no other test builds
     _build(project, tmp_path / "b", workspace_bytes=6 << 30)
     assert len(fakes.built) == 1  # unchanged: a cache hit
-    real = tb.compile_policy
+    real = runner.compile_policy
 
     def changed_compiler(*args, **kwargs):
         compiled = real(*args, **kwargs)
         compiled.proto.doc_string = "compiled by a newer mixprec"
         return compiled
 
-    monkeypatch.setattr(tb, "compile_policy", changed_compiler)
+    monkeypatch.setattr(runner, "compile_policy", changed_compiler)
     _build(project, tmp_path / "c", workspace_bytes=6 << 30)
     side = json.loads((tmp_path / "c" / "compiled.tensorrt.json").read_text())
     assert len(fakes.built) == 2 and not side["cache_hit"] and len(side["onnx_sha256"]) == 64
@@ -394,13 +396,13 @@ def test_engine_cache_key_covers_the_legacy_constraints(fakes, project, tmp_path
     before = len(fakes.built)
     _build(project, tmp_path / "b", workspace_bytes=3 << 30)
     assert len(fakes.built) == before  # unchanged: a cache hit
-    real = tb.legacy_constraints
+    real = runner.legacy_constraints
 
     def other_ranges(*args):
         precisions, outputs, ranges = real(*args)
         return precisions, outputs, {k: 2 * v for k, v in ranges.items()}
 
-    monkeypatch.setattr(tb, "legacy_constraints", other_ranges)
+    monkeypatch.setattr(runner, "legacy_constraints", other_ranges)
     _build(project, tmp_path / "c", workspace_bytes=3 << 30)
     assert len(fakes.built) == before + 1
     assert json.loads((tmp_path / "c" / "compiled.tensorrt.json").read_text())["legacy_constraints"]
@@ -431,11 +433,11 @@ def test_exported_postprocess_script_constrains_like_the_backend(monkeypatch):
     policy = Policy("m", "0" * 64, "fp16", {"conv1": "fp32", "relu1": "fp16", "fc": "int8", "norm": "fp16"})
     calib = types.SimpleNamespace(ranges={"r1": (-0.5, 6.0), "x": (-1.0, 1.0)}, amax={"r1": 6.0, "x": 1.0}.get)
     backend_net, script_net = _gemm_network(), _gemm_network()
-    precisions, outputs, ranges = tb.legacy_constraints(backend_net, policy, calib, fake)
+    precisions, outputs, ranges = legacy.legacy_constraints(backend_net, policy, calib, fake)
     for layer in backend_net:
         if layer.name in precisions:
             layer.precision = precisions[layer.name]
-    tb._apply_types_and_ranges(backend_net, outputs, ranges)
+    legacy._apply_types_and_ranges(backend_net, outputs, ranges)
     ns: dict = {}
     exec(compile(tb.legacy_postprocess_script(policy, calib), "postprocess.py", "exec"), ns)
     assert ns["postprocess"](network=script_net) is script_net

@@ -17,11 +17,13 @@ import pytest
 import core.backends.tensorrt as trt_backend
 from core.backends.base import PER_LAYER_COLUMNS
 from core.backends.reports import parse_layers
+from core.backends.tensorrt import api, engine_cache, legacy, timing
 from core.errors import MixprecError
 from core.quant.policy import Policy
 
 REPO = Path(__file__).resolve().parents[2]
-SOURCE = Path(trt_backend.__file__).read_text()
+PACKAGE = sorted(Path(trt_backend.__file__).parent.glob("*.py"))  # the backend's modules, read as one
+SOURCE = "\n".join(p.read_text() for p in PACKAGE)
 TREE = ast.parse(SOURCE)
 
 
@@ -80,7 +82,7 @@ def _calls() -> list[tuple[str, int, set[str]]]:
     ``Name(...)``, ``Name.method(...)``, ``Name(...).method(...)``, and instance methods
     (``x.method(...)``) whose name is a method listed in POLYGRAPHY_CALLS."""
     imported = _polygraphy_imports()
-    methods = {q.rsplit(".", 1)[1]: q for q in trt_backend.POLYGRAPHY_CALLS
+    methods = {q.rsplit(".", 1)[1]: q for q in api.POLYGRAPHY_CALLS
                if _resolve(q.rsplit(".", 1)[0]) is not None and inspect.isclass(_resolve(q.rsplit(".", 1)[0]))}
     found = []
     for node in ast.walk(TREE):
@@ -101,7 +103,7 @@ def _calls() -> list[tuple[str, int, set[str]]]:
 
 
 def test_polygraphy_table_keywords_exist_in_installed_polygraphy():
-    for qualname, keywords in trt_backend.POLYGRAPHY_CALLS.items():
+    for qualname, keywords in api.POLYGRAPHY_CALLS.items():
         _, names, _ = _signature(qualname)
         assert set(keywords) <= names, f"{qualname} does not accept {set(keywords) - names}"
 
@@ -112,8 +114,8 @@ def test_every_polygraphy_call_is_in_the_table_and_binds():
     assert {"polygraphy.backend.trt.NetworkFromOnnxPath", "polygraphy.backend.trt.CreateConfig",
             "polygraphy.backend.trt.TrtRunner.infer", "polygraphy.backend.trt.Profile.add"} <= seen
     for qual, n_pos, keywords in calls:
-        assert qual in trt_backend.POLYGRAPHY_CALLS, f"{qual} is called but not listed in POLYGRAPHY_CALLS"
-        assert keywords <= set(trt_backend.POLYGRAPHY_CALLS[qual]), f"{qual}: {keywords} not listed"
+        assert qual in api.POLYGRAPHY_CALLS, f"{qual} is called but not listed in POLYGRAPHY_CALLS"
+        assert keywords <= set(api.POLYGRAPHY_CALLS[qual]), f"{qual}: {keywords} not listed"
         positional, names, var_pos = _signature(qual)
         assert keywords <= names, f"{qual} does not accept {keywords - names}"
         required = [p.name for p in positional[n_pos:] if p.default is p.empty and p.name not in keywords]
@@ -153,7 +155,8 @@ def test_module_imports_and_reports_unavailable_without_tensorrt():
             "ok, why = m.TensorRTBackend.available()\n"
             "assert not ok and why.startswith('TensorRT not installed'), why\n"
             "assert 'tensorrt' not in {k for k, v in sys.modules.items() if v is not None}\n"
-            "try:\n    m._trt()\nexcept m.MixprecError as e:\n    print(e)\n")
+            "from core.backends.tensorrt.versions import import_tensorrt\nfrom core.errors import MixprecError\n"
+            "try:\n    import_tensorrt()\nexcept MixprecError as e:\n    print(e)\n")
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert "TensorRT is not installed" in res.stdout and "pip install tensorrt-cu12" in res.stdout
@@ -221,14 +224,14 @@ def test_engine_cache_key():
              "tensorrt": "10.11.0.33", "polygraphy": "0.53.6", "gpu": "NVIDIA A100-SXM4-80GB",
              "compute_capability": "8.0", "profiles": {"x": ((1, 4),) * 3}, "workspace_bytes": 4 << 30,
              "onnx_sha256": "e" * 64, "legacy_constraints": "f" * 32, "tf32": False}
-    key = trt_backend.engine_cache_key(parts)
-    assert len(key) == 32 and key == trt_backend.engine_cache_key(dict(reversed(list(parts.items()))))
-    assert key == trt_backend.engine_cache_key({**parts, "profiles": {"x": [[1, 4]] * 3}})
+    key = engine_cache.engine_cache_key(parts)
+    assert len(key) == 32 and key == engine_cache.engine_cache_key(dict(reversed(list(parts.items()))))
+    assert key == engine_cache.engine_cache_key({**parts, "profiles": {"x": [[1, 4]] * 3}})
     for field, value in (("model_sha256", "c" * 64), ("policy_sha256", "d" * 64), ("calibration", "k"),
                          ("tensorrt", "10.11.0.34"), ("gpu", "NVIDIA H100"), ("compute_capability", "9.0"),
                          ("profiles", {"x": ((1, 4), (1, 4), (2, 4))}), ("mode", "strongly-typed"),
                          ("onnx_sha256", "0" * 64), ("legacy_constraints", None), ("tf32", True)):
-        assert trt_backend.engine_cache_key({**parts, field: value}) != key, field
+        assert engine_cache.engine_cache_key({**parts, field: value}) != key, field
 
 
 @pytest.mark.parametrize("name, metadata, node", [
@@ -239,11 +242,11 @@ def test_engine_cache_key():
     ("q + c", "[ONNX Layer: /q/QuantizeLinear]\x1f[ONNX Layer: /m/Conv]", "/q/QuantizeLinear"),
 ])
 def test_layer_node(name, metadata, node):
-    assert trt_backend.layer_node(name, metadata) == node
+    assert legacy.layer_node(name, metadata) == node
 
 
 def test_layer_times_follow_trtexec_run_rule():
-    t = trt_backend.LayerTimes()
+    t = timing.LayerTimes()
     for run in range(3):
         for name, ms in (("a", 1.0), ("b", 2.0 + run), ("a + c", 0.5)):
             t.report(name, ms)
@@ -265,7 +268,7 @@ def test_per_layer_from_reports_maps_engine_layers_to_policy_layers():
     layers = [SimpleNamespace(name=n) for n in ("Conv_9", "Conv_22", "Conv_34", "MaxPool_12", "Conv_95")]
     policy = Policy("resnet", "0" * 64, "fp32", {"Conv_9": "int8", "Conv_22": "int8", "Conv_34": "fp16",
                                                   "MaxPool_12": "fp32", "Conv_95": "int8"})
-    df = trt_backend.per_layer_from_reports(graph, profile, layers, policy)
+    df = timing.per_layer_from_reports(graph, profile, layers, policy)
     assert list(df.columns) == PER_LAYER_COLUMNS and len(df) == len(graph["Layers"])
     row = df.set_index("name").loc["conv1.weight + QuantizeLinear_7 + Conv_9"]
     assert (row.layer, row.precision, row.op_type, bool(row.is_reformat)) == \
@@ -289,7 +292,7 @@ def test_per_layer_from_reports_maps_compiled_qdq_names_to_their_layer():
     profile = [{"count": 2}, {"name": "conv1/x0/QuantizeLinear", "averageMs": 0.01, "medianMs": 0.01},
                {"name": "conv1/w1/DequantizeLinear + conv1 + relu1", "averageMs": 0.03, "medianMs": 0.03}]
     policy = Policy("m", "0" * 64, "fp32", {"conv1": "int8", "relu1": "fp32"})
-    df = trt_backend.per_layer_from_reports(graph, profile, [SimpleNamespace(name="conv1"),
+    df = timing.per_layer_from_reports(graph, profile, [SimpleNamespace(name="conv1"),
                                                              SimpleNamespace(name="relu1")], policy)
     assert df["layer"].tolist() == ["conv1", "conv1"] and df["is_reformat"].tolist() == [False, True]
     assert df["precision"].tolist() == ["int8", "int8"] and df["ms"].tolist() == [0.03, 0.01]
@@ -298,7 +301,7 @@ def test_per_layer_from_reports_maps_compiled_qdq_names_to_their_layer():
 def test_per_layer_from_reports_names_a_mismatched_profile():
     graph, profile = _fixture("a100-resnet-fp16")
     with pytest.raises(MixprecError, match="layer information and its profile do not match"):
-        trt_backend.per_layer_from_reports(graph, profile[:-1], [], Policy("m", "0" * 64, "fp32", {}))
+        timing.per_layer_from_reports(graph, profile[:-1], [], Policy("m", "0" * 64, "fp32", {}))
 
 
 def test_profile_records_of_auxiliary_stream_layers_are_tolerated():
@@ -309,8 +312,8 @@ def test_profile_records_of_auxiliary_stream_layers_are_tolerated():
               "percentage": 0.0}, {"name": "Wait aux stream 1", "timeMs": 0.01, "averageMs": 0.001,
                                    "medianMs": 0.001, "percentage": 0.0}]
     with_aux = [profile[0], *profile[1:3], extra[0], *profile[3:], extra[1]]
-    df = trt_backend.per_layer_from_reports(graph, with_aux, [], Policy("m", "0" * 64, "fp32", {}))
+    df = timing.per_layer_from_reports(graph, with_aux, [], Policy("m", "0" * 64, "fp32", {}))
     assert len(df) == len(graph["Layers"]) and "Signal aux stream 1" not in set(df["name"])
     # a profile that misses one of the engine's layers is still refused
     with pytest.raises(MixprecError, match="do not match"):
-        trt_backend.per_layer_from_reports(graph, with_aux[:-3] + with_aux[-1:], [], Policy("m", "0" * 64, "fp32", {}))
+        timing.per_layer_from_reports(graph, with_aux[:-3] + with_aux[-1:], [], Policy("m", "0" * 64, "fp32", {}))

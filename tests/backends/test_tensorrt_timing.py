@@ -18,12 +18,13 @@ import pytest
 
 import core.backends.tensorrt as tb
 from core.backends.base import Engine
+from core.backends.tensorrt import runner, timing
 from core.errors import MixprecError
 from fake_cuda import FakeEngine, install
 
 
 class _Events:
-    """The event half of :class:`core.backends.tensorrt.CudaEvents` over a virtual clock, checking that
+    """The event half of :class:`core.backends.tensorrt.timing.CudaEvents` over a virtual clock, checking that
     an event is read, or recorded again, only after the GPU has passed it (a wait on it or on a later one)."""
 
     def __init__(self, clock):
@@ -63,7 +64,7 @@ def test_gpu_times_pairs_events_around_each_enqueue_and_skips_the_warmup():
 
     events, stream = _Events(clock), types.SimpleNamespace(ptr=7, synced=0)
     stream.synchronize = lambda: setattr(stream, "synced", stream.synced + 1)
-    tc, tr = tb.gpu_times([launch("c", cand), launch("r", ref)], stream, events, warmup=2, iterations=5)
+    tc, tr = timing.gpu_times([launch("c", cand), launch("r", ref)], stream, events, warmup=2, iterations=5)
     assert tc == [2.0, 2.5, 1.5, 2.0, 3.0] and tr == [5.0, 6.0, 4.0, 5.5, 5.0]
     assert order == ["c", "r"] * 7 and stream.synced == 1
     assert len(events.stamps) == 2 * 3  # IN_FLIGHT slots of (start, between, end) events, reused
@@ -73,27 +74,27 @@ def test_gpu_times_pairs_events_around_each_enqueue_and_skips_the_warmup():
         ahead += kind == "record" and e % 3 == 0
         ahead -= kind == "wait"
         worst = max(worst, ahead)
-    assert worst == tb.IN_FLIGHT
+    assert worst == timing.IN_FLIGHT
 
 
 @pytest.mark.parametrize("warmup, iterations", [(0, 0), (-1, 5)])
 def test_gpu_times_refuses_nothing_to_time(warmup, iterations):
     with pytest.raises(MixprecError, match="cannot time"):
-        tb.gpu_times([lambda p: None], types.SimpleNamespace(ptr=1), _Events([0.0]), warmup, iterations)
+        timing.gpu_times([lambda p: None], types.SimpleNamespace(ptr=1), _Events([0.0]), warmup, iterations)
 
 
 def test_cuda_events_call_the_cuda_runtime(monkeypatch):
     lib = install(monkeypatch)
     from polygraphy.cuda import Stream
 
-    with Stream() as stream, tb.CudaEvents() as ev:
+    with Stream() as stream, timing.CudaEvents() as ev:
         a, b = ev.create(), ev.create()
         ev.record(a, stream.ptr)
         lib.clock[stream.ptr] += 1.25
         ev.record(b, stream.ptr)
         ev.wait(b)
         assert ev.elapsed_ms(a, b) == pytest.approx(1.25)
-    assert lib.blocking_flags == [tb.CUDA_EVENT_BLOCKING_SYNC] * 2 and not lib.events  # destroyed
+    assert lib.blocking_flags == [timing.CUDA_EVENT_BLOCKING_SYNC] * 2 and not lib.events  # destroyed
     assert lib.calls.count("cudaEventDestroy") == 2
 
 
@@ -173,13 +174,13 @@ def test_time_interleaved_reports_the_gpu_time_of_bound_execute_async_v3(gpu):
 
 def test_buffers_are_bound_once_and_everything_is_released(gpu, monkeypatch):
     contexts = []
-    real = tb.bind_engine
+    real = timing.bind_engine
 
     def spy(trt, engine, context, feed, device, stack):
         contexts.append(context)
         return real(trt, engine, context, feed, device, stack)
 
-    monkeypatch.setattr(tb, "bind_engine", spy)
+    monkeypatch.setattr(runner, "bind_engine", spy)
     cand, ref = gpu.engine("a", itertools.repeat(1.0)), gpu.engine("b", itertools.repeat(3.0))
     lat = tb.TensorRTBackend().time_interleaved(cand, ref, FEED, warmup=2, iterations=9)
     assert lat.median_ms == pytest.approx(1.0) and lat.speedup == pytest.approx(3.0)
@@ -207,13 +208,13 @@ def test_a_data_dependent_output_gets_tensorrt_s_upper_bound(gpu, monkeypatch):
     cand = gpu.engine("a", itertools.repeat(1.0))
     _TrtRunner.engines[b"a"].output_shapes["y"] = (-1, 4)  # e.g. NonZero
     sizes = []
-    real = tb.bind_engine
+    real = timing.bind_engine
 
     def spy(*args):
         bound = real(*args)
         sizes.append(sorted(gpu.lib.memory.values()))
         return bound
 
-    monkeypatch.setattr(tb, "bind_engine", spy)
+    monkeypatch.setattr(runner, "bind_engine", spy)
     tb.TensorRTBackend().time_interleaved(cand, gpu.engine("b", itertools.repeat(1.0)), FEED, warmup=0, iterations=1)
     assert 4096 in sizes[0]  # FakeContext.get_max_output_size

@@ -49,8 +49,9 @@ POLYGRAPHY_ATTRS = {"TrtRunner": {"engine": "ICudaEngine", "context": "IExecutio
 # the keyword arguments Polygraphy passes it (PostprocessNetwork.call_impl: ``self._func(network=network)``).
 CALLBACKS = {"polygraphy.backend.trt.PostprocessNetwork": (1, "func", {"network": "INetworkDefinition"})}
 
-# Functions that return the tensorrt module (core.backends.tensorrt._trt), when another module imports them.
-TRT_FACTORIES = {"_trt"}
+# Functions that return the tensorrt module (core.backends.tensorrt.versions.import_tensorrt), when another
+# module imports them.
+TRT_FACTORIES = {"import_tensorrt"}
 BUILTIN_SEQ = {"list", "tuple", "sorted", "reversed", "set", "frozenset", "iter"}
 EMPTY: frozenset = frozenset()
 
