@@ -227,12 +227,11 @@ def _stage_ray(workers: int):
         (``ray="local"``: started in this process with ``workers`` CPUs, one task per CPU, 1 thread each;
         the switchable model's weights are external, so every worker reads it from the workspace path).
         The stored table of an earlier run is removed first, so the trials run again."""
-        from core.sensitivity import sensitivity, split_eval
+        from core.sensitivity import sensitivity, sensitivity_file, split_eval
 
         p = _project(out)
-        for old in p.ws.sub("search", p.model.sha256[:16]).glob("sensitivity-isolated-*.json"):
-            old.unlink()
         dev = split_eval(p.eval_data)[0].slice(0, SENS_EVAL)
+        sensitivity_file(p, "isolated", data=dev).unlink(missing_ok=True)
         t0 = time.perf_counter()
         with TreePeak() as tree:
             s = sensitivity(p, mode="isolated", data=dev, workers=workers, ray="local")

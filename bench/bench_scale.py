@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from test_comparison_memory import _wide_model  # noqa: E402
+from core.workspace import Workspace  # noqa: E402
 
 
 def _cli(ws: Path, *args) -> tuple[dict, float]:
@@ -88,8 +89,9 @@ def part_ray(ws: Path, tmp: Path, args) -> list[str]:
             "|---|---|---|---|---|---|"]
     for extra, label in (([], "local processes"), (["--ray", "local"], "Ray (local instance)")):
         for w in ("1", "2"):
-            for f in ws.rglob("sensitivity-*.json"):
-                f.unlink()
+            for f in Workspace(ws).rankings.glob("*.json"):  # the stored sensitivity tables: measured again
+                if json.loads(f.read_text()).get("kind") == "sensitivity":
+                    f.unlink()
             doc, wall = _cli(ws, "sensitivity", "sample:minilm", "--workers", w, *extra)
             rows.append(f"| {label} | {w} | {len(doc['layers']) + 1} | {wall:.1f} | {doc['seconds']:.1f} | "
                         f"{doc['trials_on']} |")

@@ -1,22 +1,44 @@
-"""The workspace: ``workspace/`` next to the code, or ``$MIXPREC_WORKSPACE``.
+"""The workspace: ``workspace/`` next to the code, or ``$MIXPREC_WORKSPACE``; and its layout.
+
+This module names every folder of the workspace (:data:`FOLDERS`, the :class:`Workspace` methods), and
+only this one: no other module spells a folder name (``tests/test_workspace_layout.py`` checks it). It
+sits at the base of core/ so that every wing may ask it — the model wing for the folders of models with
+external weights, quant for calibration caches, measure for runs and FP32 references, sensitivity and
+search for their caches — while reading and writing the stored results (rankings, sensitivity tables,
+searches, runs, GPUs, saved projects) is the store wing's (``core.store.results``, ``core.store.runs``,
+``core.store.drafts``); the wings below the store may not import it (``tests/test_architecture.py``).
 
 Layout::
 
     models/<sha256>/<name>.onnx   uploaded models, by content hash, under the user's file name
-    samples/<name>-v<N>/          materialised samples (model.onnx, calib.npz, eval.npz)
-    calib/<key>.json              calibration caches (key = hashes + method + format version)
     data/<sha256>/<name>.npz      uploaded data, likewise
-    runs/<id>/                    one build: policy.json, metrics.json, compiled.onnx, engine artifact, profile
-                                  (built in runs/.tmp-<id>/, renamed when complete)
-    rankings/<key>.json           cumulative rankings and isolated / leave-one-out sensitivity tables
+    samples/<name>-v<N>/          materialised samples (model.onnx, calib.npz, eval.npz)
+    external/<sha256[:32]>/       a model whose weights stay in external files: its normalised graph
+    external/hashes/<key>.json    the sha256 of big files, by path, inode, size and mtime
+    calib/<key>.json              calibration caches (key = hashes + method + format version)
+    reference/<backend>/<sha256[:16]>/   the FP32 reference engine of a model and its outputs
+    engines/<backend>/<key>.plan  the engine cache (TensorRT)
+    runs/<id>/                    one build: policy.json, metrics.json, per_layer.csv, compiled.onnx, engine
+                                  artifact, profile (built in runs/.tmp-<id>/, renamed when complete)
+    rankings/<key>.json           cumulative rankings and isolated / leave-one-out sensitivity tables (each
+                                  written once: the search reads the isolated table from here too)
     searches/<key>.json           searches under a budget
+    search/<sha256[:16]>/         the search's builds: switchable models, latency/<backend>/<precision>/
+                                  (and, from older versions, sensitivity-<mode>-<key>.json: read, then moved)
     jobs/<id>.json                background job records
+    gpus/<key>.json               GPUs the user describes
+    gpu_calibrations/<key>.v<N>.json   the cost model calibrated on a GPU
+    projects/<id>/                a saved dashboard project: project.json, drafts/<key>.json
+    policies/                     policies the CLI's search writes when no --out is given
+    scratch/                      the diagnostic job kinds' files (tests)
 
-Where each stored result lives and how it is read back: ``core.store.results``.
+Where each stored result lives and how it is read back: ``core.store.results`` and ``core.store.runs``.
 
 Every write is atomic: a temp file in the same folder, then ``os.replace``. A write that fails
 (a full disk, a read-only folder) removes its temp file and raises a MixprecError naming the
-folder, the workspace and the space needed (:func:`write_error`).
+folder, the workspace and the space needed (:func:`write_error`). A folder written in several steps
+(a run) is built under a temp name with an owner file and renamed when complete
+(:func:`claim_folder`); one that no live process owns is removed (:func:`clean_temp_runs`).
 
 Cache reads never fail a build: a corrupt cache file is removed and computed again, with a note
 (:func:`discard_corrupt`, :func:`cache_note`; :func:`take_notes` hands the notes to the CLI, the
@@ -33,6 +55,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import stat
 import tempfile
 import threading
@@ -336,8 +359,24 @@ def env_bytes(name: str, default: int) -> int:
         raise MixprecError(f"{name}={os.environ[name]!r} is not a size", f"write e.g. {name}=8G") from e
 
 
+# --- the layout -----------------------------------------------------------------------------------
+# Every folder directly under the workspace root (what it holds: the module docstring's layout).
+FOLDERS = ("models", "data", "samples", "external", "calib", "reference", "engines", "runs", "rankings",
+           "searches", "search", "jobs", "gpus", "gpu_calibrations", "projects", "policies", "scratch")
+UPLOAD_FOLDERS = {"model": "models", "data": "data"}  # an upload's kind -> its folder
+# The files of a run folder runs/<id>/ (the compiled model and the engine artifacts are the backend's)
+POLICY_FILE, METRICS_FILE, PER_LAYER_FILE = "policy.json", "metrics.json", "per_layer.csv"
+TMP_PREFIX, OWNER_FILE = ".tmp-", ".owner.json"  # a build's folder until it is complete, and who builds it
+OWNERLESS_GRACE_SECONDS = 60.0  # a temp folder without an owner file younger than this is just being created
+OTHER_HOST_GRACE_SECONDS = 86400.0  # a temp folder of another host (a shared workspace) is kept this long
+
+
 @dataclass(frozen=True)
 class Workspace:
+    """A workspace folder and its layout: each method names one folder (:data:`FOLDERS`) or a file in
+    it. Folders are created when asked for, except where a method says it only names the path (a
+    reader that must not create what is not there)."""
+
     root: Path
 
     @classmethod
@@ -353,6 +392,7 @@ class Workspace:
         return cls(root.resolve())
 
     def sub(self, *parts: str) -> Path:
+        """``root/parts…``, created. The layout's own helper: other modules ask a named method."""
         p = self.root.joinpath(*parts)
         try:
             p.mkdir(parents=True, exist_ok=True)
@@ -360,22 +400,178 @@ class Workspace:
             raise write_error(p / ".", e) from e
         return p
 
+    def folder(self, name: str, *parts: str, create: bool = True) -> Path:
+        """The folder ``name`` of :data:`FOLDERS` (and ``parts`` under it); created unless ``create`` is False."""
+        if name not in FOLDERS:
+            raise ValueError(f"{name!r} is not a folder of the workspace layout")
+        return self.sub(name, *parts) if create else self.root.joinpath(name, *parts)
+
+    # inputs: uploads, samples, models with external weights
     @property
     def models(self) -> Path:
-        return self.sub("models")
+        return self.folder("models")
+
+    def upload_dir(self, kind: str, sha256: str) -> Path:
+        """Where an upload of ``kind`` (``model`` / ``data``) with this content hash is kept (not created)."""
+        return self.folder(UPLOAD_FOLDERS[kind]) / sha256
 
     @property
     def samples(self) -> Path:
-        return self.sub("samples")
+        return self.folder("samples")
 
+    def external_dir(self, model_sha256: str) -> Path:
+        """The folder of a model whose weights stay external (its normalised graph, its own data file)."""
+        return self.folder("external", model_sha256[:32])
+
+    @property
+    def file_hashes(self) -> Path:
+        """The cached sha256 of big files (``core.model.external.file_sha256``)."""
+        return self.folder("external", "hashes")
+
+    # caches below the store: calibration, references, engines, the search's builds
     @property
     def calib(self) -> Path:
-        return self.sub("calib")
+        return self.folder("calib")
 
+    def reference_dir(self, backend: str, model_sha256: str, create: bool = True) -> Path:
+        """The FP32 reference engine of a model on ``backend``, and its outputs."""
+        return self.folder("reference", backend, model_sha256[:16], create=create)
+
+    def engine_cache(self, backend: str) -> Path:
+        """The engines ``backend`` built, by key (TensorRT's engine cache)."""
+        return self.folder("engines", backend)
+
+    def search_dir(self, model_sha256: str, *parts: str, create: bool = True) -> Path:
+        """The search's builds of a model: its switchable models and (``latency_dir``) latency builds."""
+        return self.folder("search", model_sha256[:16], *parts, create=create)
+
+    def latency_dir(self, model_sha256: str, backend: str, precision: str) -> Path:
+        """The build the search's latency model profiles: every eligible layer at ``precision``."""
+        return self.search_dir(model_sha256, "latency", backend, precision)
+
+    def legacy_sensitivity_file(self, model_sha256: str, mode: str, key: str) -> Path:
+        """Where versions before the layout kept an isolated / leave-one-out table (its copy in
+        ``rankings/`` is the one now): read if it is there, never written (not created)."""
+        return self.search_dir(model_sha256, create=False) / f"sensitivity-{mode}-{key}.json"
+
+    # runs
     @property
     def runs(self) -> Path:
-        return self.sub("runs")
+        return self.folder("runs")
+
+    def run_dir(self, run_id: str) -> Path:
+        """The folder of a stored run: ``runs/<id>/`` (not created)."""
+        return self.runs / run_id
+
+    def temp_run_dir(self, run_id: str) -> Path:
+        """The folder a run is built in until it is complete: ``runs/.tmp-<id>/`` (not created:
+        :func:`claim_folder`)."""
+        return self.runs / f"{TMP_PREFIX}{run_id}"
+
+    # stored results (read and written by core.store)
+    @property
+    def rankings(self) -> Path:
+        return self.folder("rankings")
+
+    def ranking_file(self, key: str) -> Path:
+        """A stored ranking or isolated / leave-one-out sensitivity table (key: :func:`analysis_key`)."""
+        return self.rankings / f"{key}.json"
+
+    def search_file(self, key: str) -> Path:
+        """A stored search (key: :func:`analysis_key` of mode ``search``)."""
+        return self.folder("searches") / f"{key}.json"
 
     @property
     def jobs(self) -> Path:
-        return self.sub("jobs")
+        return self.folder("jobs")
+
+    def gpu_specs(self, create: bool = True) -> Path:
+        """The GPUs the user describes, one ``<key>.json`` each."""
+        return self.folder("gpus", create=create)
+
+    def gpu_calibration_file(self, gpu_key: str, version: int) -> Path:
+        """The cost model calibrated on a GPU, in the parameters' format ``version``."""
+        return self.folder("gpu_calibrations") / f"{gpu_key}.v{version}.json"
+
+    def project_dir(self, project_id: str) -> Path:
+        """A saved dashboard project (``project.json``) (not created)."""
+        return self.folder("projects", project_id, create=False)
+
+    def drafts_dir(self, project_id: str) -> Path:
+        """A saved project's drafts, one per model and calibration data (not created)."""
+        return self.project_dir(project_id) / "drafts"
+
+    @property
+    def policies(self) -> Path:
+        """Policies the CLI writes when not told where (``search`` without ``--out``)."""
+        return self.folder("policies")
+
+    @property
+    def scratch(self) -> Path:
+        """Files of the diagnostic job kinds."""
+        return self.folder("scratch")
+
+
+def analysis_key(model_sha256: str, calib_sha256: str, eval_sha256: str, method: str,
+                 mode: str = "cumulative") -> str:
+    """The key a stored analysis of a model and its data goes under (``rankings/``, ``searches/``): the
+    cumulative ranking of ``method``, an ``isolated`` / ``leave-one-out`` table (``mode``), a search…"""
+    tag = method if mode == "cumulative" else f"{mode}:{method}"
+    return sha256_bytes(f"{model_sha256}|{calib_sha256}|{eval_sha256}|{tag}".encode())[:32]
+
+
+# --- folders written in several steps (a run): built under a temp name, claimed by their process --------
+def process_start(pid) -> str | None:
+    """The start time of process ``pid`` (from /proc, so a reused pid does not pass for it); None if gone."""
+    try:
+        stat_line = Path(f"/proc/{int(pid)}/stat").read_text()
+    except (OSError, ValueError, TypeError):
+        return None
+    return stat_line.rsplit(")", 1)[-1].split()[19]
+
+
+def claim_folder(folder: Path) -> Path:
+    """Create ``folder`` (a temp folder, e.g. :meth:`Workspace.temp_run_dir`) with an owner file naming
+    this process, so that a clean-up spares it while the process lives. Raises the OSError."""
+    folder.mkdir(parents=True)
+    (folder / OWNER_FILE).write_text(json.dumps({"pid": os.getpid(), "start": process_start(os.getpid()),
+                                                 "host": socket.gethostname()}))
+    return folder
+
+
+def publish_folder(tmp: Path, final: Path) -> Path:
+    """Rename the complete temp folder ``tmp`` (its owner file removed) to ``final``."""
+    (tmp / OWNER_FILE).unlink(missing_ok=True)
+    os.replace(tmp, final)
+    return final
+
+
+def _age(folder: Path) -> float:
+    try:
+        return time.time() - folder.stat().st_mtime
+    except OSError:
+        return float("inf")
+
+
+def owned_by_live_process(folder: Path) -> bool:
+    """Whether a live process builds in the temp ``folder`` (its owner file says which)."""
+    try:
+        doc = json.loads((folder / OWNER_FILE).read_text())
+        pid, start = doc["pid"], doc["start"]
+    except (OSError, ValueError, KeyError, TypeError):
+        # no owner file (yet): a folder being created now, or a leftover of an older mixprec
+        return _age(folder) < OWNERLESS_GRACE_SECONDS
+    if doc.get("host", socket.gethostname()) != socket.gethostname():
+        return _age(folder) < OTHER_HOST_GRACE_SECONDS  # its pid means nothing here
+    return start is not None and process_start(pid) == start
+
+
+def clean_temp_runs(ws: Workspace) -> list[Path]:
+    """Remove the temp run folders (``runs/.tmp-<id>``) that no live process is building: leftovers of a
+    build or a server that was killed. Called before each build and when a job manager starts."""
+    removed = []
+    for folder in ws.runs.glob(f"{TMP_PREFIX}*"):
+        if folder.is_dir() and not owned_by_live_process(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed

@@ -180,7 +180,7 @@ def test_the_runners_pass_the_address_and_the_budget_on(monkeypatch, tmp_path):
     monkeypatch.setattr(kinds, "sensitivity", fake_sensitivity)
     monkeypatch.setattr(kinds, "rank_layers", fake_rank)
     monkeypatch.setattr(kinds, "search", lambda project, config, progress: seen.setdefault("search", config.ray))
-    for name in ("save_sensitivity", "save_ranking", "save_search"):
+    for name in ("sensitivity_file", "save_ranking", "save_search"):  # sensitivity() stores its own table
         monkeypatch.setattr(kinds, name, lambda *a: tmp_path / "result.json")
     ws = Workspace(tmp_path)
     kinds.run_isolated(isolated_params("m", mode="leave-one-out", ray="h:6379"), ws, lambda f, t: None)

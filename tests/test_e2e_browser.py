@@ -326,7 +326,7 @@ def test_slowdown_in_red_and_latency_labelled_for_what_it_is(server, browser, tm
     _idle(page)
     (job,) = JobManager.for_workspace(ws).jobs(kind="build")
     assert job.status == "done" and job.params["target"] == "tensorrt", job
-    from core.measure.runs import list_runs
+    from core.store.runs import list_runs
 
     speedup = float(list_runs(ws)["speedup"].iloc[0])
     assert speedup < 1, f"all-FP16 tiny-cnn was not slower than FP32 on this CPU ({speedup:.2f}×)"

@@ -21,12 +21,14 @@ from core.errors import MixprecError
 from core.jobs import Job, JobManager
 from core.measure import runs as runs_mod
 from core.measure.reference import REFERENCE_STAMPS
-from core.measure.runs import METRICS_FILE, OWNER_FILE, build_and_measure, clean_temp_runs, list_runs, load_run
+from core.measure.runs import build_and_measure
 from core.project import open_project
 from core.quant.calibration import calibrate, cache_key, channel_amax
-from core.sensitivity import sensitivity
-from core.store.results import last_built_policy, load_search, search_path
-from core.workspace import (Workspace, atomic_write_bytes, atomic_write_json, sweep_stale_temp, take_notes)
+from core.sensitivity import sensitivity, sensitivity_file
+from core.store.results import load_search, search_path
+from core.store.runs import last_built_policy, list_runs, load_run
+from core.workspace import (METRICS_FILE, OWNER_FILE, Workspace, atomic_write_bytes, atomic_write_json, clean_temp_runs,
+                            process_start, sweep_stale_temp, take_notes)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -124,7 +126,8 @@ def test_corrupt_sensitivity_and_switchable_model_are_measured_again(fws):
     p = open_project("sample:tiny-cnn", ws=fws)
     first = sensitivity(p, "isolated", workers=1)
     folder = fws.root / "search" / p.model.sha256[:16]
-    (cache,) = folder.glob("sensitivity-isolated-*.json")
+    cache = sensitivity_file(p, "isolated")  # stored once, in rankings/
+    assert cache.is_file() and not list(folder.glob("sensitivity-*.json"))
     (switch,) = folder.glob("switch-*.onnx")
     cache.write_text('{"kind": "sensitivity", "format_version": 1}')  # right kind, fields missing
     _garble(switch)
@@ -155,7 +158,7 @@ def test_corrupt_runs_are_skipped_with_a_note_and_never_listed_from_dot_folders(
     (bad / METRICS_FILE).write_text('{"kind": "run", "format_version": 4, "run_id": "x"')  # truncated
     hidden = fws.runs / ".tmp-20000101-000000-dup000"
     shutil.copytree(good, hidden)  # a temp folder holding metrics.json is not a duplicate run
-    (hidden / OWNER_FILE).write_text(json.dumps({"pid": os.getpid(), "start": runs_mod._process_start(os.getpid())}))
+    (hidden / OWNER_FILE).write_text(json.dumps({"pid": os.getpid(), "start": process_start(os.getpid())}))
     take_notes()
     listed = list_runs(fws)
     assert listed["run_id"].tolist() == [run.run_id]
@@ -236,7 +239,7 @@ def test_temp_run_folders_no_live_process_owns_are_removed(fws):
         d.mkdir()
         (d / METRICS_FILE).write_text("{}")
         if owner is None:
-            owner = {"pid": os.getpid(), "start": runs_mod._process_start(os.getpid())}
+            owner = {"pid": os.getpid(), "start": process_start(os.getpid())}
         if owner:
             (d / OWNER_FILE).write_text(json.dumps(owner))
         folders[name] = d

@@ -18,7 +18,8 @@ from core.jobs.distributed_builds import build_policies
 from core.project import open_project
 from core.quant.calibration import calibrate_policy
 from core.search import SearchConfig, search
-from core.sensitivity import TrialPool, open_trial_pool, sensitivity, split_eval, switchable_model, trial_data
+from core.sensitivity import (MODES, TrialPool, open_trial_pool, sensitivity, sensitivity_file, split_eval, switchable_model,
+                              trial_data)
 from core.sensitivity.distributed import RAY_ENV, RayTrialPool, gather, ray_address
 from core.sensitivity.isolated import _trial_sets
 from core.workspace import Workspace
@@ -51,8 +52,8 @@ def rws(tmp_path_factory):
 
 def _fresh(project):
     """Forget the stored sensitivity tables, so the next call measures again."""
-    for f in project.ws.sub("search", project.model.sha256[:16]).glob("sensitivity-*.json"):
-        f.unlink()
+    for mode in MODES:  # stored once, in rankings/ (the default policy and dev half: all these tests use)
+        sensitivity_file(project, mode).unlink(missing_ok=True)
 
 
 def _switchable(project):

@@ -16,7 +16,7 @@ from core.measure.metrics import Quality
 from core.measure.runs import GENERATED_NOTE, ORT_CPU_SOURCE, RUN_COLUMNS, RunResult, build_and_measure, latency_caveat, \
     latency_source, quality_warnings, speedup_text
 from core.sensitivity import RANK_COLUMNS, Ranking
-from core.store.results import list_runs, load_run, load_run_per_layer
+from core.store.runs import list_runs, load_run, load_run_per_layer
 from core.workspace import Workspace, atomic_write_json, atomic_write_text
 
 FFN_DOWN = [f"/encoder/layer.{i}/output/dense/MatMul" for i in range(6)]

@@ -22,7 +22,8 @@ from core.estimate.predict import Prediction
 from core.estimate.service import EstimateService
 from core.project import Project
 from core.quant.policy import Policy
-from core.store.results import load_gpu_calibration, run_dir, run_policy, save_gpu_calibration
+from core.store.results import load_gpu_calibration, save_gpu_calibration
+from core.store.runs import run_dir, run_policy
 from ui import common as ui
 from ui import gpu_form
 

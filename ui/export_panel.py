@@ -15,7 +15,7 @@ from core.export import (BUNDLE_SCRIPTS, BUNDLE_STEM, DEFAULT_ATOL, DEFAULT_TRT_
                          policy_filename, polygraphy_command, typed_script)
 from core.project import Project
 from core.quant.policy import Policy
-from core.store.results import list_runs, run_dir, run_policy
+from core.store.runs import list_runs, run_dir, run_policy
 from ui import common as ui
 from ui import estimate_panel
 

@@ -14,7 +14,8 @@ from core.display.precision_edit import (RANKING_LABELS, RANKING_MODES, layer_la
                                          plot_layer_latency, plot_layer_scores, ranked_layers)
 from core.project import Project
 from core.quant.policy import CALIB_METHODS, Policy
-from core.store.results import list_runs, load_run_per_layer, project_ranking_key, ranking_path, run_dir
+from core.store.results import project_ranking_key, ranking_path
+from core.store.runs import list_runs, load_run_per_layer, run_dir
 from ui import common as ui
 
 SEL = "sel_layers"  # the working selection: layer names, set by the charts, the table or by name

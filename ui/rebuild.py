@@ -11,7 +11,7 @@ from core.display.precision_edit import policy_diff
 from core.jobs import build_params
 from core.project import Project
 from core.quant.policy import Policy
-from core.store.results import last_built_policy
+from core.store.runs import last_built_policy
 from ui import common as ui
 
 

@@ -10,7 +10,7 @@ from core.display.precision_edit import policy_diff
 from core.display.tables import layer_comparison, run_columns, run_comparison_table, run_title
 from core.errors import MixprecError
 from core.project import Project
-from core.store.results import load_run_per_layer, run_dir, run_policy
+from core.store.runs import load_run_per_layer, run_dir, run_policy
 from ui import common as ui
 from ui import run_notes
 

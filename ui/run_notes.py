@@ -12,7 +12,7 @@ from core.measure.runs import GENERATED_NOTE, latency_caveat, worst_int8_layers
 from core.model.shapes import shape_text
 from core.project import Project
 from core.project import TARGET_LABELS
-from core.store.results import load_run, run_policy
+from core.store.runs import load_run, run_policy
 from ui import common as ui
 
 

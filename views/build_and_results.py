@@ -8,7 +8,7 @@ from core.jobs import build_params
 from core.measure.runs import GENERATED_NOTE, latency_caveat
 from core.project import TARGET_LABELS
 from core.quant.policy import uniform_policy
-from core.store.results import list_runs, load_run_per_layer, run_dir
+from core.store.runs import list_runs, load_run_per_layer, run_dir
 from ui import common as ui
 from ui import engine_report, estimate_panel, export_panel, run_compare, run_notes, tables
 

@@ -286,7 +286,7 @@ def cmd_search(args):
                           cost_params=load_gpu_calibration(p.ws, g))
     r = search(p, config, progress=bar)
     bar.done()
-    out = Path(args.out) if args.out else p.ws.sub("policies") / f"search-{r.policy.sha256[:12]}.json"
+    out = Path(args.out) if args.out else p.ws.policies / f"search-{r.policy.sha256[:12]}.json"
     atomic_write_text(out, r.policy.to_json())
     doc = r.to_json() | {"policy_path": str(out), "warnings": list(r.run.warnings) if r.run else [],
                          "data_generated": bool(r.run and r.run.data_generated), "target": p.target,

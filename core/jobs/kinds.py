@@ -1,5 +1,6 @@
 """What each job kind runs in the child process: ``KINDS[kind](params, ws, progress)`` returns
-the path of its result, saved through ``core.store.results`` (or ``core.measure.runs`` for a build). The isolated
+the path of its result, saved through ``core.store.results`` (a build by ``core.measure.runs``, an isolated
+or leave-one-out table by ``core.sensitivity``, where the store reads it). The isolated
 and search jobs run their trials where their ``ray`` param says (``core.jobs.params``); the rank
 compares within its ``max_memory``."""
 from __future__ import annotations
@@ -12,13 +13,13 @@ import uuid
 from core.errors import MixprecError
 from core.estimate.gpus import GPUS, custom_gpu
 from core.jobs.params import BuildParams, IsolatedParams, RankParams, SearchParams
-from core.measure.runs import METRICS_FILE, build_and_measure
+from core.measure.runs import build_and_measure
 from core.project import DEFAULT_TARGET, open_project
 from core.quant.policy import policy_from_text
 from core.search import SearchConfig, search
-from core.sensitivity import rank_layers, sensitivity
-from core.store.results import cached_ranking, load_gpu_calibration, resolve_gpu, save_ranking, save_search, save_sensitivity
-from core.workspace import Workspace, atomic_write_json
+from core.sensitivity import rank_layers, sensitivity, sensitivity_file
+from core.store.results import cached_ranking, load_gpu_calibration, resolve_gpu, save_ranking, save_search
+from core.workspace import METRICS_FILE, Workspace, atomic_write_json
 
 ANALYSIS_KINDS = ("rank", "isolated", "search")  # one at a time, in the "rank" queue, beside the builds
 
@@ -49,8 +50,9 @@ def run_rank(params: dict, ws: Workspace, progress) -> str:
 def run_isolated(params: dict, ws: Workspace, progress) -> str:
     p = IsolatedParams.from_params(params)
     project = _open(p, ws, progress)
-    sens = sensitivity(project, p.mode, p.method, workers=int(p.workers), progress=progress, ray=p.ray)
-    return str(save_sensitivity(ws, project, sens))
+    # stored by sensitivity() itself, once, where the store and the search read it
+    sensitivity(project, p.mode, p.method, workers=int(p.workers), progress=progress, ray=p.ray)
+    return str(sensitivity_file(project, p.mode, p.method))
 
 
 def run_search(params: dict, ws: Workspace, progress) -> str:
@@ -71,7 +73,7 @@ def run_sleep(params: dict, ws: Workspace, progress) -> str:
     for i in range(steps):
         progress(i / steps, f"step {i + 1}/{steps}")
         time.sleep(float(params.get("seconds", 1.0)) / steps)
-    path = ws.sub("scratch") / f"sleep-{uuid.uuid4().hex[:8]}.json"
+    path = ws.scratch / f"sleep-{uuid.uuid4().hex[:8]}.json"
     atomic_write_json(path, {"started_at": params.get("tag", ""), "ended": time.time()})
     return str(path)
 

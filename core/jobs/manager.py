@@ -36,8 +36,7 @@ from core.errors import MixprecError
 from core.jobs.kinds import ANALYSIS_KINDS, KINDS
 from core.jobs.params import BuildParams, job_label
 from core.jobs.record import Job
-from core.measure.runs import clean_temp_runs
-from core.workspace import REPO_ROOT, Workspace, atomic_write_json, sweep_stale_temp, take_notes
+from core.workspace import REPO_ROOT, Workspace, atomic_write_json, clean_temp_runs, sweep_stale_temp, take_notes
 
 POLL_SECONDS = 0.1
 KILL_GRACE_SECONDS = 3.0

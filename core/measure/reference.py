@@ -80,7 +80,7 @@ def reference_engine(backend, project: Project):
     """The FP32 engine, built once per model and backend. Its files are stamped when complete
     (``reference-engine.json``: size and mtime of each); files without a matching stamp — half
     written by a build that died, truncated, rewritten — are removed and the engine is built again."""
-    ref_dir = project.ws.sub("reference", backend.name, project.model.sha256[:16])
+    ref_dir = project.ws.reference_dir(backend.name, project.model.sha256)
     stamps_path = ref_dir / REFERENCE_STAMPS
     with _locked(ref_dir):
         try:

@@ -1,6 +1,8 @@
 """Build a policy and measure it: latency (interleaved against FP32), per-layer time,
-reformat overhead and quality on held-out data. Each run lives in ``runs/<id>/`` with its
-policy, metrics, per-layer table, compiled model and the backend's engine artifact.
+reformat overhead and quality on held-out data. Each run lives in its folder (``runs/<id>/``,
+named by ``core.workspace``) with its policy, metrics, per-layer table, compiled model and the
+backend's engine artifact: a build writes it in a temp folder it claims, renamed when complete.
+Listing and reading stored runs is the store's (``core.store.runs``).
 
 No silent quality loss: a run whose ``cosine_mean`` falls below ``warn_below`` carries a warning
 that names the worst INT8 layers of a ranking the caller passes (the cached cumulative ranking,
@@ -8,15 +10,12 @@ or the search's isolated one), or says how to compute one. A run on generated ev
 says so (``data_generated``)."""
 from __future__ import annotations
 
-import json
 import math
-import os
 import re
 import shutil
-import socket
 import time
 import uuid
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import ClassVar, Protocol
@@ -34,8 +33,9 @@ from core.project import DEFAULT_TARGET, TARGET_LABELS, Project
 from core.quant.calibration import calibrate_policy
 from core.quant.policy import Policy
 from core.records import check_format
-from core.workspace import (Workspace, atomic_write_json, atomic_write_text, cache_note, free_bytes, human_bytes,
-                            is_space_error, space_error)
+from core.workspace import (METRICS_FILE, PER_LAYER_FILE, POLICY_FILE, Workspace, atomic_write_json, atomic_write_text,
+                            claim_folder, clean_temp_runs, free_bytes, human_bytes, is_space_error, publish_folder,
+                            space_error)
 
 RUN_COLUMNS = [
     "run_id", "created", "model_name", "model_sha256", "label", "backend", "target", "latency_source", "policy_sha256",
@@ -46,12 +46,7 @@ RUN_COLUMNS = [
 ]
 WARN_BELOW = 0.98  # default threshold of the quality warning (cosine_mean)
 GENERATED_NOTE = "on generated data"  # said next to every quality number computed on generated data
-# the files of a run directory runs/<id>/ (the compiled model and engine artifacts are the backend's)
-POLICY_FILE, METRICS_FILE, PER_LAYER_FILE = "policy.json", "metrics.json", "per_layer.csv"
 ORT_CPU_SOURCE = "ONNX Runtime CPU, measured"
-TMP_PREFIX, OWNER_FILE = ".tmp-", ".owner.json"  # a build's folder until it is complete, and who builds it
-OWNERLESS_GRACE_SECONDS = 60.0  # a temp folder without an owner file younger than this is just being created
-OTHER_HOST_GRACE_SECONDS = 86400.0  # a temp folder of another host (a shared workspace) is kept this long
 _TRT_REASON = re.compile(r"TensorRT (?P<version>[0-9][^\s]*) on (?P<gpu>.+?)(?: \(compute capability|$)")
 
 
@@ -326,7 +321,7 @@ def build_and_measure(project: Project, policy: Policy, backend: str = "auto", l
         per_layer = be.profile(engine, feed, profile_iterations, project.layers, policy)
         generated = is_generated(project.eval_data)
         result = RunResult(
-            run_id=run_id, run_dir=run_dir(ws, run_id), created=time.time(), label=label or _auto_label(policy),
+            run_id=run_id, run_dir=ws.run_dir(run_id), created=time.time(), label=label or _auto_label(policy),
             model_name=project.model.name, model_sha256=project.model.sha256, backend=be.name,
             backend_reason=reason, policy_sha256=policy.sha256, latency=lat, reformat=reformat_summary(per_layer),
             quality=q, precision_counts=policy.precision_counts(), int8_mac_fraction=int8_mac_fraction(project, policy),
@@ -338,13 +333,12 @@ def build_and_measure(project: Project, policy: Policy, backend: str = "auto", l
             latency_source=latency_source(be.name, reason), target=project.target,
         )
         _write_run(tmp_dir, result, policy)
-        (tmp_dir / OWNER_FILE).unlink(missing_ok=True)
-        os.replace(tmp_dir, result.run_dir)
+        publish_folder(tmp_dir, result.run_dir)
     except BaseException as e:
         shutil.rmtree(tmp_dir, ignore_errors=True)
         said = isinstance(e, MixprecError) and e.what.startswith("no space left")
         if isinstance(e, Exception) and not said and _out_of_space(e, ws, project.model.size_bytes):
-            raise space_error(ws.runs / run_id, needed) from e
+            raise space_error(ws.run_dir(run_id), needed) from e
         raise
     step(1.0, "done")
     return result
@@ -365,7 +359,7 @@ def build_space_needed(project: Project, backend: str) -> int:
     (each at most the model's size), the FP32 reference engine (twice the model) when it is not built
     yet, and a margin for the tables and reference outputs."""
     size = project.model.size_bytes
-    ref = project.ws.root / "reference" / backend / project.model.sha256[:16]
+    ref = project.ws.reference_dir(backend, project.model.sha256, create=False)
     have_ref = (ref / REFERENCE_STAMPS).is_file()
     return 2 * size + (0 if have_ref else 2 * size) + (1 << 20)
 
@@ -383,60 +377,19 @@ def check_build_space(project: Project, backend: str) -> int:
     return needed
 
 
-# --- temp run folders -----------------------------------------------------------------------------
-def _process_start(pid) -> str | None:
-    """The start time of process ``pid`` (from /proc, so a reused pid does not pass for it); None if gone."""
-    try:
-        stat_line = Path(f"/proc/{int(pid)}/stat").read_text()
-    except (OSError, ValueError, TypeError):
-        return None
-    return stat_line.rsplit(")", 1)[-1].split()[19]
-
-
+# --- the run's folder -----------------------------------------------------------------------------
 def _make_temp_run(ws: Workspace, run_id: str, needed: int) -> Path:
-    """``runs/.tmp-<id>/`` with an owner file naming this process (so a clean-up spares it while it lives)."""
-    tmp_dir = ws.runs / f"{TMP_PREFIX}{run_id}"
+    """``runs/.tmp-<id>/``, claimed by this process (so a clean-up spares it while it lives)."""
+    tmp_dir = ws.temp_run_dir(run_id)
     try:
-        tmp_dir.mkdir(parents=True)
-        (tmp_dir / OWNER_FILE).write_text(json.dumps({"pid": os.getpid(), "start": _process_start(os.getpid()),
-                                                      "host": socket.gethostname()}))
+        claim_folder(tmp_dir)
     except OSError as e:
         shutil.rmtree(tmp_dir, ignore_errors=True)
         if is_space_error(e):
-            raise space_error(ws.runs / run_id, needed) from e
+            raise space_error(ws.run_dir(run_id), needed) from e
         raise MixprecError(f"cannot create the run folder {tmp_dir}: {e.strerror}",
                            "make the workspace writable, or set MIXPREC_WORKSPACE to a writable folder") from e
     return tmp_dir
-
-
-def _age(folder: Path) -> float:
-    try:
-        return time.time() - folder.stat().st_mtime
-    except OSError:
-        return float("inf")
-
-
-def _owned_by_live_process(folder: Path) -> bool:
-    try:
-        doc = json.loads((folder / OWNER_FILE).read_text())
-        pid, start = doc["pid"], doc["start"]
-    except (OSError, ValueError, KeyError, TypeError):
-        # no owner file (yet): a folder being created now, or a leftover of an older mixprec
-        return _age(folder) < OWNERLESS_GRACE_SECONDS
-    if doc.get("host", socket.gethostname()) != socket.gethostname():
-        return _age(folder) < OTHER_HOST_GRACE_SECONDS  # its pid means nothing here
-    return start is not None and _process_start(pid) == start
-
-
-def clean_temp_runs(ws: Workspace) -> list[Path]:
-    """Remove the temp run folders (``runs/.tmp-<id>``) that no live process is building: leftovers of a
-    build or a server that was killed. Called before each build and when a job manager starts."""
-    removed = []
-    for folder in ws.runs.glob(f"{TMP_PREFIX}*"):
-        if folder.is_dir() and not _owned_by_live_process(folder):
-            shutil.rmtree(folder, ignore_errors=True)
-            removed.append(folder)
-    return removed
 
 
 def _auto_label(policy: Policy) -> str:
@@ -448,56 +401,3 @@ def _write_run(tmp_dir: Path, result: RunResult, policy: Policy) -> None:
     atomic_write_text(tmp_dir / POLICY_FILE, policy.to_json())
     result.per_layer.to_csv(tmp_dir / PER_LAYER_FILE, index=False)
     atomic_write_json(tmp_dir / METRICS_FILE, {k: v for k, v in result.to_json().items() if k != "per_layer"})
-
-
-def run_dir(ws: Workspace, run_id: str) -> Path:
-    """The directory of a stored run: ``runs/<id>/``."""
-    return ws.runs / run_id
-
-
-def load_run(ws: Workspace, run_id: str) -> RunResult:
-    """The stored run ``run_id`` (with its per-layer table); a MixprecError if it is missing or
-    not a run of this format."""
-    path = run_dir(ws, run_id)
-    if str(run_id).startswith(".") or "/" in str(run_id):
-        raise MixprecError(f"there is no run {run_id!r} in {ws.runs}", "pick a run from the list of runs")
-    try:
-        doc = json.loads((path / METRICS_FILE).read_text())
-    except OSError as e:
-        raise MixprecError(f"there is no run {run_id!r} in {ws.runs}", "pick a run from the list of runs") from e
-    except (ValueError, RecursionError) as e:
-        raise MixprecError(f"the metrics of run {run_id} are not valid JSON", "delete the run and build again") from e
-    result = RunResult.from_json(doc)
-    per_layer = result.per_layer
-    if (path / PER_LAYER_FILE).is_file():
-        try:
-            per_layer = load_run_per_layer(path)
-        except (OSError, ValueError) as e:  # pandas' parser errors are ValueErrors
-            cache_note(f"the per-layer table of run {run_id} is unreadable ({type(e).__name__}); it is left out")
-    return replace(result, run_dir=path, per_layer=per_layer)
-
-
-def list_runs(ws: Workspace | None = None, model_sha256: str | None = None) -> pd.DataFrame:
-    """All stored runs (newest first) as a table with ``RUN_COLUMNS``."""
-    ws = ws or Workspace.default()
-    rows = []
-    for p in ws.runs.glob(f"*/{METRICS_FILE}"):
-        if p.parent.name.startswith("."):
-            continue  # a build in progress (runs/.tmp-<id>) or another hidden folder: not a run
-        try:
-            row = RunResult.from_json(json.loads(p.read_text())).row()
-        except (OSError, ValueError, RecursionError, TypeError, KeyError, AttributeError, MixprecError) as e:
-            cache_note(f"the run {p.parent.name} is skipped: its metrics are unreadable "
-                       f"({e.what if isinstance(e, MixprecError) else type(e).__name__})")
-            continue  # a damaged or foreign run is skipped, never fatal
-        if not model_sha256 or row["model_sha256"] == model_sha256:
-            rows.append(row)
-    df = pd.DataFrame(rows, columns=RUN_COLUMNS)
-    return df.sort_values("created", ascending=False, ignore_index=True)
-
-
-def load_run_per_layer(run_dir: Path) -> pd.DataFrame:
-    path = Path(run_dir) / PER_LAYER_FILE
-    if not path.is_file():
-        raise MixprecError(f"run {Path(run_dir).name} has no per-layer table", "rebuild the policy")
-    return pd.read_csv(path, keep_default_na=False)

@@ -513,7 +513,7 @@ def file_sha256(path: Path, ws: Workspace | None) -> str:
     cached = None
     if ws is not None and st.st_size >= HASH_CACHE_FROM:
         key = sha256_bytes(f"{path}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}".encode())[:32]
-        cached = ws.sub("external", "hashes") / f"{key}.json"
+        cached = ws.file_hashes / f"{key}.json"
         try:
             return str(json.loads(cached.read_text())["sha256"])
         except (OSError, ValueError, KeyError, TypeError):

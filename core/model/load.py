@@ -325,7 +325,7 @@ def _load_external(model: onnx.ModelProto, path: Path, sha: str, ws: Workspace):
     to ``external/<sha>/`` of the workspace and shape-inferred by path there. Returns (inferred graph,
     steps, original opset, ExternalWeights)."""
     _check(path, path, "")
-    folder = ws.sub("external", sha[:32])
+    folder = ws.external_dir(sha)
     with folder_lock(folder):
         sweep_tmp(folder)  # temp files of killed processes
         inline_small(model, path.parent)

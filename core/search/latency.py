@@ -212,7 +212,7 @@ def latency_model(project: Project, base: Policy, calib, backend: str = "onnxrun
     ref = reference_engine(be, project)
     for prec in ("int8", "fp16"):
         pol = base.with_layers({l.name: prec for l in eligible})
-        folder = project.ws.sub("search", project.model.sha256[:16], "latency", be.name, prec)
+        folder = project.ws.latency_dir(project.model.sha256, be.name, prec)
         eng = be.build(project.model, pol, calib, folder, project.input_shapes)
         profiles[prec] = be.profile(eng, feed, 10, project.layers, pol)
         t = be.time_interleaved(eng, ref, feed, warmup=10, iterations=40)

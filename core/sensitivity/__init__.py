@@ -3,10 +3,11 @@ in chunks under a memory budget) and isolated / leave-one-out (one layer switche
 from core.sensitivity.comparison import COMPARE_COLUMNS, ranking_comparison
 from core.sensitivity.cumulative import RANK_COLUMNS, RANK_METRICS, Ranking, rank_layers
 from core.sensitivity.isolated import (MODES, SENSITIVITY_COLUMNS, Sensitivity, Switchable, TrialData, TrialPool, open_trial_pool,
-                                       sensitivity, split_eval, switchable_model, trial_data)
+                                       sensitivity, sensitivity_file, split_eval, switchable_model, trial_data,
+                                       write_sensitivity)
 from core.sensitivity.memory import PeakMemory, comparison_budget, parse_memory
 
 __all__ = ["COMPARE_COLUMNS", "MODES", "RANK_COLUMNS", "RANK_METRICS", "SENSITIVITY_COLUMNS", "Ranking", "Sensitivity",
            "Switchable", "TrialData", "TrialPool", "PeakMemory", "comparison_budget", "open_trial_pool",
-           "parse_memory", "rank_layers", "ranking_comparison", "sensitivity", "split_eval",
-           "switchable_model", "trial_data"]
+           "parse_memory", "rank_layers", "ranking_comparison", "sensitivity", "sensitivity_file", "split_eval",
+           "switchable_model", "trial_data", "write_sensitivity"]

@@ -42,7 +42,7 @@ from core.quant.compile import compile_policy
 from core.quant.policy import Policy
 from core.records import check_format, frame_from_json, frame_to_json
 from core.sensitivity.distributed import RayTrialPool, from_trial_arrays, ray_address, run_trial, trial_arrays, trial_session
-from core.workspace import atomic_write_json, discard_corrupt, file_stamp, sha256_bytes
+from core.workspace import analysis_key, atomic_write_json, discard_corrupt, file_stamp, sha256_bytes
 
 # in the cache keys of switchable models; 2: one shared QuantizeLinear per tensor; 3: a weight's switch is an
 # If (int8 DequantizeLinear / float16 copy cast to float32), no float32 copy of the weight
@@ -182,8 +182,7 @@ def switchable_model(project: Project, base: Policy, calib, method_tag: str) -> 
     """All eligible layers INT8-switchable on top of ``base``; cached in the workspace."""
     pol = base.with_layers({l.name: "int8" for l in project.layers if l.eligible})
     key = sha256_bytes(f"{SWITCHABLE_FORMAT_VERSION}|{project.model.sha256}|{pol.sha256}|{calib.key}".encode())[:24]
-    folder = project.ws.sub("search", project.model.sha256[:16])
-    path = folder / f"switch-{method_tag}-{key}.onnx"
+    path = project.ws.search_dir(project.model.sha256) / f"switch-{method_tag}-{key}.onnx"
     meta = path.with_suffix(".json")
     if path.is_file() and meta.is_file():
         try:  # the meta stamps the model it describes: a model rewritten or truncated since is built again
@@ -239,6 +238,77 @@ def _sensitivity_key(project, base: Policy, calib_key: str, mode: str, ds: Datas
                         f"{ds.sha256}|{calib_key}|{base.sha256}|{mode}".encode())[:24]
 
 
+# --- where a table is stored: once, in rankings/ -------------------------------------------
+# The table of the project's default policy and dev half is stored under the key the store lists
+# (``core.store.results.load_sensitivity``: model, data, method, mode), so the Sensitivity page, the
+# job and the search read one file; the document also names the exact inputs it was measured on
+# (``inputs``: the switchable model's format, data, calibration, base policy), and a table of other
+# inputs is computed again and replaces it. Another base policy or dev set has a key of its own.
+INPUTS_FIELD = "inputs"
+
+
+def _inputs(project: Project, method: str, base: Policy | None, data: Dataset | None) -> tuple[Policy, Dataset]:
+    """The base policy (calibrated by ``method``) and the dev data a table is measured on: those given,
+    else the project's default policy and the first half of its evaluation data."""
+    base = base or project.default_policy(method=method)
+    return base.with_calibration(replace(base.calibration, method=method)), data or split_eval(project.eval_data)[0]
+
+
+def _is_default(project: Project, method: str, base: Policy, data: Dataset) -> bool:
+    try:
+        dev = split_eval(project.eval_data)[0]
+    except MixprecError:
+        return False
+    return data.sha256 == dev.sha256 and base.sha256 == project.default_policy(method=method).sha256
+
+
+def sensitivity_file(project: Project, mode: str = "isolated", method: str = "minmax", base: Policy | None = None,
+                     data: Dataset | None = None) -> Path:
+    """Where :func:`sensitivity` stores (and looks for) the table of these arguments: the project's
+    rankings file of ``method`` and ``mode`` for its default policy and dev half (what the store and
+    the Sensitivity page read), else a file of its own in the same folder."""
+    base, data = _inputs(project, method, base, data)
+    tag = method if _is_default(project, method, base, data) else f"{method}|base={base.sha256}|data={data.sha256}"
+    key = analysis_key(project.model.sha256, project.calib_data.sha256, project.eval_data.sha256, tag, mode)
+    return project.ws.ranking_file(key)
+
+
+def write_sensitivity(path: Path, sens: Sensitivity, inputs: str = "") -> Path:
+    """The one writer of a sensitivity table: ``sens`` at ``path`` (atomically), with the key of the
+    inputs it was measured on (empty: not known, e.g. a table stored by hand; :func:`sensitivity`
+    then measures again). A ranking stored as CSV by an older mixprec is removed."""
+    atomic_write_json(path, sens.to_json() | ({INPUTS_FIELD: inputs} if inputs else {}))
+    path.with_suffix(".csv").unlink(missing_ok=True)
+    return path
+
+
+def _read_table(path: Path, what: str) -> tuple[Sensitivity | None, str]:
+    """The table at ``path`` and the inputs key it names; (None, "") when there is none, and when it
+    is corrupt or damaged (then removed with a note: it is measured again)."""
+    if not path.is_file():
+        return None, ""
+    try:
+        doc = json.loads(path.read_text())
+        return Sensitivity.from_json(doc), str(doc.get(INPUTS_FIELD, ""))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError, MixprecError) as e:
+        discard_corrupt(path, what, f"{type(e).__name__}: {e}")
+        return None, ""
+
+
+def _stored(project: Project, path: Path, mode: str, key: str) -> Sensitivity | None:
+    """The stored table measured on the inputs ``key``, or None. A table an older mixprec kept in the
+    search's folder (``search/<sha>/sensitivity-<mode>-<key>.json``) is read and moved to ``path``."""
+    sens, inputs = _read_table(path, f"{mode} sensitivity")
+    if sens is not None and inputs == key:
+        return sens
+    legacy = project.ws.legacy_sensitivity_file(project.model.sha256, mode, key)
+    sens, _ = _read_table(legacy, f"{mode} sensitivity")
+    if sens is not None:
+        write_sensitivity(path, sens, key)
+        legacy.unlink(missing_ok=True)
+    return sens
+
+
 def _trial_sets(mode: str, eligible: list[str]) -> list[set[str]]:
     """The baseline (nothing / everything INT8), then one trial per eligible layer."""
     all_on = set(eligible)
@@ -261,27 +331,23 @@ def sensitivity(project: Project, mode: str = "isolated", method: str = "minmax"
                 data: Dataset | None = None, workers: int = 2, progress=None, should_stop=None,
                 pool=None, ray: str | None = None) -> Sensitivity:
     """Per-layer quality drop with only that layer INT8 (isolated), or gain with every other
-    eligible layer INT8 (leave-one-out); cached per model, data, calibration and base policy.
+    eligible layer INT8 (leave-one-out); stored once (:func:`sensitivity_file`, read by the store and the
+    search alike) and used again for the same model, data, calibration and base policy.
     ``pool``: trials on an open pool of the switchable model of ``base`` (the search's); else a pool
     of its own (:func:`open_trial_pool`: on the Ray cluster at ``ray`` / ``$MIXPREC_RAY_ADDRESS``)."""
     if mode not in MODES:
         raise MixprecError(f"unknown sensitivity mode {mode!r}", f"use one of {', '.join(MODES)}")
     step = progress or (lambda f, t: None)
     t0 = time.perf_counter()
-    base = base or project.default_policy(method=method)
-    base = base.with_calibration(replace(base.calibration, method=method))
-    data = data or split_eval(project.eval_data)[0]
+    base, data = _inputs(project, method, base, data)
     eligible = require_eligible(project.model.name, project.layers, "measure")
     calib = calibrate_policy(project.model, project.calib_data, base.with_layers({l.name: "int8" for l in eligible}),
                              project.layers, project.ws)
     key = _sensitivity_key(project, base, calib.key, mode, data)
-    cache = project.ws.sub("search", project.model.sha256[:16]) / f"sensitivity-{mode}-{key}.json"
-    if cache.is_file():
-        try:
-            return replace(Sensitivity.from_json(json.loads(cache.read_text())), seconds=time.perf_counter() - t0,
-                           cache_hit=True)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError, MixprecError) as e:
-            discard_corrupt(cache, f"{mode} sensitivity", f"{type(e).__name__}: {e}")  # measured again below
+    path = sensitivity_file(project, mode, method, base, data)
+    found = _stored(project, path, mode, key)
+    if found is not None:
+        return replace(found, seconds=time.perf_counter() - t0, cache_hit=True)
     own = pool is None
     if own:
         step(0.05, "compiling the switchable model")
@@ -294,5 +360,5 @@ def sensitivity(project: Project, mode: str = "isolated", method: str = "minmax"
             pool.close()
     sens = Sensitivity(_table(mode, method, eligible, res[0], res[1:]), mode, method, res[0],
                        time.perf_counter() - t0, False, getattr(pool, "where", ""))
-    atomic_write_json(cache, sens.to_json())
+    write_sensitivity(path, sens, key)
     return sens

@@ -47,7 +47,7 @@ def check_project_id(text) -> str | None:
 def _project_dir(ws: Workspace, project_id: str) -> Path:
     if check_project_id(project_id) is None:
         raise MixprecError(f"{str(project_id)[:40]!r} is not a project id", "open the dashboard without ?project=")
-    return ws.root / "projects" / project_id
+    return ws.project_dir(project_id)
 
 
 def draft_key(model_sha256: str, calib_sha256: str) -> str:
@@ -62,7 +62,8 @@ def project_path(ws: Workspace, project_id: str) -> Path:
 def draft_path(ws: Workspace, project_id: str, key: str) -> Path:
     if not re.fullmatch(r"[0-9a-f]{32}", str(key)):
         raise MixprecError(f"{str(key)[:40]!r} is not a draft key", "use core.store.drafts.draft_key")
-    return _project_dir(ws, project_id) / "drafts" / f"{key}.json"
+    _project_dir(ws, project_id)  # a well-formed id
+    return ws.drafts_dir(project_id) / f"{key}.json"
 
 
 def file_stamp(path: Path) -> tuple[int, int] | None:

@@ -1,15 +1,16 @@
-"""The results store: where each stored result lives in the workspace, under which key, and
-how it is read back as its typed record. Pages, the CLI and jobs save and load through here.
-
-Layout (under the workspace root)::
+"""The results store: under which key each stored result lives in the workspace (the folders are
+``core.workspace``'s layout), and how it is read back as its typed record. Pages, the CLI and jobs
+save and load through here; stored runs through ``core.store.runs``.
 
     rankings/<key>.json     a cumulative Ranking or an isolated / leave-one-out Sensitivity
-                            (key: model, calibration data, evaluation data, method and mode)
+                            (key: model, calibration data, evaluation data, method and mode). The isolated /
+                            leave-one-out table is written once, where ``core.sensitivity.sensitivity``
+                            computes it (it is the search's cache too); :func:`load_sensitivity` reads it
     searches/<key>.json     a SearchResult (key: as above, plus the budget and the smoothing, and for the
                             TensorRT target the GPU of the estimate: ``search_gpu_tag``)
-    runs/<id>/              a build (core.measure.runs writes it): policy.json, metrics.json, per_layer.csv, …
     models/<sha256>/<name>.onnx   uploaded models;  data/<sha256>/<name>.npz  uploaded data (by content,
                                   under the user's file name)
+    gpus/<key>.json, gpu_calibrations/<key>.v<N>.json   GPUs the user describes, cost-model calibrations
 
 Loading gives the record, or None if it was never computed or cannot be used: a stored document that
 is corrupt (not JSON, fields missing) is removed, one of an older, newer or foreign format is left
@@ -25,38 +26,34 @@ from pathlib import Path
 from core.errors import MixprecError
 from core.estimate.cost import PARAMS_VERSION, CostParams
 from core.estimate.gpus import FIXTURE_GPU, GPU, GPUS, custom_gpu, gpu as gpu_entry
-from core.measure.runs import POLICY_FILE, RunResult, list_runs, load_run, load_run_per_layer, run_dir
 from core.model.data import load_npz
 from core.model.load import model_from_bytes
 from core.project import Project
-from core.quant.policy import Policy, policy_from_text
 from core.search import SearchResult
-from core.sensitivity import Ranking, Sensitivity
-from core.workspace import (Workspace, atomic_write_bytes, atomic_write_json, cache_note, discard_corrupt, sha256_bytes,
-                            write_error)
+from core.sensitivity import Ranking, Sensitivity, write_sensitivity
+from core.workspace import (Workspace, analysis_key, atomic_write_bytes, atomic_write_json, cache_note, discard_corrupt,
+                            sha256_bytes, write_error)
 
 __all__ = ["ranking_key", "project_ranking_key", "ranking_path", "save_ranking", "load_ranking", "save_sensitivity",
            "load_sensitivity", "cached_ranking", "search_path", "search_gpu_tag",
-           "stored_search_path", "searched_gpu_name", "save_search", "load_search", "run_dir", "list_runs", "load_run",
-           "load_run_per_layer", "run_policy", "last_built_policy", "store_upload", "RunResult", "gpu_spec_path",
+           "stored_search_path", "searched_gpu_name", "save_search", "load_search", "store_upload", "gpu_spec_path",
            "save_gpu_spec", "read_gpu_specs", "load_gpu_specs", "delete_gpu_spec", "resolve_gpu"]
 
 
 # --- keys and paths ------------------------------------------------------------------------------
 def ranking_key(model_sha256: str, calib_sha256: str, eval_sha256: str, method: str) -> str:
     """Rankings are stored per model, calibration data, evaluation data and calibration method."""
-    return sha256_bytes(f"{model_sha256}|{calib_sha256}|{eval_sha256}|{method}".encode())[:32]
+    return analysis_key(model_sha256, calib_sha256, eval_sha256, method)
 
 
 def project_ranking_key(project: Project, method: str = "minmax", mode: str = "cumulative") -> str:
     """Key of a stored analysis of ``project``: the cumulative (Polygraphy) ranking, an
     ``isolated`` / ``leave-one-out`` sensitivity, or any other analysis named by ``mode``."""
-    return ranking_key(project.model.sha256, project.calib_data.sha256, project.eval_data.sha256,
-                       method if mode == "cumulative" else f"{mode}:{method}")
+    return analysis_key(project.model.sha256, project.calib_data.sha256, project.eval_data.sha256, method, mode)
 
 
 def ranking_path(ws: Workspace, key: str) -> Path:
-    return ws.sub("rankings") / f"{key}.json"
+    return ws.ranking_file(key)
 
 
 def search_gpu_tag(g: GPU) -> str:
@@ -75,7 +72,7 @@ def search_path(ws: Workspace, project: Project, budget: str, smooth: bool, gpu:
     key = f"{budget}|smooth={bool(smooth)}|target={project.target}"  # the target decides the search's objective
     if gpu is not None and project.target == "tensorrt":
         key += f"|gpu={search_gpu_tag(gpu if isinstance(gpu, GPU) else resolve_gpu(ws, gpu))}"
-    return ws.sub("searches") / f"{project_ranking_key(project, key, 'search')}.json"
+    return ws.search_file(project_ranking_key(project, key, "search"))
 
 
 def stored_search_path(ws: Workspace, project: Project, budget: str, smooth: bool,
@@ -161,15 +158,16 @@ def cached_ranking(project: Project, method: str = "minmax") -> Ranking | None:
 
 
 def save_sensitivity(ws: Workspace, project: Project, sens: Sensitivity) -> Path:
-    path = ranking_path(ws, project_ranking_key(project, sens.method, sens.mode))
-    atomic_write_json(path, sens.to_json())
-    path.with_suffix(".csv").unlink(missing_ok=True)
-    return path
+    """Store a table computed elsewhere where :func:`load_sensitivity` reads it, by the one writer
+    (``core.sensitivity.write_sensitivity``). ``core.sensitivity.sensitivity`` stores what it computes
+    itself: a job does not store it again."""
+    return write_sensitivity(ranking_path(ws, project_ranking_key(project, sens.method, sens.mode)), sens)
 
 
 def load_sensitivity(ws: Workspace, project: Project, method: str = "minmax",
                      mode: str = "isolated") -> Sensitivity | None:
-    """The stored isolated / leave-one-out sensitivity, or None if it was never computed."""
+    """The stored isolated / leave-one-out sensitivity (computed by a job, the CLI or a search, on the
+    project's default policy and evaluation data), or None if it was never computed."""
     path = ranking_path(ws, project_ranking_key(project, method, mode))
     doc = _read(path, f"{mode} sensitivity")
     if doc is None:
@@ -224,29 +222,6 @@ def load_search(ws: Workspace, project: Project, budget: str, smooth: bool,
     return result if name is None or name == g.name else None
 
 
-# --- runs (written by core.measure.runs.build_and_measure) -----------------------------------------------
-def run_policy(project: Project, run: str | Path) -> Policy:
-    """The policy a stored run was built from (``run``: its directory), validated against ``project``."""
-    path = Path(run) / POLICY_FILE
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise MixprecError(f"the run {Path(run).name} has no readable policy ({type(e).__name__})",
-                           "pick another run, or delete this one and build again") from e
-    return policy_from_text(text, project.model, project.layers, source=path.name)
-
-
-def last_built_policy(project: Project) -> Policy | None:
-    """The policy of the newest stored run of this model, or None."""
-    runs = list_runs(project.ws, project.model.sha256)
-    for run_id in runs["run_id"]:
-        try:
-            return run_policy(project, run_dir(project.ws, run_id))
-        except (OSError, MixprecError):
-            continue
-    return None
-
-
 # --- uploads -------------------------------------------------------------------------------------
 UPLOAD_SUFFIX = {"model": ".onnx", "data": ".npz"}
 
@@ -288,7 +263,7 @@ def store_upload(ws: Workspace, data: bytes, filename: str, kind: str, model=Non
         raise ValueError(kind)
     sha = sha256_bytes(data)
     name = upload_name(filename, kind)
-    folder = (ws.models if kind == "model" else ws.sub("data")) / sha
+    folder = ws.upload_dir(kind, sha)
     if kind == "model":
         model_from_bytes(data, folder / name, name=Path(name).stem)
     else:
@@ -306,7 +281,7 @@ def gpu_calibration_path(ws: Workspace, gpu_name: str | GPU) -> Path:
     row, a GPU saved in this workspace, or a :class:`GPU` of a ``--gpu-spec``) and the parameters'
     format version (an older format is simply not found)."""
     key = gpu_name.key if isinstance(gpu_name, GPU) else resolve_gpu(ws, gpu_name).key
-    return ws.sub("gpu_calibrations") / f"{key}.v{PARAMS_VERSION}.json"
+    return ws.gpu_calibration_file(key, PARAMS_VERSION)
 
 
 def save_gpu_calibration(ws: Workspace, gpu_name: str | GPU, params: CostParams) -> Path:
@@ -328,7 +303,7 @@ def load_gpu_calibration(ws: Workspace, gpu_name: str | GPU) -> CostParams | Non
 # is not valid (hand-edited, truncated) is skipped with a note, never fatal, and left in place: it is
 # the user's data, not a cache.
 def gpu_spec_path(ws: Workspace, key: str) -> Path:
-    return ws.sub("gpus") / f"{key}.json"
+    return ws.gpu_specs() / f"{key}.json"
 
 
 def save_gpu_spec(ws: Workspace, spec: GPU | dict) -> GPU:
@@ -345,7 +320,7 @@ def save_gpu_spec(ws: Workspace, spec: GPU | dict) -> GPU:
 def read_gpu_specs(ws: Workspace) -> tuple[dict[str, GPU], list[str]]:
     """The GPUs saved in the workspace by key, and a note for each file skipped (not readable, not
     JSON, not a valid GPU, or named after another key)."""
-    folder = ws.root / "gpus"
+    folder = ws.gpu_specs(create=False)
     found: dict[str, GPU] = {}
     notes: list[str] = []
     try:
@@ -397,4 +372,4 @@ def resolve_gpu(ws: Workspace, name: str | GPU) -> GPU:
     name), else the GPU table's row (``core.estimate.gpus.gpu``: keys and product names)."""
     if isinstance(name, GPU):
         return name
-    return gpu_entry(name, load_gpu_specs(ws) if (ws.root / "gpus").is_dir() else None)
+    return gpu_entry(name, load_gpu_specs(ws) if ws.gpu_specs(create=False).is_dir() else None)

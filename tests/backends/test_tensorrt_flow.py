@@ -310,7 +310,8 @@ def test_build_failure_lists_tensorrt_errors(fakes, project, tmp_path, monkeypat
 
 
 def test_build_and_measure_runs_on_the_tensorrt_backend(fakes, project, monkeypatch):
-    from core.measure.runs import build_and_measure, load_run_per_layer
+    from core.measure.runs import build_and_measure
+    from core.store.runs import load_run_per_layer
 
     monkeypatch.setenv("MIXPREC_WORKSPACE", str(project.ws.root))
     result = build_and_measure(project, project.default_policy(), backend="tensorrt", iterations=5)

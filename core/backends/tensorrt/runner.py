@@ -210,7 +210,7 @@ class TensorRTBackend(Backend):
                      "gpu": gpu[0], "compute_capability": gpu[1], "profiles": shapes,
                      "workspace_bytes": self.workspace_bytes}
             key = engine_cache_key(parts)
-            cache = self.ws.sub("engines", "tensorrt") / f"{key}.plan"
+            cache = self.ws.engine_cache("tensorrt") / f"{key}.plan"
             hit = cached_engine(cache, key)
             if not hit:
                 network, fp16, use_int8 = constrained_network(trt, network or self._parse(onnx_path, mode, log),
