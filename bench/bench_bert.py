@@ -7,7 +7,7 @@
   weights (``torch.manual_seed(0)``), no download -- with the masked mean pooling and L2 normalisation
   of the ``minilm`` sample (the pooler dropped, so the model has exactly 96 MatMuls: 12 layers x (Q, K,
   V, attention scores, context, output, FFN up, FFN down)), exported with the sample's exporter
-  (``core.model.samples._export_minilm``: TorchScript, opset 17, dynamic batch and sequence) into
+  (``core.model.samples.export_minilm``: TorchScript, opset 17, dynamic batch and sequence) into
   ``--out/model.onnx``, checked against torch (max abs diff <= 1e-4).
 * Data: the ``minilm`` sample's docstring sentences tokenized with its WordPiece tokenizer (the
   bert-base-uncased vocabulary, 30522 tokens; ``core.model.samples.split_corpus`` / ``tokenize_sentences``):
@@ -55,7 +55,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from core.model.samples import (_export_minilm, run_minilm_module, sentence_embedding, split_corpus,  # noqa: E402
+from core.model.samples import (export_minilm, run_minilm_module, sentence_embedding, split_corpus,  # noqa: E402
                                 tokenize_sentences)
 from core.workspace import atomic_save_npz, atomic_write_bytes  # noqa: E402
 
@@ -84,7 +84,7 @@ def export(out: Path) -> dict:
     calib_s, eval_s = split_corpus(CALIB_SENTENCES, EVAL_SENTENCES)
     calib, eval_ = tokenize_sentences(calib_s, MAX_TOKENS), tokenize_sentences(eval_s, MAX_TOKENS)
     module = bert_base_module()
-    model = _export_minilm(module, calib)
+    model = export_minilm(module, calib)
     out.mkdir(parents=True, exist_ok=True)
     import onnxruntime as ort
 

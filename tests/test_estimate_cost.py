@@ -151,7 +151,7 @@ def test_tensorrt_8x_layers_of_the_titan_engines_read_class_precision_and_shape(
                 assert l.precision == "int8" and l.kernel in ((1, 1), (3, 3)) and l.out_maps > 0, (s.name, l.name)
             if l.layer_type == "CudaDepthwiseConvolution":
                 assert l.groups == l.inputs[0].dims[1] == l.out_maps and l.kernel == (3, 3)
-                assert cost.input_channels(l) == 1 and cost._is_simt(l, l.precision)
+                assert cost.input_channels(l) == 1 and cost.is_simt(l, l.precision)
     s = {x.name: x for x in samples}
     res84 = s["titanrtx-mobilenetv2res-qat-trt84"]
     dw = by_name(res84, "features.2.conv.1.0.weight")
@@ -159,10 +159,10 @@ def test_tensorrt_8x_layers_of_the_titan_engines_read_class_precision_and_shape(
     assert dw.outputs[0].dims == (1, 96, 56, 56) and cost.flops(dw) == 2 * 96 * 56 * 56 * 9
     # "turing_fp16_i8816cudnn_int8…": INT8 tensor-core math writing FP16; "…_simt" / sm70 INT8: CUDA cores
     proj = by_name(s["titanrtx-mobilenetv2-qat-trt84"], "features.8.conv.2.weight")
-    assert proj.precision == "int8" and proj.outputs[0].dtype == "fp16" and not cost._is_simt(proj, "int8")
+    assert proj.precision == "int8" and proj.outputs[0].dtype == "fp16" and not cost.is_simt(proj, "int8")
     assert cost.conv_tile(proj, TITAN, "int8") == ((128, 128),)
     fc = by_name(res84, "classifier.1.weight")
-    assert fc.precision == "int8" and cost._is_simt(fc, "int8") and "_simt" in fc.attrs["tactic"]
+    assert fc.precision == "int8" and cost.is_simt(fc, "int8") and "_simt" in fc.attrs["tactic"]
     x = by_name(res84, "features.8.conv.0.0.weight")
     assert cost.conv_tile(x, TITAN, "int8") == ((64, 32),) and cost.conv_steps(x, TITAN, "int8") == (64, 1)
     fused = by_name(res84, "features.7.conv.2.weight")

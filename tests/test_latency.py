@@ -10,7 +10,7 @@ from core.backends import select_backend
 from core.measure.metrics import Quality
 from core.model.inventory import tensor_shapes
 from core.quant.calibration import calibrate
-from core.search import Budget, Candidate, _preference, fusable_edges, latency_model, to_wall_clock
+from core.search import Budget, Candidate, fusable_edges, latency_model, preference_key, to_wall_clock
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +99,7 @@ def _cand(ms, boundaries, cos):
 
 
 def test_preference_equal_time_fewer_boundaries_then_quality():
-    key = _preference(Budget.parse("cosine_mean>=0.99"))
+    key = preference_key(Budget.parse("cosine_mean>=0.99"))
     cands = [_cand(5.0, 3, 0.999), _cand(5.0001, 1, 0.995), _cand(5.0, 1, 0.996), _cand(4.0, 5, 0.991)]
     assert min(cands, key=key) is cands[3]  # faster wins outright
     assert sorted(cands[:3], key=key) == [cands[2], cands[1], cands[0]]  # same time: fewer boundaries, then quality

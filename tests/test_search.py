@@ -133,7 +133,7 @@ def test_tensorrt_target_without_tensorrt_searches_mac_share_not_cpu_latency(tin
 
     from core.measure.metrics import Quality
     from core.search.result import Candidate
-    from core.search.searcher import MAC_SHARE_NOTE, _preference, search_objective
+    from core.search.searcher import MAC_SHARE_NOTE, preference_key, search_objective
 
     assert search_objective("auto", "tensorrt", "onnxruntime") == "trt_estimate"
     assert search_objective("mac_share", "tensorrt", "onnxruntime") == "mac_share"
@@ -147,8 +147,8 @@ def test_tensorrt_target_without_tensorrt_searches_mac_share_not_cpu_latency(tin
     more_int8 = Candidate("minmax", frozenset({"a", "b"}), q, 1.5, 0.9, 0.0, True, boundaries=3)
     fewer_edges = Candidate("minmax", frozenset({"a", "c"}), q, 1.6, 0.9, 0.0, True, boundaries=1)
     b = Budget.parse("cosine_mean>=0.99")
-    assert min([fast, more_int8, fewer_edges], key=_preference(b)) is fast
-    assert min([fast, more_int8, fewer_edges], key=_preference(b, "mac_share")) is fewer_edges
+    assert min([fast, more_int8, fewer_edges], key=preference_key(b)) is fast
+    assert min([fast, more_int8, fewer_edges], key=preference_key(b, "mac_share")) is fewer_edges
 
     config = SearchConfig("cosine_mean>=0.99", methods=("minmax",), workers=1, verify=False, objective="mac_share")
     r = search(replace(tiny_cnn, target="tensorrt"), config)

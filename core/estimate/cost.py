@@ -316,7 +316,7 @@ def linear_float_output(layer: EngineLayer) -> bool:
     return bool(layer.outputs) and layer.outputs[0].dtype in ("fp32", "fp16", "bf16") and layer.outputs[0].vector <= 1
 
 
-def _is_simt(layer: EngineLayer, precision: str) -> bool:
+def is_simt(layer: EngineLayer, precision: str) -> bool:
     """The layer's math runs on the CUDA cores: FP32 math, a CUDA-core tactic, or TensorRT's
     depthwise convolution kernel (``CudaDepthwiseConvolution``: no tactic name, never tensor cores)."""
     tactic = str(layer.attrs.get("tactic", "")).lower()
@@ -456,7 +456,7 @@ def _compute_ms(layer: EngineLayer, gpu: GPU, params: CostParams, precision: str
         return 0.0
     tactic = str(layer.attrs.get("tactic", "")).lower()
     if simt is None:
-        simt = _is_simt(layer, precision)
+        simt = is_simt(layer, precision)
     if simt:
         # INT8 on CUDA cores is DP4A: a 4-channel dot product per FP32 slot, so a convolution with
         # C < 4 channels per group fills C of its 4 lanes (a depthwise convolution's 1)
@@ -525,7 +525,7 @@ def math_options(layer: EngineLayer, gpu: GPU, params: CostParams, tf32: bool = 
     cores; a predicted INT8/FP16 convolution (no tactic) may also run on the CUDA cores (INT8 DP4A
     ``int8x4`` kernels, TensorRT's depthwise kernel), which win where few channels per group leave
     the tensor-core tiles mostly empty (depthwise convolutions) or at batch 1."""
-    options = [(p, _is_simt(layer, p)) for p in math_precisions(layer, gpu, tf32)]
+    options = [(p, is_simt(layer, p)) for p in math_precisions(layer, gpu, tf32)]
     if (params.model >= 2 and is_conv(layer) and not layer.attrs.get("tactic")
             and not _DEPTHWISE_TYPE.search(layer.layer_type)):
         options += [(p, True) for p, simt in options if not simt and p in ("int8", "fp16", "bf16")]

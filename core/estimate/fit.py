@@ -37,7 +37,7 @@ import numpy as np
 
 from core.errors import MixprecError
 from core.estimate.cost import (CALIBRATION_BASIS, FITTED, FIXTURE_BASIS, PRIOR, CostParams, input_channels, is_conv,
-                                layer_ms, linear_float_output, memoized, _is_simt)
+                                is_simt, layer_ms, linear_float_output, memoized)
 from core.estimate.engine import LAYER_CLASSES, EngineLayer
 from core.estimate.gpus import FIXTURE_GPU, GPU, gpu as gpu_entry
 from core.estimate.layers import measured_layers
@@ -123,18 +123,18 @@ def _free(samples: Sequence[Sample], start: CostParams | None = None) -> list[tu
     free: list[tuple[str, str | None]] = [("knee", None)]
     for c in classes:
         free += [("memory_eff", c), ("overhead_us", c)]
-        if c in ("conv_gemm", "transformer") and any(not _is_simt(l, l.precision) for l in layers
+        if c in ("conv_gemm", "transformer") and any(not is_simt(l, l.precision) for l in layers
                                                     if l.layer_class == c):
             free.append(("compute_eff", c))
-    if any(l.layer_class == "conv_gemm" and _is_simt(l, l.precision) for l in layers):
+    if any(l.layer_class == "conv_gemm" and is_simt(l, l.precision) for l in layers):
         free.append(("simt_eff", None))
     if any(is_conv(l) and input_channels(l) < 8 or l.is_reformat for l in layers):
         free.append(("lowc_channels", None))
-    if any(is_conv(l) and l.precision == "int8" and not _is_simt(l, "int8") and linear_float_output(l)
+    if any(is_conv(l) and l.precision == "int8" and not is_simt(l, "int8") and linear_float_output(l)
            for l in layers):
         free.append(("int8_linear_out", None))
     tensor_core = [l for l in layers if l.layer_class in ("conv_gemm", "transformer") and is_conv(l)
-                   and not _is_simt(l, l.precision)]
+                   and not is_simt(l, l.precision)]
     free += [("math_eff", m) for m in FITTED_MATH if any(l.precision in _MATH_PRECISIONS[m] for l in tensor_core)]
     if tensor_core and (start is None or start.model >= 2):
         free.append(("step_us", None))
@@ -194,7 +194,7 @@ def _loss(params: CostParams, samples: Sequence[Sample], gpu, start: np.ndarray,
                  + _PRIOR_WEIGHT * np.mean(np.square(x - start)))
 
 
-def _nelder_mead(f, x0: np.ndarray, step: float = 0.3, iters: int = 1500, tol: float = 1e-7) -> np.ndarray:
+def nelder_mead(f, x0: np.ndarray, step: float = 0.3, iters: int = 1500, tol: float = 1e-7) -> np.ndarray:
     n = len(x0)
     simplex = [x0] + [x0 + step * np.eye(n)[i] for i in range(n)]
     values = [f(x) for x in simplex]
@@ -237,7 +237,7 @@ def _search_memo(samples: Sequence[Sample], gpu, start: CostParams, restarts: in
 
     x = x0
     for r in range(restarts):
-        x = _nelder_mead(f, x, step=0.4 / (r + 1))
+        x = nelder_mead(f, x, step=0.4 / (r + 1))
     params = tie_unfitted(_with(start, free, np.exp(x)), free, start.fitted)
     names = tuple(f"{fld}[{c}]" if c else fld for fld, c in free)
     return replace(params, fitted=names + tuple(n for n in start.fitted if n not in names))

@@ -31,7 +31,7 @@ import numpy as np
 from core.errors import MixprecError
 from core.estimate.cost import CostParams, layer_ms
 from core.estimate.engine import EngineLayer
-from core.estimate.fit import _nelder_mead
+from core.estimate.fit import nelder_mead
 from core.estimate.fusion import predicted, static_net
 from core.estimate.gpus import gpu as gpu_entry
 from core.estimate.predict import data_files, placeholder_calibration
@@ -135,7 +135,7 @@ def fit_transformer(cases: list[Case], start: CostParams, restarts: int = 3) -> 
 
     x = x0
     for r in range(restarts):
-        x = _nelder_mead(loss, x, step=0.4 / (r + 1), iters=2000)
+        x = nelder_mead(loss, x, step=0.4 / (r + 1), iters=2000)
     return _with(start, np.exp(x))
 
 

@@ -260,7 +260,7 @@ def run_minilm_module(module, arrays: dict[str, np.ndarray]) -> np.ndarray:
         return module(**{k: torch.from_numpy(arrays[k]) for k in MINILM_INPUTS}).numpy()
 
 
-def _export_minilm(module, example: dict[str, np.ndarray]) -> bytes:
+def export_minilm(module, example: dict[str, np.ndarray]) -> bytes:
     import torch
 
     buf = io.BytesIO()
@@ -280,7 +280,7 @@ def _build_minilm(out_dir: Path, say: Progress) -> None:
     say(0.1, "minilm: loading all-MiniLM-L6-v2")
     module = load_minilm_module()
     say(0.3, "minilm: exporting to ONNX")
-    model = _export_minilm(module, data["calib"])
+    model = export_minilm(module, data["calib"])
     say(0.8, "minilm: checking ONNX Runtime against torch")
     diff = float(np.abs(_run_ort(model, data["eval"]) - run_minilm_module(module, data["eval"])).max())
     if diff > 1e-4:

@@ -202,7 +202,7 @@ class _Searcher:
         the largest INT8 MAC share instead of the fastest)."""
         ok = [c for c in self.seen.values() if c.meets_budget]
         if ok:
-            return min(ok, key=_preference(self.budget, self.objective))
+            return min(ok, key=preference_key(self.budget, self.objective))
         return max(self.seen.values(), key=lambda c: _better(self.budget, c))
 
 
@@ -212,7 +212,7 @@ def _better(budget: Budget, c: Candidate) -> float:
     return v if budget.op == ">=" else -v
 
 
-def _preference(budget: Budget, objective: str = "latency"):
+def preference_key(budget: Budget, objective: str = "latency"):
     """Sort key among candidates that meet the budget: estimated time (to 0.1 %) — or, for
     ``mac_share``, the INT8 MAC share (to 0.01 %, larger first) — then fewer boundaries
     (contiguous INT8 regions), then quality."""
@@ -253,13 +253,13 @@ class Tie:
 
 
 def band_ties(ok: list[Candidate], budget: Budget, band_of=None) -> Tie:
-    """Among the candidates that meet the budget: the fastest (:func:`_preference`) and the ones whose
+    """Among the candidates that meet the budget: the fastest (:func:`preference_key`) and the ones whose
     estimate is within the fastest's *difference band* (``band_of(candidate)``: its
     :class:`~core.estimate.validation.Band`, whose ``diff_log_spread`` is the error of the ratio of two
     estimates of one model on one GPU: |log(est / est_fastest)| <= it) — a tie, broken by fewer
     boundaries, then better quality, then the estimate. Without a difference band, the fastest's band
     (``est_high_ms`` / ``est_ms``: the error of one absolute estimate); without either, no tie."""
-    fastest = min(ok, key=_preference(budget, "trt_estimate"))
+    fastest = min(ok, key=preference_key(budget, "trt_estimate"))
     b = band_of(fastest) if band_of is not None else None
     if b is not None and getattr(b, "has_diff", False) and b.diff_log_spread > 0:
         spread, kind, qualifier = b.diff_log_spread, "difference band", b.diff_qualifier()
@@ -445,7 +445,7 @@ def _choose(ctx: _Context, variants: list[Variant], lat: LatencyModel) \
     ok = [c for c in chosen if c.meets_budget]
     tie = None
     if ok:
-        pick = min(ok, key=_preference(budget, ctx.objective))
+        pick = min(ok, key=preference_key(budget, ctx.objective))
         if ctx.objective == "trt_estimate":  # ties inside the band, over every candidate that meets the budget
             tie = band_ties([c for c in everything if c.meets_budget], budget,
                             (lambda c: lat.band(c.int8)) if hasattr(lat, "band") else None)
