@@ -2,6 +2,7 @@
 data, ready to build policies. The CLI and the dashboard both start here."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from core.errors import MixprecError
@@ -65,6 +66,73 @@ class Project:
         """The MACs of every MAC-bearing layer (the denominator of the INT8 share of MACs): the
         INT8-eligible ones and those that cannot be INT8 (LSTM, GRU, Einsum, Attention, control flow)."""
         return sum(l.macs for l in self.layers)
+
+
+def _opt_text(v, what: str) -> str | None:
+    if v is None or isinstance(v, str):
+        return v
+    raise TypeError(f"the {what} of a project source is a string or null")
+
+
+@dataclass(frozen=True)
+class ProjectSource:
+    """Where a project comes from: the model (a path or ``sample:NAME``), its calibration and
+    evaluation data (.npz paths; None: the sample's, else held out or generated, see
+    :func:`open_project`), the input shapes (``shapes``: whole inputs, ``dims``: named dims, ``batch``;
+    see ``core.model.shapes``) and the deployment ``target`` (None: not chosen, :data:`DEFAULT_TARGET`).
+
+    The one record of it: a job's params carry it (``core.jobs.params``), a saved dashboard project
+    stores it (``core.store.drafts``), the CLI builds it from its arguments and the dashboard keeps it
+    in the session. Shapes are kept as tuples (JSON: lists); empty shapes or dims are None."""
+
+    model: str
+    data: str | None = None
+    eval_data: str | None = None
+    shapes: dict[str, tuple[int, ...]] | None = None
+    dims: dict[str, int] | None = None
+    batch: int = 1
+    target: str | None = None
+
+    def __post_init__(self):
+        shapes = {str(k): tuple(int(d) for d in v) for k, v in self.shapes.items()} if self.shapes else None
+        dims = {str(k): int(v) for k, v in self.dims.items()} if self.dims else None
+        normal = {"model": str(self.model), "data": None if self.data is None else str(self.data),
+                  "eval_data": None if self.eval_data is None else str(self.eval_data), "shapes": shapes,
+                  "dims": dims, "batch": int(self.batch)}
+        for name, value in normal.items():
+            object.__setattr__(self, name, value)  # frozen: set once, here
+
+    def __hash__(self) -> int:  # the dicts are compared by value (dataclass eq): hash their canonical JSON
+        return hash(json.dumps(self.to_json(), sort_keys=True))
+
+    @property
+    def deploy_target(self) -> str:
+        """The deployment target: ``target``, or the default when none was chosen."""
+        return self.target or DEFAULT_TARGET
+
+    def to_json(self) -> dict:
+        """JSON-serialisable, every field written out (shapes as lists of ints)."""
+        return {"model": self.model, "data": self.data, "eval_data": self.eval_data,
+                "shapes": {k: list(v) for k, v in self.shapes.items()} if self.shapes else None,
+                "dims": dict(self.dims) if self.dims else None, "batch": self.batch, "target": self.target}
+
+    @classmethod
+    def from_json(cls, doc: dict) -> "ProjectSource":
+        """The source of :meth:`to_json` (or of any document holding its keys, e.g. a job's params:
+        other keys are ignored, missing ones take their defaults). A value of the wrong type is a
+        TypeError or ValueError (the reader says which document is damaged)."""
+        if not isinstance(doc.get("model"), str):
+            raise TypeError("the model of a project source is a string")
+        shapes, dims = doc.get("shapes"), doc.get("dims")
+        if not isinstance(shapes, (dict, type(None))) or not isinstance(dims, (dict, type(None))):
+            raise TypeError("the shapes and dims of a project source are objects or null")
+        return cls(doc["model"], _opt_text(doc.get("data"), "data"), _opt_text(doc.get("eval_data"), "eval_data"),
+                   shapes, dims, int(doc.get("batch") or 1), _opt_text(doc.get("target"), "target"))
+
+    def open(self, ws: Workspace | None = None, progress=None, sample_data: bool = True) -> "Project":
+        """The project of this source (:func:`open_project`)."""
+        return open_project(self.model, self.data, self.eval_data, ws=ws, batch=self.batch, shape_overrides=self.dims,
+                            shapes=self.shapes, progress=progress, target=self.deploy_target, sample_data=sample_data)
 
 
 def _as_dataset(source, model: LoadedModel, ws: Workspace | None = None) -> Dataset:

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from core.errors import MixprecError
+from core.project import ProjectSource
 from core.quant.policy import policy_from_dict
 from core.store.drafts import (MAX_UNDO, Draft, SavedProject, check_project_id, draft_key, draft_path, file_stamp,
                                load_draft, load_project, new_project_id, project_path, save_draft, save_project)
@@ -31,14 +33,13 @@ def test_project_ids_are_checked_before_they_become_paths(tmp_ws):
 def test_project_round_trip_and_missing(tmp_ws):
     pid = new_project_id()
     assert load_project(tmp_ws, pid) is None
-    p = SavedProject(pid, "sample:tiny-cnn").with_source(
-        {"model": "/srv/m.onnx", "data": "/d/c.npz", "eval_data": None, "shapes": {"images": (1, 3, 320, 320)},
-         "target": "onnxruntime"})
+    p = replace(SavedProject(pid, ProjectSource("sample:tiny-cnn")), source=ProjectSource(
+        "/srv/m.onnx", "/d/c.npz", None, shapes={"images": (1, 3, 320, 320)}, target="onnxruntime"))
     p = SavedProject(**{**p.__dict__, "model_name": "m.onnx", "settings": {"run_label": "a*b", "smooth": True}})
     save_project(tmp_ws, p)
     back = load_project(tmp_ws, pid)
-    assert back.source() == {"model": "/srv/m.onnx", "data": "/d/c.npz", "eval_data": None,
-                             "shapes": {"images": [1, 3, 320, 320]}, "target": "onnxruntime"}
+    assert back.source == ProjectSource("/srv/m.onnx", "/d/c.npz", None, shapes={"images": [1, 3, 320, 320]},
+                                        target="onnxruntime")
     assert back.model_name == "m.onnx" and back.settings == {"run_label": "a*b", "smooth": True}
     assert back.created > 0 and back.updated >= back.created
     assert not list(project_path(tmp_ws, pid).parent.glob(".*.tmp"))  # atomic: no temp file left

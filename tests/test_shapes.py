@@ -20,7 +20,7 @@ from core.measure.runs import build_and_measure
 from core.model.data import generate_dataset, load_npz
 from core.model.load import load_model
 from core.model.shapes import batch_axes, fixed_batch, parse_shape, resolve_input_shapes, shape_choices
-from core.project import open_project
+from core.project import ProjectSource, open_project
 from core.workspace import Workspace
 
 F = TensorProto.FLOAT
@@ -241,11 +241,12 @@ def test_320_shape_used_everywhere(tmp_path, fresh_ws):
 
 
 def test_job_params_carry_shapes():
-    params = build_params("m.onnx", "{}", shapes={"image": (1, 3, 320, 320)}, dims={"seq": 128}, batch=2)
+    params = build_params(ProjectSource("m.onnx", shapes={"image": (1, 3, 320, 320)}, dims={"seq": 128}, batch=2), "{}")
     json.dumps(params)
     p = BuildParams.from_params(params)
-    assert p.shapes == {"image": [1, 3, 320, 320]} and p.dims == {"seq": 128} and p.batch == 2 and p.policy == "{}"
-    assert BuildParams.from_params({"model": "m"}).shapes is None
+    assert params["shapes"] == {"image": [1, 3, 320, 320]}
+    assert p.source.shapes == {"image": (1, 3, 320, 320)} and p.source.dims == {"seq": 128} and p.source.batch == 2
+    assert p.policy == "{}" and BuildParams.from_params({"model": "m"}).source.shapes is None
 
 
 def test_dev_and_held_out_halves_are_whole_fixed_batches():

@@ -18,7 +18,7 @@ from core.errors import MixprecError
 from core.jobs import Job, JobManager, can_cancel
 from core.measure.runs import speedup_text
 from core.model import samples as core_samples
-from core.project import DEFAULT_TARGET, DEPLOY_TARGETS, Project, open_project
+from core.project import DEFAULT_TARGET, DEPLOY_TARGETS, Project, ProjectSource
 from core.quant.policy import Policy, policy_from_dict
 from core.store import results as store
 from core.workspace import Workspace
@@ -93,61 +93,52 @@ def _shapes_from_text(text: str | None) -> dict[str, list[int]] | None:
         return None
 
 
-def source() -> dict:
+def _keep(src: ProjectSource) -> None:
+    """Make ``src`` the session's source (a target that is not a deployment target: none chosen). The
+    session holds its JSON (``ProjectSource.to_json``): plain data, as Streamlit's session state keeps best."""
+    st.session_state["source"] = replace(src, target=src.target if src.target in DEPLOY_TARGETS else None).to_json()
+
+
+def source() -> ProjectSource:
     """The session's model/data paths and input shapes: at the first run, the saved project of the
     URL's ``?project=`` (a reload or a shared link), else the URL's own parameters; MiniLM at first."""
     if "source" not in st.session_state:
         qp = st.query_params
-        src = {k: qp.get(k) for k in SOURCE_KEYS}
-        src["shapes"] = _shapes_from_text(qp.get("shapes"))
-        src["target"] = qp.get("target")
+        src = ProjectSource(qp.get("model") or DEFAULT_MODEL, qp.get("data"), qp.get("eval_data"),
+                            _shapes_from_text(qp.get("shapes")), target=qp.get("target"))
         saved = saved_project()
         if saved is not None:
-            src = saved.source()
+            src = saved.source
             for k, v in saved.settings.items():
                 if k in KEPT_SETTINGS:
                     st.session_state.setdefault(k, v)
-        src["model"] = src["model"] or DEFAULT_MODEL
-        src["target"] = src["target"] if src["target"] in DEPLOY_TARGETS else None
-        st.session_state["source"] = src
+        _keep(replace(src, model=src.model or DEFAULT_MODEL))
         if qp.get("job"):  # re-attach to the job this browser tab started before a reload
             st.session_state.setdefault("my_jobs", []).append(qp["job"])
-    return st.session_state["source"]
-
-
-def shapes() -> dict[str, list[int]] | None:
-    """The input shapes the user set on the Model page (None: the defaults), for every job's params."""
-    return source().get("shapes") or None
+    return ProjectSource.from_json(st.session_state["source"])
 
 
 def target() -> str:
     """The session's deployment target (sidebar; kept in the URL): ``tensorrt`` unless the user picked another."""
-    t = source().get("target")
-    return t if t in DEPLOY_TARGETS else DEFAULT_TARGET
+    return source().deploy_target
 
 
 def set_target(value: str) -> None:
     """Deploy on ``value`` (``core.project.DEPLOY_TARGETS``); keeps the model, data and shapes."""
-    src = source()
-    set_source(src["model"], src.get("data"), src.get("eval_data"), src.get("shapes"), value)
+    set_source(replace(source(), target=value))
 
 
-def set_source(model: str, data: str | None = None, eval_data: str | None = None,
-               shapes: dict | None = None, target: str | None = None) -> None:
-    """The session's model, data and input shapes (a new model starts from its default shapes) and
-    deployment target (None: the one chosen so far); kept in the URL and saved with the project."""
-    target = target or st.session_state.get("source", {}).get("target")
-    st.session_state["source"] = {"model": model, "data": data, "eval_data": eval_data,
-                                  "shapes": _shapes_from_text(_shapes_text(shapes)),
-                                  "target": target if target in DEPLOY_TARGETS else None}
+def set_source(src: ProjectSource) -> None:
+    """The session's model, data, input shapes and deployment target (a new model: ``ProjectSource(model,
+    target=source().target)``, its default shapes and data); kept in the URL and saved with the project."""
+    _keep(src)
     sync_url()
     save_project()
 
 
 def set_shapes(shapes: dict | None) -> None:
     """Keep the model and data, use these input shapes (None: back to the defaults)."""
-    src = source()
-    set_source(src["model"], src.get("data"), src.get("eval_data"), shapes, src.get("target"))
+    set_source(replace(source(), shapes=shapes))
 
 
 # --- the saved project: id in the URL, source and kept settings in the workspace (core.store.drafts) ---
@@ -185,9 +176,9 @@ def _autosave(write) -> bool:
 def save_project(**changes) -> None:
     """Save the session's source with the project (and ``changes``: ``model_name``, ``settings``);
     nothing is written when nothing changed."""
-    old = saved_project() or drafts.SavedProject(project_id(), source()["model"])
-    new = replace(old, **changes).with_source(source())
-    if new.model != old.model and "model_name" not in changes:
+    old = saved_project() or drafts.SavedProject(project_id(), source())
+    new = replace(old, **changes, source=source())
+    if new.source.model != old.source.model and "model_name" not in changes:
         new = replace(new, model_name="")  # the name of the model before: known again once it opens
     same = {k: v for k, v in old.to_json().items() if k not in ("created", "updated")} == \
         {k: v for k, v in new.to_json().items() if k not in ("created", "updated")}
@@ -199,8 +190,8 @@ def save_project(**changes) -> None:
 
 def _url_params() -> dict[str, str]:
     src = source()
-    out = {**{k: src.get(k) for k in SOURCE_KEYS}, "shapes": _shapes_text(src.get("shapes")),
-           "target": src.get("target"), "project": project_id()}
+    out = {"model": src.model, "data": src.data, "eval_data": src.eval_data, "shapes": _shapes_text(src.shapes),
+           "target": src.target, "project": project_id()}
     return {k: str(v) for k, v in out.items() if v}
 
 
@@ -235,12 +226,11 @@ def keep_settings() -> None:
 def new_project() -> None:
     """Leave this project (it stays saved under its id) for a new one with the default model (the
     deployment target stays)."""
-    target = source().get("target")
+    target = source().target
     for k in ("saved_project", "drafts", "autosave_error", "autosave_note", *KEPT_SETTINGS):
         st.session_state.pop(k, None)
     st.session_state["project_id"] = drafts.new_project_id()
-    st.session_state["source"] = {"model": DEFAULT_MODEL, "data": None, "eval_data": None, "shapes": None,
-                                  "target": target}
+    _keep(ProjectSource(DEFAULT_MODEL, target=target))
     sync_url()
 
 
@@ -258,24 +248,23 @@ def autosave_status(p: Project | None = None) -> tuple[str, bool]:
 
 
 @st.cache_resource(show_spinner="Opening the model (the first MiniLM load exports it: ~20 s)…", max_entries=8)
-def _open(model: str, data: str | None, eval_data: str | None, shapes: str, ws_root: str) -> Project:
-    return open_project(model, data, eval_data, ws=Workspace(Path(ws_root)), shapes=_shapes_from_text(shapes))
+def _open(source_json: str, ws_root: str) -> Project:
+    return ProjectSource.from_json(json.loads(source_json)).open(Workspace(Path(ws_root)))
 
 
-def open_source(model: str, data: str | None = None, eval_data: str | None = None,
-                shapes: dict | None = None, target: str | None = None) -> Project:
-    """The (cached) project, for the deployment ``target`` (the session's if None)."""
-    p = _open(model, data, eval_data, _shapes_text(shapes), str(workspace().root))
-    t = target if target in DEPLOY_TARGETS else DEFAULT_TARGET
+def open_source(src: ProjectSource) -> Project:
+    """The (cached) project of ``src``, for its deployment target (opened once for every target)."""
+    key = json.dumps(replace(src, target=None).to_json(), sort_keys=True)
+    p = _open(key, str(workspace().root))
+    t = src.target if src.target in DEPLOY_TARGETS else DEFAULT_TARGET
     return p if p.target == t else replace(p, target=t)
 
 
 def project() -> Project:
     """The session's project, or an error with the way out (and the page stops). Its model's
     display name is saved with the project."""
-    src = source()
     try:
-        p = open_source(**src)
+        p = open_source(source())
     except MixprecError as e:
         st.error(md(e))
         st.info("Pick another model or data on the **Model** page.")

@@ -51,10 +51,10 @@ def sidebar() -> None:
     src = ui.source()
     with st.sidebar:
         saved = ui.saved_project()
-        name = saved.model_name if saved is not None and saved.model == src["model"] and saved.model_name else None
-        st.markdown(f"**Model:** {ui.code(name or src['model'])}")
-        if name and name != src["model"]:
-            st.caption(f"from {ui.code(src['model'])}")
+        name = saved.model_name if saved is not None and saved.source.model == src.model and saved.model_name else None
+        st.markdown(f"**Model:** {ui.code(name or src.model)}")
+        if name and name != src.model:
+            st.caption(f"from {ui.code(src.model)}")
         target = ui.target()
         st.selectbox("Deployment target", DEPLOY_TARGETS, index=DEPLOY_TARGETS.index(target), key="target_pick",
                      format_func=TARGET_LABELS.get, on_change=_pick_target,
@@ -64,9 +64,9 @@ def sidebar() -> None:
         caveat = latency_caveat(target, ui.auto_backend_name())
         if caveat:
             st.caption(caveat)
-        if ui.shapes():
+        if src.shapes:
             st.caption("Input shapes: " + ", ".join(f"{ui.md(n)}={'x'.join(map(str, dims))}"
-                                                    for n, dims in ui.shapes().items()))
+                                                    for n, dims in src.shapes.items()))
         text, failed = ui.autosave_status()
         (st.warning if failed else st.caption)(text)
         if st.session_state.get("autosave_note"):

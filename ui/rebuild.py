@@ -23,9 +23,7 @@ def section(p: Project, pol: Policy, counts: dict) -> None:
     backend = r2.selectbox("Backend", BACKENDS, key="backend")
     r3.write("")
     if r3.button("Rebuild", type="primary", key="rebuild"):
-        src = ui.source()
-        job = ui.submit("build", build_params(src["model"], pol.to_json(), src["data"], src["eval_data"], backend,
-                                              label, shapes=ui.shapes(), target=ui.target()),
+        job = ui.submit("build", build_params(ui.source(), pol.to_json(), backend, label),
                         label or f"int8={counts['int8']} fp16={counts['fp16']} fp32={counts['fp32']}")
         if job:
             st.toast(f"Build queued: {ui.md(job.label)}")

@@ -63,8 +63,7 @@ def section(p: Project) -> None:
         g = search_gpu(s2) if trt else GPUS[FIXTURE_GPU]
         smooth = (s3 or s2).checkbox("SmoothQuant-style smoothing", key="search_smooth")
         try:
-            params = search_params(src["model"], src["data"], src["eval_data"], budget, smooth, shapes=ui.shapes(),
-                                   target=ui.target(), gpu=g, ray=cluster.ray_address())
+            params = search_params(src, budget, smooth, gpu=g, ray=cluster.ray_address())
         except MixprecError as e:
             st.error(ui.md(e))
             return

@@ -3,6 +3,8 @@ and where the value came from (defaults and guesses said as such), editable; App
 project at those shapes, which every job then uses (calibration, evaluation, timing, export)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import streamlit as st
 
 from core.errors import MixprecError
@@ -31,7 +33,7 @@ def section(p: Project) -> None:
     st.subheader("Input shapes")
     choices = list(p.shape_choices)
     dynamic = [c for c in choices if c.source != "fixed"]
-    given = ui.shapes()
+    given = ui.source().shapes
     if not dynamic:
         st.caption("Every dimension of every input is fixed by the model: nothing to set.")
         return
@@ -77,10 +79,9 @@ def _shapes(choices, values: dict, given: dict | None) -> dict[str, list[int]] |
 
 def _apply(shapes: dict | None) -> None:
     """Open the project at ``shapes`` first (an error is shown and nothing changes), then use them."""
-    src = ui.source()
     try:
         with st.spinner("Opening the model at these shapes…"):
-            ui.open_source(src["model"], src.get("data"), src.get("eval_data"), shapes)
+            ui.open_source(replace(ui.source(), shapes=shapes))
     except MixprecError as e:
         st.error(ui.md(e))
         return

@@ -13,12 +13,10 @@ from ui import common as ui
 from ui import engine_report, estimate_panel, export_panel, run_compare, run_notes, tables
 
 p = ui.project()
-src = ui.source()
 st.subheader("Jobs")
 ui.job_panel(limit=8)
 if st.button("Build the all-FP16 baseline", key="fp16_baseline", icon=":material/play_arrow:"):
-    ui.submit("build", build_params(src["model"], uniform_policy(p.model, p.layers, "fp16").to_json(), src["data"],
-                                    src["eval_data"], label="all-FP16", shapes=ui.shapes(), target=ui.target()),
+    ui.submit("build", build_params(ui.source(), uniform_policy(p.model, p.layers, "fp16").to_json(), label="all-FP16"),
               "all-FP16 baseline")
     st.rerun()
 

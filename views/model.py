@@ -1,60 +1,63 @@
 """Model page: pick a sample, upload an ONNX file or give a server path; optional calibration/eval data;
 what loading changed, the input shapes (editable) and which data is generated. Every choice is saved
 with the project (ui.common.set_source); each model keeps its own draft policy."""
+from dataclasses import replace
+
 import pandas as pd
 import streamlit as st
 
 from core.display.charts import plot_op_types
 from core.errors import MixprecError
+from core.project import ProjectSource
 from ui import common as ui
 from ui import model_facts, shape_editor
 
 src = ui.source()
 limit = st.get_option("server.maxUploadSize")
 how = st.radio("Model source", ["Bundled sample", "Upload an ONNX file", "Path on the server"], horizontal=True,
-               index=0 if src["model"].startswith("sample:") else 2, key="model_how")
+               index=0 if src.model.startswith("sample:") else 2, key="model_how")
 if how == "Bundled sample":
-    current = src["model"] if src["model"] in ui.SAMPLES else ui.DEFAULT_MODEL
+    current = src.model if src.model in ui.SAMPLES else ui.DEFAULT_MODEL
     sample = st.selectbox("Sample", ui.SAMPLES, index=ui.SAMPLES.index(current), key="sample_pick")
-    if sample != src["model"]:
-        ui.set_source(sample)
+    if sample != src.model:
+        ui.set_source(ProjectSource(sample, target=src.target))
         st.rerun()  # the sidebar, drawn before this page, shows the new model at once
 elif how == "Upload an ONNX file":
     st.caption(f"Uploads are limited to {limit} MB (server.maxUploadSize in .streamlit/config.toml). "
                "Larger models: give their path on the server.")
     path = ui.upload(st.file_uploader("ONNX model", type=["onnx"], key="model_file"), "model")
-    if path and path != src["model"]:
-        ui.set_source(path)
+    if path and path != src.model:
+        ui.set_source(ProjectSource(path, target=src.target))
         st.rerun()
 else:
     with st.form("path_form"):
-        typed = st.text_input("Path of an .onnx file on the server", value="" if src["model"].startswith("sample:")
-                              else src["model"], key="model_path")
-        if st.form_submit_button("Load", key="load_path") and typed.strip() and typed.strip() != src["model"]:
-            ui.set_source(typed.strip())
+        typed = st.text_input("Path of an .onnx file on the server", value="" if src.model.startswith("sample:")
+                              else src.model, key="model_path")
+        if st.form_submit_button("Load", key="load_path") and typed.strip() and typed.strip() != src.model:
+            ui.set_source(ProjectSource(typed.strip(), target=src.target))
             st.rerun()
 
-with st.expander("Calibration and evaluation data (.npz, optional)", expanded=bool(src["data"] or src["eval_data"])):
+with st.expander("Calibration and evaluation data (.npz, optional)", expanded=bool(src.data or src.eval_data)):
     st.caption(f"One array per model input, keyed by input name (numpy.savez). Up to {limit} MB. Without them, "
                "samples use their bundled data and other models get generated data; evaluation never sees "
                "calibration samples.")
     c1, c2 = st.columns(2)
     try:
-        model = ui.open_source(src["model"]).model
+        model = ui.open_source(ProjectSource(src.model)).model
     except Exception:  # noqa: BLE001 - the error is shown below by ui.project()
         model = None
     calib = ui.upload(c1.file_uploader("Calibration .npz", type=["npz"], key="calib_file"), "data", model)
     evald = ui.upload(c2.file_uploader("Evaluation .npz", type=["npz"], key="eval_file"), "data", model)
-    if (calib or evald) and (calib, evald) != (src["data"], src["eval_data"]):
-        ui.set_source(src["model"], calib or src["data"], evald or src["eval_data"], ui.shapes())
+    if (calib or evald) and (calib, evald) != (src.data, src.eval_data):
+        ui.set_source(replace(src, data=calib or src.data, eval_data=evald or src.eval_data))
         st.rerun()
-    if (src["data"] or src["eval_data"]) and st.button("Use the default data", key="clear_data"):
-        ui.set_source(src["model"], shapes=ui.shapes())
+    if (src.data or src.eval_data) and st.button("Use the default data", key="clear_data"):
+        ui.set_source(replace(src, data=None, eval_data=None))
         st.rerun()
 
-if ui.shapes():  # shapes that no longer fit (e.g. new data): say so, and offer the way back
+if ui.source().shapes:  # shapes that no longer fit (e.g. new data): say so, and offer the way back
     try:
-        ui.open_source(**ui.source())
+        ui.open_source(ui.source())
     except MixprecError as e:
         st.error(f"At the input shapes you set: {ui.md(e)}")
         if st.button("Back to the default shapes", key="reset_bad_shapes"):

@@ -1,31 +1,34 @@
 """Sensitivity: the cumulative Polygraphy ranking (all eligible layers INT8 vs FP32) next to the
 isolated one (one layer at a time, core.sensitivity), each computed once by a background job."""
+from dataclasses import replace
+
 import streamlit as st
 
 from core.display.charts import plot_ranking, plot_sensitivity_compare
 from core.jobs import isolated_params, rank_params
 from core.measure.runs import GENERATED_NOTE
 from core.quant.policy import CALIB_METHODS
-from core.sensitivity import MODES, RANK_METRICS, ranking_comparison
+from core.sensitivity import MODES, RANK_METRICS, RANKING_NOTE, RUNNER_LABELS, ranking_comparison
 from ui import cluster
 from ui import common as ui
 from ui import tables
 
 p = ui.project()
-src = ui.source()
+src = replace(ui.source(), target=None)  # the rankings do not depend on the target: one job and result for all
 if p.data_generated:
     st.caption(f"Cosine drops and SNR below are {GENERATED_NOTE} (give .npz files on the Model page for real inputs).")
 method = st.selectbox("Calibration method", CALIB_METHODS, key="rank_method")
 ranking = ui.ranking(p, method)
 table = ranking.table if ranking is not None else None
 st.subheader("Cumulative (Polygraphy)")
-ui.job_button("rank", rank_params(src["model"], src["data"], src["eval_data"], method, shapes=ui.shapes(),
-                                  max_memory=cluster.max_memory()),
+st.caption(RANKING_NOTE)
+ui.job_button("rank", rank_params(src, method, max_memory=cluster.max_memory()),
               f"rank {p.model.name}", "Run the ranking", "run_rank", table is not None,
               "This model and data have not been ranked with this calibration method yet.")
 if table is not None:
-    st.caption(f"Stored ranking of {len(table)} layers (kept per model, calibration and evaluation data, and method: "
-               "revisiting does not recompute).")
+    where = RUNNER_LABELS.get(ranking.runner, ranking.runner)
+    st.caption(f"Stored ranking of {len(table)} layers, compared on {where} (kept per model, calibration and "
+               "evaluation data, and method: revisiting does not recompute).")
     c1, c2 = st.columns([2, 1])
     metric = c1.radio("Metric", RANK_METRICS, horizontal=True, key="rank_metric",
                       format_func={"cos_drop": "cosine drop", "added_cos_drop": "added cosine drop",
@@ -39,8 +42,7 @@ labels = {"isolated": "Isolated (one layer at a time)", "leave-one-out": "Leave-
 mode = st.radio("Mode", MODES, horizontal=True, key="iso_mode", format_func=labels.get)
 sens = ui.sensitivity(p, method, mode)
 ui.job_button("isolated",
-              isolated_params(src["model"], src["data"], src["eval_data"], method, mode, shapes=ui.shapes(),
-                              ray=cluster.ray_address()),
+              isolated_params(src, method, mode, ray=cluster.ray_address()),
               f"{mode} {p.model.name}", labels[mode], "run_isolated", sens is not None,
               f"No {mode} ranking yet for this model, data and calibration method: each eligible layer is "
               "measured on the dev half of the evaluation data (calibrated once, trials in parallel).")

@@ -20,7 +20,7 @@ from core.export import DEFAULT_TRT_VERSION, EXPORT_FORMATS, export_policy
 from core.measure.runs import GENERATED_NOTE, WARN_BELOW, build_and_measure, speedup_text
 from core.model.samples import SAMPLES, write_sample
 from core.model.shapes import parse_shape, shape_text
-from core.project import DEFAULT_TARGET, DEPLOY_TARGETS, TARGET_LABELS, open_project
+from core.project import DEFAULT_TARGET, DEPLOY_TARGETS, TARGET_LABELS, ProjectSource
 from core.quant.compile import TARGETS
 from core.quant.policy import CALIB_METHODS, NETWORK_DEFAULTS, load_policy
 from core.records import json_safe
@@ -128,11 +128,16 @@ def trt_options(args) -> dict:
             "workspace_bytes": int(args.trt_workspace_gb * (1 << 30))}
 
 
+def source_from_args(args) -> ProjectSource:
+    """The project a command runs on: its model, ``--data``, ``--eval``, ``--shape``, ``--dim``,
+    ``--batch`` and ``--target`` (a bad ``--shape`` or ``--dim`` is a MixprecError)."""
+    return ProjectSource(args.model, getattr(args, "data", None), getattr(args, "eval", None),
+                         _input_shapes(getattr(args, "shape", None)), _shape_overrides(getattr(args, "dim", None)),
+                         getattr(args, "batch", 1), getattr(args, "deploy_target", DEFAULT_TARGET))
+
+
 def _project(args, progress=None):
-    return open_project(args.model, data=getattr(args, "data", None), eval_data=getattr(args, "eval", None),
-                        batch=getattr(args, "batch", 1), shape_overrides=_shape_overrides(getattr(args, "dim", None)),
-                        shapes=_input_shapes(getattr(args, "shape", None)), progress=progress,
-                        target=getattr(args, "deploy_target", DEFAULT_TARGET))
+    return source_from_args(args).open(progress=progress)
 
 
 def _policy(args, project):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from core.jobs.kinds import run_build
 from core.jobs.params import build_params
-from core.project import DEFAULT_TARGET
+from core.project import DEFAULT_TARGET, ProjectSource
 from core.quant.policy import Policy
 from core.sensitivity.distributed import gpu_map
 from core.workspace import Workspace
@@ -52,7 +52,7 @@ def build_policies(model: str, policies: list[Policy | str], address: str, ws: W
                    progress=None, should_stop=None) -> list[GpuBuild]:
     """Build and measure every policy (a Policy or its JSON) of ``model`` (a path or ``sample:NAME``
     every node can open) as Ray tasks with ``num_gpus`` GPUs each; in the order given."""
-    jobs = [(build_params(str(model), p if isinstance(p, str) else p.to_json(), data, eval_data, backend=backend,
-                          label=f"gpu build {i + 1}/{len(policies)}", shapes=shapes, dims=dims, batch=batch,
-                          target=target), str(ws.root)) for i, p in enumerate(policies)]
+    source = ProjectSource(str(model), data, eval_data, shapes, dims, batch, target)
+    jobs = [(build_params(source, p if isinstance(p, str) else p.to_json(), backend=backend,
+                          label=f"gpu build {i + 1}/{len(policies)}"), str(ws.root)) for i, p in enumerate(policies)]
     return gpu_map(build_task, jobs, address, num_gpus=num_gpus, progress=progress, should_stop=should_stop)

@@ -14,7 +14,6 @@ from core.errors import MixprecError
 from core.estimate.gpus import GPUS, custom_gpu
 from core.jobs.params import BuildParams, IsolatedParams, RankParams, SearchParams
 from core.measure.runs import build_and_measure
-from core.project import DEFAULT_TARGET, open_project
 from core.quant.policy import policy_from_text
 from core.search import SearchConfig, search
 from core.sensitivity import rank_layers, sensitivity, sensitivity_file
@@ -26,8 +25,7 @@ ANALYSIS_KINDS = ("rank", "isolated", "search")  # one at a time, in the "rank" 
 
 def _open(p, ws: Workspace, progress):
     progress(0.01, "opening the model")
-    return open_project(p.model, p.data, p.eval_data, ws=ws, batch=int(p.batch or 1), shape_overrides=p.dims or None,
-                        shapes=p.shapes or None, target=p.target or DEFAULT_TARGET)
+    return p.source.open(ws)
 
 
 def run_build(params: dict, ws: Workspace, progress) -> str:

@@ -1,7 +1,9 @@
 """The parameters of each job kind: one dataclass per kind whose defaults are the only ones (the
 builders write them into the job's JSON params, the runners in ``kinds`` read them back with
 ``from_params``). ``build_params`` & co. are the builders pages and tests call; their defaults are the
-dataclasses' (a dataclass keeps a field's default as its class attribute).
+dataclasses' (a dataclass keeps a field's default as its class attribute). Every kind carries the
+project it runs on as a :class:`core.project.ProjectSource` (its deployment target resolved), written
+flat into the params beside the kind's own fields, as jobs always were (older job records read the same).
 
 Where trials run (isolated / leave-one-out sensitivity, the search): ``ray`` None is the job
 process's ``$MIXPREC_RAY_ADDRESS`` (``core.sensitivity.distributed.ray_address``), ``""`` the local process
@@ -10,11 +12,11 @@ pool, else a Ray address (checked by :func:`ray_param`). The rank's ``max_memory
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 from core.errors import MixprecError
 from core.estimate.gpus import FIXTURE_GPU, GPU, GPUS, custom_gpu, gpu as gpu_entry
-from core.project import DEFAULT_TARGET
+from core.project import ProjectSource
 from core.search import Budget
 from core.sensitivity import parse_memory
 from core.sensitivity.distributed import LOCAL, OFF
@@ -27,23 +29,23 @@ _RAY_ADDRESS = re.compile(rf"(?:ray://)?{_HOST}:(\d{{1,5}})")
 
 @dataclass(frozen=True)
 class _Params:
-    model: str
-    data: str | None = None
-    eval_data: str | None = None
-    shapes: dict | None = None  # per-input full shapes, {"images": [1, 3, 320, 320]} (core.model.shapes)
-    dims: dict | None = None  # named dims, {"seq": 128}
-    batch: int = 1
-    target: str = DEFAULT_TARGET  # the project's deployment target (core.project.DEPLOY_TARGETS)
+    source: ProjectSource  # a str is the model alone; the target None is resolved (core.project.DEFAULT_TARGET)
+
+    def __post_init__(self):
+        src = ProjectSource(self.source) if isinstance(self.source, str) else self.source
+        object.__setattr__(self, "source", replace(src, target=src.deploy_target))
 
     def to_params(self) -> dict:
-        """The job's params: JSON-serialisable, every field written out."""
-        return asdict(self)
+        """The job's params: JSON-serialisable, every field written out (the source's flat, first)."""
+        rest = asdict(self)
+        del rest["source"]
+        return {**self.source.to_json(), **rest}
 
     @classmethod
     def from_params(cls, params: dict):
         """The parameters of a job record (fields it lacks take their defaults; unknown keys are ignored)."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in params.items() if k in names})
+        names = {f.name for f in fields(cls)} - {"source"}
+        return cls(ProjectSource.from_json(params), **{k: v for k, v in params.items() if k in names})
 
 
 @dataclass(frozen=True)
@@ -126,49 +128,32 @@ def job_label(kind: str, params: dict, label: str) -> str:
     return " · ".join([label or kind, *extra])
 
 
-def shape_params(shapes: dict | None = None, dims: dict | None = None, batch: int = 1) -> dict:
-    """The input-shape fields every job carries (JSON-serialisable: shapes as lists of ints)."""
-    return {"shapes": {str(k): [int(d) for d in v] for k, v in shapes.items()} if shapes else None,
-            "dims": {str(k): int(v) for k, v in dims.items()} if dims else None, "batch": int(batch)}
+def build_params(source: ProjectSource | str, policy_json: str, backend: str = BuildParams.backend,
+                 label: str = BuildParams.label) -> dict:
+    """The parameters of a ``build`` job (all JSON-serialisable); ``source``: the project (a str: the model alone)."""
+    return BuildParams(source, policy=policy_json, backend=backend, label=label).to_params()
 
 
-def build_params(model: str, policy_json: str, data: str | None = None, eval_data: str | None = None,
-                 backend: str = BuildParams.backend, label: str = BuildParams.label,
-                 shapes: dict | None = None, dims: dict | None = None, batch: int = 1,
-                 target: str = DEFAULT_TARGET) -> dict:
-    """The parameters of a ``build`` job (all JSON-serialisable)."""
-    return BuildParams(str(model), data, eval_data, **shape_params(shapes, dims, batch), target=target,
-                       policy=policy_json, backend=backend, label=label).to_params()
-
-
-def rank_params(model: str, data: str | None = None, eval_data: str | None = None,
-                method: str = RankParams.method, max_samples: int = RankParams.max_samples,
-                shapes: dict | None = None, dims: dict | None = None, batch: int = 1,
-                target: str = DEFAULT_TARGET, max_memory: str | None = None) -> dict:
+def rank_params(source: ProjectSource | str, method: str = RankParams.method,
+                max_samples: int = RankParams.max_samples, max_memory: str | None = None) -> dict:
     """The parameters of a ``rank`` job; ``max_memory`` is checked (MixprecError) here."""
-    return RankParams(str(model), data, eval_data, **shape_params(shapes, dims, batch), target=target, method=method,
-                      max_samples=int(max_samples), max_memory=memory_param(max_memory)).to_params()
+    return RankParams(source, method=method, max_samples=int(max_samples),
+                      max_memory=memory_param(max_memory)).to_params()
 
 
-def isolated_params(model: str, data: str | None = None, eval_data: str | None = None,
-                    method: str = IsolatedParams.method, mode: str = IsolatedParams.mode,
-                    shapes: dict | None = None, dims: dict | None = None, batch: int = 1,
-                    target: str = DEFAULT_TARGET, ray: str | None = None) -> dict:
+def isolated_params(source: ProjectSource | str, method: str = IsolatedParams.method,
+                    mode: str = IsolatedParams.mode, ray: str | None = None) -> dict:
     """The parameters of an ``isolated`` job (either mode); the Ray address is checked (MixprecError) here."""
-    return IsolatedParams(str(model), data, eval_data, **shape_params(shapes, dims, batch), target=target,
-                          method=method, mode=mode, ray=ray_param(ray)).to_params()
+    return IsolatedParams(source, method=method, mode=mode, ray=ray_param(ray)).to_params()
 
 
-def search_params(model: str, data: str | None = None, eval_data: str | None = None,
-                  budget: str = SearchParams.budget, smooth: bool = SearchParams.smooth,
-                  shapes: dict | None = None, dims: dict | None = None, batch: int = 1,
-                  target: str = DEFAULT_TARGET, gpu: str | GPU = SearchParams.gpu, ray: str | None = None) -> dict:
+def search_params(source: ProjectSource | str, budget: str = SearchParams.budget, smooth: bool = SearchParams.smooth,
+                  gpu: str | GPU = SearchParams.gpu, ray: str | None = None) -> dict:
     """The parameters of a ``search`` job; the budget, the GPU and the Ray address are checked
     (MixprecError) and normalised here (the GPU to its table key: ``NVIDIA A100-SXM4-80GB`` → ``a100``; a
     :class:`GPU` that is not a table row, a ``--gpu-spec`` or a GPU saved in the workspace, travels with its
     figures in ``gpu_spec``)."""
     g = custom_gpu(gpu) if isinstance(gpu, GPU) else gpu_entry(gpu)
     spec = None if GPUS.get(g.key) == g else g.to_json()
-    return SearchParams(str(model), data, eval_data, **shape_params(shapes, dims, batch), target=target,
-                        budget=str(Budget.parse(budget)), smooth=bool(smooth), gpu=g.key, gpu_spec=spec,
+    return SearchParams(source, budget=str(Budget.parse(budget)), smooth=bool(smooth), gpu=g.key, gpu_spec=spec,
                         ray=ray_param(ray)).to_params()

@@ -6,7 +6,7 @@ reload or a shared link restores them on every page.
 
 Layout (under the workspace root)::
 
-    projects/<id>/project.json        the SavedProject record
+    projects/<id>/project.json        the SavedProject record (its ProjectSource, name and settings)
     projects/<id>/drafts/<key>.json   one Draft per model + calibration data (key: draft_key)
 
 Writes are atomic (``core.workspace``). Undo and redo steps store only what an edit changed (the
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from core.errors import MixprecError
+from core.project import ProjectSource
 from core.records import check_format
 from core.workspace import Workspace, atomic_write_json, sha256_bytes
 
@@ -79,52 +80,50 @@ def file_stamp(path: Path) -> tuple[int, int] | None:
 # --- the project -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SavedProject:
-    """What the dashboard restores: the model and data (paths or ``sample:NAME``), the input
-    shapes, the deployment target, the model's display name and the kept ``settings``."""
+    """What the dashboard restores: the project's :class:`ProjectSource` (the model and data, paths
+    or ``sample:NAME``, the input shapes and the deployment target), the model's display name and the
+    kept ``settings``."""
 
-    FORMAT_VERSION: ClassVar[int] = 1
+    FORMAT_VERSION: ClassVar[int] = 2  # format 1 had no dims or batch in its source (_migrate_v1)
     KIND: ClassVar[str] = "project"
 
     id: str
-    model: str
-    data: str | None = None
-    eval_data: str | None = None
-    shapes: dict[str, list[int]] | None = None
-    target: str | None = None
+    source: ProjectSource
     model_name: str = ""
     settings: dict = field(default_factory=dict)
     created: float = 0.0
     updated: float = 0.0
 
-    def source(self) -> dict:
-        """The dashboard's source dict (``model``, ``data``, ``eval_data``, ``shapes``, ``target``)."""
-        return {"model": self.model, "data": self.data, "eval_data": self.eval_data,
-                "shapes": {k: list(v) for k, v in self.shapes.items()} if self.shapes else None, "target": self.target}
-
-    def with_source(self, source: dict) -> "SavedProject":
-        shapes = source.get("shapes")
-        return replace(self, model=str(source["model"]), data=source.get("data"), eval_data=source.get("eval_data"),
-                       shapes={str(k): [int(d) for d in v] for k, v in shapes.items()} if shapes else None,
-                       target=source.get("target"))
-
     def to_json(self) -> dict:
-        return {"kind": self.KIND, "format_version": self.FORMAT_VERSION, "id": self.id, "model": self.model,
-                "data": self.data, "eval_data": self.eval_data, "shapes": self.shapes, "target": self.target,
+        """The source's fields flat in the document (``ProjectSource.to_json``), as a job's params carry them."""
+        return {"kind": self.KIND, "format_version": self.FORMAT_VERSION, "id": self.id, **self.source.to_json(),
                 "model_name": self.model_name, "settings": dict(self.settings), "created": self.created,
                 "updated": self.updated}
 
     @classmethod
     def from_json(cls, doc: dict) -> "SavedProject":
-        doc = check_format(doc, cls.KIND, cls.FORMAT_VERSION, "project")
-        shapes = doc.get("shapes")
+        doc = check_format(_migrate_v1(doc), cls.KIND, cls.FORMAT_VERSION, "project")
         settings = {str(k): v for k, v in (doc.get("settings") or {}).items() if isinstance(v, SETTING_TYPES)}
         pid = check_project_id(doc["id"])
-        if pid is None or not isinstance(doc["model"], str):
-            raise ValueError("id or model is not a string of the right form")
-        return cls(pid, doc["model"], _opt_str(doc.get("data")), _opt_str(doc.get("eval_data")),
-                   {str(k): [int(d) for d in v] for k, v in shapes.items()} if isinstance(shapes, dict) and shapes
-                   else None, _opt_str(doc.get("target")), str(doc.get("model_name") or ""), settings,
+        if pid is None:
+            raise ValueError("the id is not a string of the right form")
+        return cls(pid, _source(doc), str(doc.get("model_name") or ""), settings,
                    float(doc.get("created") or 0), float(doc.get("updated") or 0))
+
+
+def _migrate_v1(doc):
+    """A format-1 project (its source without dims or batch) as format 2; any other document as it is."""
+    if not (isinstance(doc, dict) and doc.get("kind") == SavedProject.KIND and doc.get("format_version") == 1):
+        return doc
+    return {**doc, "format_version": 2, "dims": None, "batch": 1}  # migration 1 -> 2
+
+
+def _source(doc: dict) -> ProjectSource:
+    """The project's source, read as format 1 always was: an empty or non-text path or target is none, and
+    so are shapes that are not a map (a model that is not a string is a damaged file)."""
+    shapes = doc.get("shapes")
+    lenient = {k: _opt_str(doc.get(k)) for k in ("data", "eval_data", "target")}
+    return ProjectSource.from_json({**doc, **lenient, "shapes": shapes if isinstance(shapes, dict) else None})
 
 
 def _opt_str(v) -> str | None:
