@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT))
 
 from core.model.samples import (export_minilm, run_minilm_module, sentence_embedding, split_corpus,  # noqa: E402
                                 tokenize_sentences)
-from core.workspace import atomic_save_npz, atomic_write_bytes  # noqa: E402
+from core.workspace import Workspace, atomic_save_npz, atomic_write_bytes  # noqa: E402
 
 CALIB_SENTENCES, EVAL_SENTENCES, MAX_TOKENS = 32, 16, 64
 RUNS = ("cold", "warm", "calib")
@@ -165,8 +165,9 @@ def _prepare(ws: Path, run: str) -> None:
     if run == "cold":
         shutil.rmtree(ws, ignore_errors=True)
         return
-    for p in ws.glob("search/*/sensitivity-*.json"):
-        p.unlink()
+    for p in Workspace(ws).rankings.glob("*.json"):  # the stored sensitivity tables: measured again
+        if json.loads(p.read_text()).get("kind") == "sensitivity":
+            p.unlink()
     if run == "calib":
         for p in ws.glob("search/*/switch-*"):
             p.unlink()
