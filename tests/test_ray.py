@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -256,6 +257,42 @@ def test_engine_builds_hold_one_declared_gpu_each(cluster, rws, tiny_cnn):
 def test_engine_builds_need_declared_gpus(cluster, rws):
     with pytest.raises(MixprecError, match="declares 2 GPUs; each engine build needs 3"):
         build_policies("sample:tiny-cnn", ["{}"], cluster.address, rws, num_gpus=3)
+
+
+def test_cli_builds_several_policies_on_the_cluster(cluster, rws, tmp_path, monkeypatch, capsys):
+    """``python -m core build --policy A --policy B --ray ADDRESS``: build_policies' caller in the product."""
+    from core.cli.commands import main
+
+    monkeypatch.setenv("MIXPREC_WORKSPACE", str(rws.root))
+    p = open_project("sample:tiny-cnn", ws=rws)
+    policies = [p.default_policy("fp16"), p.default_policy(method="percentile")]
+    paths = [tmp_path / f"policy-{i}.json" for i in range(len(policies))]
+    for path, pol in zip(paths, policies):
+        path.write_text(pol.to_json())
+    argv = ["build", "sample:tiny-cnn", "--ray", cluster.address, "--backend", "onnxruntime", "--json"]
+    assert main(argv[:2] + [a for path in paths for a in ("--policy", str(path))] + argv[2:]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ray"] == cluster.address and [b["policy"] for b in doc["builds"]] == [str(x) for x in paths]
+    assert {b["gpus"] for b in doc["builds"]} <= {"0", "1"}  # one declared GPU each
+    for b, pol in zip(doc["builds"], policies):  # each build ran its own policy, in order, in the workspace
+        stored = json.loads((rws.runs / b["run"]["run_id"] / "policy.json").read_text())
+        want = json.loads(pol.to_json())
+        assert (stored["layers"], stored["calibration"]["method"]) == (want["layers"], want["calibration"]["method"])
+        assert b["run"]["backend"] == "onnxruntime"
+
+
+def test_cli_build_on_ray_refuses_bad_input(rws, monkeypatch, capsys):
+    from core.cli.commands import main
+
+    monkeypatch.setenv("MIXPREC_WORKSPACE", str(rws.root))
+    for argv, error in ((["--ray", "not an address"], "is not a Ray cluster address"),
+                        (["--policy", "a.json", "--policy", "b.json"], "2 --policy files for one build"),
+                        (["--ray", "127.0.0.1:9", "--iterations", "5"], "only a local build takes --iterations"),
+                        # nothing listens there (or, after the cluster tests, this process is connected to theirs)
+                        (["--ray", "127.0.0.1:9"], r"Ray cluster at (\S+, not )?127\.0\.0\.1:9")):
+        assert main(["build", "sample:tiny-cnn", *argv]) == 2
+        err = capsys.readouterr().err
+        assert re.search(error, err) and "Traceback" not in err
 
 
 @pytest.mark.tensorrt

@@ -17,6 +17,8 @@ from core.cli import estimate as estimate_command
 from core.errors import MixprecError
 from core.estimate.gpus import GPUS
 from core.export import DEFAULT_TRT_VERSION, EXPORT_FORMATS, export_policy
+from core.jobs.distributed_builds import build_policies
+from core.jobs.params import RAY_FORMS, ray_param
 from core.measure.runs import GENERATED_NOTE, WARN_BELOW, build_and_measure, speedup_text
 from core.model.samples import SAMPLES, write_sample
 from core.model.shapes import parse_shape, shape_text
@@ -26,8 +28,9 @@ from core.quant.policy import CALIB_METHODS, NETWORK_DEFAULTS, load_policy
 from core.records import json_safe
 from core.search import SearchConfig, search
 from core.sensitivity import MODES, RANK_METRICS, rank_layers, sensitivity
-from core.sensitivity.distributed import RAY_ENV
+from core.sensitivity.distributed import RAY_ENV, connect
 from core.store.results import cached_ranking, load_gpu_calibration
+from core.store.runs import load_run
 from core.workspace import atomic_write_text, default_root, human_bytes, is_space_error, space_error, take_notes
 
 
@@ -191,6 +194,13 @@ def _on_generated(run) -> str:
 
 
 def cmd_build(args):
+    address = ray_param(args.ray) if args.ray is not None else ""  # a bad address: MixprecError
+    if address:
+        return _cluster_build(args, address)
+    if len(args.policy or []) > 1:
+        raise MixprecError(f"{len(args.policy)} --policy files for one build",
+                           "give one --policy, or build them all at once on a Ray cluster with --ray ADDRESS")
+    args.policy = args.policy[0] if args.policy else None
     bar = Progress("build")
     p = _project(args, bar)
     policy = _policy(args, p)
@@ -213,6 +223,34 @@ def cmd_build(args):
             f"precision {r.precision_counts}  INT8 MAC share {100 * r.int8_mac_fraction:.1f}%\n"
             f"run dir {r.run_dir}" + "".join(f"\nwarning: {w}" for w in r.warnings))
     _emit(args, doc, text)
+
+
+def _cluster_build(args, address: str):
+    """``build --ray ADDRESS``: every ``--policy`` built and measured as a Ray task holding one GPU of
+    the cluster (``core.jobs.distributed_builds``), each as a build job runs (its defaults)."""
+    local = [flag for flag, given in (("--iterations", args.iterations != 30), ("--trt-profile", bool(args.trt_profile)),
+                                      ("--trt-workspace-gb", args.trt_workspace_gb != 4.0),
+                                      ("--warn-below", args.warn_below != WARN_BELOW)) if given]
+    if local:
+        raise MixprecError(f"only a local build takes {', '.join(local)} (the builds on a Ray cluster are build jobs, "
+                           "with their defaults)", "leave them out, or build without --ray")
+    connect(address)  # an unreachable cluster fails before the model loads
+    bar = Progress("build")
+    source = source_from_args(args)
+    p = source.open(progress=bar)
+    names = args.policy or ["the default policy"]
+    policies = [load_policy(path, p.model, p.layers) for path in args.policy] if args.policy else \
+        [p.default_policy(args.network_default, args.calibration)]
+    builds = build_policies(source, policies, address, p.ws, backend=args.backend, progress=bar)
+    bar.done()
+    runs = [load_run(p.ws, b.run_dir.name) for b in builds]
+    doc = {"ray": address, "builds": [{"policy": n, "gpus": b.gpus, "host": b.host, "run": r.to_json()}
+                                      for n, b, r in zip(names, builds, runs)]}
+    _emit(args, doc, "\n".join(
+        f"{n}: run {r.run_id} on {r.backend}, GPU {b.gpus or '-'} of {b.host}: latency median "
+        f"{r.latency.median_ms:.3f} ms, speedup {speedup_text(r.latency.speedup)[0]} [{r.latency_label}], cosine mean "
+        f"{r.quality.cosine_mean:.4f}{_on_generated(r)}" + "".join(f"\n  warning: {w}" for w in r.warnings)
+        for n, b, r in zip(names, builds, runs)))
 
 
 def cmd_export(args):
@@ -253,6 +291,22 @@ def _rank_args(sp):
     sp.add_argument("--all", action="store_true", help="show all layers, not only INT8-eligible ones")
     sp.add_argument("--max-memory", metavar="SIZE", help="memory the layer-wise comparison may use, e.g. 4G, 512M "
                     "or 40%% (default: half of the memory budget, 80%% of free RAM); outputs are compared in chunks")
+
+
+def _build_args(sp):
+    sp.add_argument("--policy", action="append", help="policy JSON (default: the default policy); with --ray, "
+                    "repeat it to build several at once")
+    sp.add_argument("--backend", default="auto", choices=BACKENDS)
+    sp.add_argument("--calibration", default="minmax", choices=CALIB_METHODS)
+    sp.add_argument("--network-default", default="fp32", choices=NETWORK_DEFAULTS)
+    sp.add_argument("--iterations", type=int, default=30, help="interleaved timing pairs (default 30)")
+    _warn_arg(sp)
+    _trt_args(sp)
+    sp.add_argument("--ray", metavar="ADDRESS",
+                    help=f"build every --policy as a Ray task holding one GPU of the cluster at ADDRESS ({RAY_FORMS}); "
+                         "every node must see the model, the data and the workspace at the same paths "
+                         f"(docs/distributed.md); the builds take the build job's defaults. Only this flag: ${RAY_ENV} "
+                         "moves trials, not builds")
 
 
 def _trial_args(sp):
@@ -351,14 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("inspect", cmd_inspect, "model summary and layer inventory")
     _rank_args(add("rank", cmd_rank, "Polygraphy layer-wise FP32-vs-INT8 ranking"))
-    sp = add("build", cmd_build, "build a policy and measure latency, reformat overhead and quality")
-    sp.add_argument("--policy", help="policy JSON (default: the default policy)")
-    sp.add_argument("--backend", default="auto", choices=BACKENDS)
-    sp.add_argument("--calibration", default="minmax", choices=CALIB_METHODS)
-    sp.add_argument("--network-default", default="fp32", choices=NETWORK_DEFAULTS)
-    sp.add_argument("--iterations", type=int, default=30, help="interleaved timing pairs (default 30)")
-    _warn_arg(sp)
-    _trt_args(sp)
+    _build_args(add("build", cmd_build, "build a policy and measure latency, reformat overhead and quality"))
     sp = add("export", cmd_export, "export a policy as JSON, trtexec/Polygraphy commands or compiled ONNX")
     sp.add_argument("--policy", help="policy JSON (default: the default policy)")
     sp.add_argument("--format", required=True, choices=EXPORT_FORMATS)

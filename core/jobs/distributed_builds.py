@@ -4,7 +4,10 @@ N GPUs builds and times N candidates at once (``core.sensitivity.distributed.gpu
 
 Each task reopens the project from its parameters (the same ``BuildParams`` a build job carries) and
 runs the build job's code (``core.jobs.kinds.run_build``) in the workspace at ``ws.root``: every node
-must see the model, the data and the workspace at the same paths (shared storage, docs/distributed.md)."""
+must see the model, the data and the workspace at the same paths (shared storage, docs/distributed.md).
+
+The product's caller is ``python -m core build MODEL --policy A.json --policy B.json --ray ADDRESS``
+(``core.cli.commands``)."""
 from __future__ import annotations
 
 import os
@@ -15,7 +18,7 @@ from pathlib import Path
 
 from core.jobs.kinds import run_build
 from core.jobs.params import build_params
-from core.project import DEFAULT_TARGET, ProjectSource
+from core.project import ProjectSource
 from core.quant.policy import Policy
 from core.sensitivity.distributed import gpu_map
 from core.workspace import Workspace
@@ -46,13 +49,11 @@ def build_task(job: tuple[dict, str]) -> GpuBuild:
                     time.time())
 
 
-def build_policies(model: str, policies: list[Policy | str], address: str, ws: Workspace, *, data: str | None = None,
-                   eval_data: str | None = None, backend: str = "tensorrt", shapes: dict | None = None,
-                   dims: dict | None = None, batch: int = 1, target: str = DEFAULT_TARGET, num_gpus: float = 1,
-                   progress=None, should_stop=None) -> list[GpuBuild]:
-    """Build and measure every policy (a Policy or its JSON) of ``model`` (a path or ``sample:NAME``
-    every node can open) as Ray tasks with ``num_gpus`` GPUs each; in the order given."""
-    source = ProjectSource(str(model), data, eval_data, shapes, dims, batch, target)
+def build_policies(source: ProjectSource | str, policies: list[Policy | str], address: str, ws: Workspace, *,
+                   backend: str = "tensorrt", num_gpus: float = 1, progress=None, should_stop=None) -> list[GpuBuild]:
+    """Build and measure every policy (a Policy or its JSON) of the project ``source`` (a
+    ProjectSource, or a model path or ``sample:NAME`` alone, that every node can open) as Ray tasks
+    with ``num_gpus`` GPUs each; in the order given."""
     jobs = [(build_params(source, p if isinstance(p, str) else p.to_json(), backend=backend,
                           label=f"gpu build {i + 1}/{len(policies)}"), str(ws.root)) for i, p in enumerate(policies)]
     return gpu_map(build_task, jobs, address, num_gpus=num_gpus, progress=progress, should_stop=should_stop)
