@@ -8,7 +8,7 @@ from core.display.charts import plot_ranking, plot_sensitivity_compare
 from core.jobs import isolated_params, rank_params
 from core.measure.runs import GENERATED_NOTE
 from core.quant.policy import CALIB_METHODS
-from core.sensitivity import MODES, RANK_METRICS, ranking_comparison
+from core.sensitivity import MODES, RANK_METRICS, RANKING_NOTE, RUNNER_LABELS, ranking_comparison
 from ui import cluster
 from ui import common as ui
 from ui import tables
@@ -21,12 +21,14 @@ method = st.selectbox("Calibration method", CALIB_METHODS, key="rank_method")
 ranking = ui.ranking(p, method)
 table = ranking.table if ranking is not None else None
 st.subheader("Cumulative (Polygraphy)")
+st.caption(RANKING_NOTE)
 ui.job_button("rank", rank_params(src, method, max_memory=cluster.max_memory()),
               f"rank {p.model.name}", "Run the ranking", "run_rank", table is not None,
               "This model and data have not been ranked with this calibration method yet.")
 if table is not None:
-    st.caption(f"Stored ranking of {len(table)} layers (kept per model, calibration and evaluation data, and method: "
-               "revisiting does not recompute).")
+    where = RUNNER_LABELS.get(ranking.runner, ranking.runner)
+    st.caption(f"Stored ranking of {len(table)} layers, compared on {where} (kept per model, calibration and "
+               "evaluation data, and method: revisiting does not recompute).")
     c1, c2 = st.columns([2, 1])
     metric = c1.radio("Metric", RANK_METRICS, horizontal=True, key="rank_metric",
                       format_func={"cos_drop": "cosine drop", "added_cos_drop": "added cosine drop",

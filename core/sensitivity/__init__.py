@@ -6,8 +6,10 @@ from core.sensitivity.isolated import (MODES, SENSITIVITY_COLUMNS, Sensitivity, 
                                        sensitivity, sensitivity_file, split_eval, switchable_model, trial_data,
                                        write_sensitivity)
 from core.sensitivity.memory import PeakMemory, comparison_budget, parse_memory
+from core.sensitivity.runners import RANKING_NOTE, RUNNER_LABELS, RUNNERS
 
-__all__ = ["COMPARE_COLUMNS", "MODES", "RANK_COLUMNS", "RANK_METRICS", "SENSITIVITY_COLUMNS", "Ranking", "Sensitivity",
+__all__ = ["COMPARE_COLUMNS", "MODES", "RANKING_NOTE", "RANK_COLUMNS", "RANK_METRICS", "RUNNERS", "RUNNER_LABELS",
+           "SENSITIVITY_COLUMNS", "Ranking", "Sensitivity",
            "Switchable", "TrialData", "TrialPool", "PeakMemory", "comparison_budget", "open_trial_pool",
            "parse_memory", "rank_layers", "ranking_comparison", "sensitivity", "sensitivity_file", "split_eval",
            "switchable_model", "trial_data", "write_sensitivity"]
