@@ -107,7 +107,8 @@ def test_no_import_cycle_between_core_modules():
 
 # The wings of core/, from the ground up. A module may import its own unit and the units below it, never
 # one above: the model wing reads models and knows nothing of precision; precision knows nothing of
-# measuring; nothing below the store knows where things are saved; the CLI is the roof.
+# measuring; the base (workspace.py) names every folder, and only the store wing reads and writes stored
+# results; the CLI is the roof.
 LAYERS = [
     ("base", ("core.errors", "core.records", "core.workspace")),
     ("model", ("core.model",)),
