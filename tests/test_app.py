@@ -153,7 +153,7 @@ def test_search_under_budget_pareto_and_use_this_policy(ws):
     assert job.kind == "search" and job.params["budget"] == "cosine_mean>=0.99" and job.params["smooth"] is False
     at.run()
     ok(at)
-    from ui.common import md
+    from ui.session import md
 
     assert md("meets cosine_mean>=0.99") in at.success[0].value and "held-out half" in at.success[0].value
     assert job.params["target"] == "tensorrt" and "does not optimise CPU latency" in at.success[0].value
@@ -298,7 +298,7 @@ def test_sidebar_says_which_backend_and_why(ws):
 
 
 def test_user_text_is_literal_in_markdown():
-    from ui.common import code, md
+    from ui.session import code, md
 
     assert md("a_b*c :red[x] $y$ <b>") == r"a\_b\*c \:red\[x\] \$y\$ \<b\>"
     assert md("sample:tiny-cnn") == r"sample\:tiny-cnn"

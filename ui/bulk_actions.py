@@ -9,7 +9,8 @@ from core.display.precision_edit import policy_diff, select_layers, set_precisio
 from core.errors import MixprecError
 from core.model.inventory import PRECISIONS
 from core.project import Project
-from ui import common as ui
+from ui import draft, session
+from ui.session import md
 
 NO_RANKING = MixprecError("there is no sensitivity ranking for this model and data yet",
                           "run the ranking on the Sensitivity page first")
@@ -18,11 +19,11 @@ NO_RANKING = MixprecError("there is no sensitivity ranking for this model and da
 def apply(p: Project, names: list[str], precision: str, what: str) -> None:
     """Set ``names`` to ``precision`` in the session's policy, as one undoable edit; the outcome is
     flashed. ``what`` is plain text (it is escaped here)."""
-    new, skipped = set_precision(ui.policy(p), p.layers, names, precision)
+    new, skipped = set_precision(draft.policy(p), p.layers, names, precision)
     done = len(names) - len(skipped)
-    ui.set_policy(p, new, what=f"{what}: {done} layer(s) → {precision.upper()}")
-    ui.flash(f"{ui.md(what)}: {done} layer(s) → {precision.upper()}"
-             + (f"; {len(skipped)} not INT8-eligible, left as they were" if skipped else ""))
+    draft.set_policy(p, new, what=f"{what}: {done} layer(s) → {precision.upper()}")
+    session.flash(f"{md(what)}: {done} layer(s) → {precision.upper()}"
+                  + (f"; {len(skipped)} not INT8-eligible, left as they were" if skipped else ""))
 
 
 def section(p: Project, rank) -> None:
@@ -35,12 +36,13 @@ def section(p: Project, rank) -> None:
             _by_name(p)
         with b3:
             _top_k(p, rank)
-        changed = len(policy_diff(p.default_policy(), ui.policy(p), p.layers))
-        if ui.confirmed("reset", "Reset to defaults",
-                        f"Reset every layer to the defaults? {changed} layer(s) of your draft differ from them. "
-                        "You can undo it.", "Yes, reset", disabled=ui.policy(p).sha256 == p.default_policy().sha256):
-            ui.set_policy(p, p.default_policy(), what="reset to the defaults")
-            ui.flash("Reset: LayerNorm, Softmax and embeddings FP16; eligible layers INT8", rerun=True)
+        changed = len(policy_diff(p.default_policy(), draft.policy(p), p.layers))
+        if session.confirmed("reset", "Reset to defaults",
+                             f"Reset every layer to the defaults? {changed} layer(s) of your draft differ from them. "
+                             "You can undo it.", "Yes, reset",
+                             disabled=draft.policy(p).sha256 == p.default_policy().sha256):
+            draft.set_policy(p, p.default_policy(), what="reset to the defaults")
+            session.flash("Reset: LayerNorm, Softmax and embeddings FP16; eligible layers INT8", rerun=True)
 
 
 def _by_type(p: Project) -> None:
@@ -60,7 +62,7 @@ def _by_name(p: Project) -> None:
             try:
                 apply(p, select_layers(p.layers, regex=regex), prec, f"/{regex}/")
             except MixprecError as e:
-                st.error(ui.md(e))
+                st.error(md(e))
 
 
 def _top_k(p: Project, rank) -> None:
@@ -69,11 +71,11 @@ def _top_k(p: Project, rank) -> None:
         return
     n = len(rank.ranked)
     if n == 0:
-        st.caption(f"**Top-k → FP16**: the {ui.md(rank.label)} has no INT8-eligible layer.")
+        st.caption(f"**Top-k → FP16**: the {md(rank.label)} has no INT8-eligible layer.")
         return
     with st.form("top_k"):
         k = st.number_input(f"k (1–{n})", 1, n, min(3, n), key="bulk_k")  # 1 or 2 eligible layers too
-        st.caption(f"The k most sensitive layers of the **{ui.md(rank.label)}** → FP16 "
+        st.caption(f"The k most sensitive layers of the **{md(rank.label)}** → FP16 "
                    "(pick another ranking above the table).")
         if st.form_submit_button("Top-k → FP16", key="apply_topk"):
             apply(p, top_k(rank.ranked, int(k)), "fp16", f"top {int(k)} of the {rank.label}")

@@ -15,7 +15,8 @@ from core.jobs.params import IsolatedParams, memory_param, ray_param
 from core.sensitivity import parse_memory
 from core.sensitivity.distributed import LOCAL, RAY_ENV, RAY_PIN
 from core.workspace import human_bytes
-from ui import common as ui
+from ui import saved_project
+from ui.session import code, md
 
 RAY_WIDGET = "ray_address_field"          # the text field (sidebar)
 RAY_STATE = "ray_address:value"           # the session's last valid address ("" = the local process pool)
@@ -27,7 +28,7 @@ ERROR = "{}:error"                        # the error of a field's text, shown u
 
 
 def _saved(setting: str) -> str | None:
-    saved = ui.saved_project()
+    saved = saved_project.saved()
     v = saved.settings.get(setting) if saved is not None else None
     return v if isinstance(v, str) else None
 
@@ -49,10 +50,10 @@ def _check(widget: str, state: str, setting: str, parse) -> None:
         return
     st.session_state.pop(ERROR.format(widget), None)
     st.session_state[state] = value
-    saved = ui.saved_project()
+    saved = saved_project.saved()
     old = dict(saved.settings) if saved is not None else {}
     if old.get(setting) != value:
-        ui.save_project(settings={**old, setting: value})
+        saved_project.save(settings={**old, setting: value})
 
 
 def _start(widget: str, state: str, initial: str, parse) -> None:
@@ -87,7 +88,7 @@ def where_trials_run(address: str) -> str:
         return f"this server's local process pool ({IsolatedParams.workers} worker processes per job)"
     if address == LOCAL:
         return "Ray tasks on a Ray instance each job starts on this server"
-    return f"Ray tasks on the cluster at {ui.code(address)} (connected when the job starts)"
+    return f"Ray tasks on the cluster at {code(address)} (connected when the job starts)"
 
 
 def _memory_text(value: str | None) -> str:
@@ -101,7 +102,7 @@ def _memory_text(value: str | None) -> str:
 
 def _error(widget: str) -> None:
     if st.session_state.get(ERROR.format(widget)):
-        st.error(ui.md(st.session_state[ERROR.format(widget)]))
+        st.error(md(st.session_state[ERROR.format(widget)]))
 
 
 def sidebar_fields() -> None:
@@ -109,7 +110,7 @@ def sidebar_fields() -> None:
     address, memory = ray_address(), max_memory()
     bad = any(st.session_state.get(ERROR.format(w)) for w in (RAY_WIDGET, MEMORY_WIDGET))
     short = "local process pool" if not address else "local Ray instance" if address == LOCAL else \
-        f"Ray {ui.code(address)}"
+        f"Ray {code(address)}"
     with st.expander(f"Trials: {short}", expanded=bool(address or memory or bad)):
         env = os.environ.get(RAY_ENV, "").strip()
         st.text_input("Ray cluster address", key=RAY_WIDGET, on_change=_check,
@@ -122,7 +123,7 @@ def sidebar_fields() -> None:
         st.caption(f"Trials run as {where_trials_run(address)}." if address else
                    f"Trials run in {where_trials_run(address)}.")
         if env:
-            st.caption(f"Server default (`${RAY_ENV}`): {ui.code(env)}")
+            st.caption(f"Server default (`${RAY_ENV}`): {code(env)}")
         if address and importlib.util.find_spec("ray") is None:
             st.warning(f"Ray is not installed on this server, so these jobs will fail. Fix: install it "
                        f"(scripts/setup.sh, or .venv/bin/pip install {RAY_PIN}), or leave the address empty.")

@@ -9,8 +9,8 @@ from core.display.charts import plot_latency_by_type, plot_layer_latency, plot_p
     plot_reformat_overhead
 from core.display.tables import ms_text
 from core.errors import MixprecError
-from ui import common as ui
 from ui import estimate_panel, tables
+from ui.session import md
 
 
 def section(layer_names: list[str], p=None) -> None:
@@ -29,10 +29,10 @@ def section(layer_names: list[str], p=None) -> None:
         try:
             rep = load_engine_report(graph, profile, name=g_up.name if g_up else None)
         except MixprecError as e:
-            st.error(ui.md(e))
+            st.error(md(e))
             return
         rf = rep.reformat
-        st.markdown(f"**{ui.md(rep.name)}**: {len(rep.layers)} engine layers; {rf.count} reformat layers"
+        st.markdown(f"**{md(rep.name)}**: {len(rep.layers)} engine layers; {rf.count} reformat layers"
                     + (f", {ms_text(rf.ms)} of {ms_text(rf.total_ms)} ({rf.pct:.1f} {PCT_LABEL})" if rep.has_profile
                        else " (no profile loaded: no times)"))
         if rep.has_profile:

@@ -24,8 +24,9 @@ from core.project import Project
 from core.quant.policy import Policy
 from core.store.results import load_gpu_calibration, save_gpu_calibration
 from core.store.runs import run_dir, run_policy
-from ui import common as ui
+from ui import saved_project, session
 from ui import gpu_form
+from ui.session import md
 
 GPU_WIDGET = "estimate_gpu"      # the picker (its value is lost on pages that do not draw it)
 GPU_STATE = "estimate_gpu:value"  # the session's choice, kept across pages
@@ -39,7 +40,7 @@ CHART_ON = "estimate_chart_on"   # the per-layer chart, drawn when asked for
 # --- the GPU: picked once, kept for the session and saved with the project --------------------
 def gpus() -> dict[str, GPU]:
     """The GPUs to pick from: the table's rows, then the GPUs saved in the workspace ("Add a GPU")."""
-    return {**GPUS, **gpu_form.saved_gpus(ui.workspace())}
+    return {**GPUS, **gpu_form.saved_gpus(session.workspace())}
 
 
 def gpu_of(key: str) -> GPU:
@@ -51,7 +52,7 @@ def gpu_key() -> str:
     """The session's GPU for estimates: the picker's last value, else the project's saved setting, else the A100."""
     v = st.session_state.get(GPU_STATE)
     if v is None:
-        saved = ui.saved_project()
+        saved = saved_project.saved()
         v = saved.settings.get(GPU_SETTING) if saved is not None else None
     return v if v in gpus() else FIXTURE_GPU
 
@@ -61,10 +62,10 @@ def _picked() -> None:
     if v not in gpus():
         return
     st.session_state[GPU_STATE] = v
-    saved = ui.saved_project()
+    saved = saved_project.saved()
     old = dict(saved.settings) if saved is not None else {}
     if old.get(GPU_SETTING) != v:
-        ui.save_project(settings={**old, GPU_SETTING: v})
+        saved_project.save(settings={**old, GPU_SETTING: v})
 
 
 def gpu_picker(where=st, key: str = GPU_WIDGET) -> str:
@@ -90,10 +91,10 @@ def _added(key: str) -> None:
     """A GPU saved on the "Add a GPU" form: the session's GPU from now on (and the project's), then the page again."""
     st.session_state[GPU_PENDING] = key
     st.session_state[GPU_STATE] = key
-    saved = ui.saved_project()
+    saved = saved_project.saved()
     old = dict(saved.settings) if saved is not None else {}
     if old.get(GPU_SETTING) != key:
-        ui.save_project(settings={**old, GPU_SETTING: key})
+        saved_project.save(settings={**old, GPU_SETTING: key})
     st.rerun()
 
 
@@ -160,7 +161,7 @@ def quiet_estimate(p: Project, pol: Policy) -> Prediction | None:
 
 
 def _label(r: Prediction) -> str:
-    return f"{ESTIMATE}: {ui.md(r.caption())}"
+    return f"{ESTIMATE}: {md(r.caption())}"
 
 
 def band_delta(r: Prediction) -> str:
@@ -187,7 +188,7 @@ def section(p: Project, pol: Policy) -> Prediction | None:
     """"Estimated TensorRT latency on <GPU>" for the draft: total, predicted reformats, the basis
     and the per-layer chart; redrawn at every edit (cached), no build needed."""
     gpu = gpu_key()
-    st.subheader(f"Estimated TensorRT latency on {ui.md(gpu_of(gpu).name)}")
+    st.subheader(f"Estimated TensorRT latency on {md(gpu_of(gpu).name)}")
     c = st.columns([1.6, 1, 1])
     gpu = gpu_picker(c[0])
     gpu_form.section(p.ws, _added)
@@ -200,7 +201,7 @@ def section(p: Project, pol: Policy) -> Prediction | None:
         _poll(fut)
         return None
     except Exception as e:  # noqa: BLE001 - an estimate that fails must not break the page
-        st.warning(f"No estimate for this policy: {ui.md(e)}", icon=":material/warning:")
+        st.warning(f"No estimate for this policy: {md(e)}", icon=":material/warning:")
         return None
     _show(r, c)
     return r
@@ -237,14 +238,14 @@ def beside_run(p: Project, run_id: str, measured_ms: str, source: str) -> None:
         st.caption("The TensorRT estimate of this run is being computed; it shows on the next refresh.")
         return
     except Exception as e:  # noqa: BLE001 - an estimate that fails must not break the page
-        st.caption(f"No TensorRT estimate for this run: {ui.md(e)}")
+        st.caption(f"No TensorRT estimate for this run: {md(e)}")
         return
     c = st.columns([1, 1.3, 2])
     c[0].metric("Measured latency", measured_ms, "measured", delta_color="off", delta_arrow="off",
-                help=f"Measured: {ui.md(source)}")
-    c[1].metric(f"Estimated TensorRT time on {ui.md(r.gpu_name)}", ms_text(r.total_ms), band_delta(r),
+                help=f"Measured: {md(source)}")
+    c[1].metric(f"Estimated TensorRT time on {md(r.gpu_name)}", ms_text(r.total_ms), band_delta(r),
                 delta_color="off", delta_arrow="off", help=_label(r))
-    c[2].caption(f"Measured: {ui.md(source)}. {_label(r)}. The GPU is picked on the Precision page.")
+    c[2].caption(f"Measured: {md(source)}. {_label(r)}. The GPU is picked on the Precision page.")
 
 
 # --- calibration on an imported engine report (Build and results) -----------------------------------
@@ -259,7 +260,7 @@ def calibration_offer(p: Project, graph, profile) -> None:
                          key="calib_gpu", format_func=lambda k: choices[k].name)
     have = load_gpu_calibration(p.ws, gpu)
     if have is not None:
-        st.caption(f"Stored for the {ui.md(choices[gpu].name)}: {ui.md(have.label())}.")
+        st.caption(f"Stored for the {md(choices[gpu].name)}: {md(have.label())}.")
     c[1].write("")
     if not c[1].button("Calibrate the estimator for this GPU", key="calibrate_gpu", icon=":material/tune:"):
         return
@@ -268,7 +269,7 @@ def calibration_offer(p: Project, graph, profile) -> None:
             params = calibrate((graph, profile), choices[gpu])
             save_gpu_calibration(p.ws, gpu, params)
     except (MixprecError, OSError) as e:
-        st.error(ui.md(e))
+        st.error(md(e))
         return
-    st.success(f"Estimates on the {ui.md(choices[gpu].name)} now use your calibration: {ui.md(params.label())}.",
+    st.success(f"Estimates on the {md(choices[gpu].name)} now use your calibration: {md(params.label())}.",
                icon=":material/check:")

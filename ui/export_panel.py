@@ -16,8 +16,8 @@ from core.export import (BUNDLE_SCRIPTS, BUNDLE_STEM, DEFAULT_ATOL, DEFAULT_TRT_
 from core.project import Project
 from core.quant.policy import Policy
 from core.store.runs import list_runs, run_dir, run_policy
-from ui import common as ui
-from ui import estimate_panel
+from ui import draft, estimate_panel
+from ui.session import code, md
 
 SESSION = "session"  # the picker's entry for the session's own policy
 PICK_KEY = "export_pick"  # another page asks for a run to be preselected (``choose_run``)
@@ -53,16 +53,16 @@ def pick(p: Project) -> Choice:
                           help="Any past run of this model: its policy is exported, calibrated on this session's "
                                "calibration data.")
     if choice == SESSION:
-        return Choice(ui.policy(p), "The policy of a mixprec session (edited on its Precision page)")
+        return Choice(draft.policy(p), "The policy of a mixprec session (edited on its Precision page)")
     row = runs.set_index("run_id").loc[choice]
     try:
         pol = run_policy(p, run_dir(p.ws, choice))
     except (OSError, MixprecError) as e:
-        st.error(f"Run {ui.md(row['label'])}: {ui.md(e)}")
+        st.error(f"Run {md(row['label'])}: {md(e)}")
         st.stop()
     if pol.calibration.data_sha256 and pol.calibration.data_sha256 != p.calib_data.sha256:
-        st.warning(f"Run {ui.md(row['label'])} was calibrated on other data (sha256 "
-                   f"{ui.code(pol.calibration.data_sha256[:12])}). The exported INT8 ranges come from this "
+        st.warning(f"Run {md(row['label'])} was calibrated on other data (sha256 "
+                   f"{code(pol.calibration.data_sha256[:12])}). The exported INT8 ranges come from this "
                    "session's calibration data: load that data on the Model page to export the run's own ranges.",
                    icon=":material/warning:")
     return Choice(pol, f"Run {row['label']} ({choice}), built {local_time(row['created'])} on {row['backend']}",
@@ -71,10 +71,10 @@ def pick(p: Project) -> Choice:
 
 def summary(p: Project, choice: Choice) -> None:
     c = choice.policy.precision_counts()
-    st.caption(f"{ui.md(p.model.name)}: fp32 {c['fp32']} · fp16 {c['fp16']} · int8 {c['int8']} · "
-               f"policy sha256 {ui.code(choice.policy.sha256[:16] + '…')}")
+    st.caption(f"{md(p.model.name)}: fp32 {c['fp32']} · fp16 {c['fp16']} · int8 {c['int8']} · "
+               f"policy sha256 {code(choice.policy.sha256[:16] + '…')}")
     if choice.run_id:
-        st.caption(ui.md(choice.source))
+        st.caption(md(choice.source))
 
 
 def options() -> tuple[str, bool]:
@@ -115,12 +115,12 @@ def downloads(p: Project, choice: Choice, version: str, tf32: bool) -> dict:
     c = st.columns(3)
     c[0].download_button("Policy JSON", pol.to_json(), policy_filename(pol), "application/json", key="dl_policy",
                          type="primary", icon=":material/download:",
-                         help=f"{ui.md(policy_filename(pol))}: import it here or pass it to `python -m core --policy`")
+                         help=f"{md(policy_filename(pol))}: import it here or pass it to `python -m core --policy`")
     for col, name, text, err, what in ((c[1], BUNDLE_SCRIPTS["typed"], typed, typed_err, "TensorRT ≥ 10.12 / 11"),
                                        (c[2], BUNDLE_SCRIPTS["legacy"], legacy, legacy_err, "TensorRT ≤ 10.11")):
-        col.download_button(f"{ui.md(name)} ({what})", text or "", name, _mime(name), key=f"dl_{name}",
+        col.download_button(f"{md(name)} ({what})", text or "", name, _mime(name), key=f"dl_{name}",
                             icon=":material/terminal:", disabled=text is None,
-                            help=ui.md(err) if err else "Build + profile script; it names the files of the bundle")
+                            help=md(err) if err else "Build + profile script; it names the files of the bundle")
     bundle = _bundle(p, choice, version, tf32)
     if bundle is not None:
         _bundle_downloads(pol, choice, bundle)
@@ -144,7 +144,7 @@ def _bundle(p: Project, choice: Choice, version: str, tf32: bool):
                    "with a README on how to build, profile and import the reports) need the policy calibrated and "
                    "compiled.")
         if p.data_problem is not None:
-            st.warning(f"Data needed before compiling: {ui.md(p.data_problem)}", icon=":material/warning:")
+            st.warning(f"Data needed before compiling: {md(p.data_problem)}", icon=":material/warning:")
             return None
         if not st.button("Calibrate and compile", key="compile", icon=":material/build:"):
             return None
@@ -153,7 +153,7 @@ def _bundle(p: Project, choice: Choice, version: str, tf32: bool):
             bundle = export_bundle(p, choice.policy, trt_version=version, tf32=tf32, source=choice.source,
                                    estimate=estimate_panel.quiet_estimate(p, choice.policy))
     except MixprecError as e:
-        st.error(ui.md(e))
+        st.error(md(e))
         return None
     slot.empty()
     st.session_state["export_bundle"] = (key, bundle)
@@ -164,18 +164,18 @@ def _bundle_downloads(pol: Policy, choice: Choice, bundle) -> None:
     """The bundle zip, then each of its files (the same names, so the scripts find them side by side)."""
     size = sum(len(d) for d in bundle.files.values())
     zip_name = bundle_filename(pol, choice.run_id)
-    st.download_button(f"Bundle: {ui.md(zip_name)} ({_size(size)})", bundle.zip, zip_name, _mime(".zip"),
+    st.download_button(f"Bundle: {md(zip_name)} ({_size(size)})", bundle.zip, zip_name, _mime(".zip"),
                        key="dl_bundle", type="primary", icon=":material/folder_zip:",
                        help=f"Every file below and a {README_NAME} on how to build, profile and import the reports")
     for note in bundle.left_out:
-        st.warning(f"Left out of the bundle: {ui.md(note)}", icon=":material/block:")
+        st.warning(f"Left out of the bundle: {md(note)}", icon=":material/block:")
     offered = (README_NAME, POLICY_NAME, BUNDLE_SCRIPTS["typed"], BUNDLE_SCRIPTS["legacy"])  # in the zip, or above
     names = [n for n in bundle.files if n not in offered]
     st.caption("Each file on its own (the names the scripts use: keep them side by side):")
     cols = st.columns(3)
     for i, name in enumerate(names):
         data = bundle.files[name]
-        cols[i % 3].download_button(f"{ui.md(name)} ({_size(len(data))})", lambda d=data: d, name, _mime(name),
+        cols[i % 3].download_button(f"{md(name)} ({_size(len(data))})", lambda d=data: d, name, _mime(name),
                                     key=f"dl_{name}_file", icon=":material/description:")
 
 
@@ -197,9 +197,9 @@ def commands(p: Project, scripts: dict) -> None:
         scripts = {**scripts, BUNDLE_SCRIPTS["polygraphy"]: (preview, err)}
     for name, title in titles.items():
         text, err = scripts[name]
-        st.markdown(f"**{title}** · {ui.code(name)}")
+        st.markdown(f"**{title}** · {code(name)}")
         if err is not None:
-            st.warning(ui.md(err), icon=":material/warning:")
+            st.warning(md(err), icon=":material/warning:")
             continue
         st.code(fold_command(text), language="bash")
         with st.expander(f"The whole script ({len(text.splitlines())} lines, {_size(len(text.encode()))})"):

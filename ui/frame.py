@@ -9,8 +9,8 @@ import streamlit as st
 
 from core.measure.runs import latency_caveat
 from core.project import DEPLOY_TARGETS, TARGET_LABELS
-from ui import cluster
-from ui import common as ui
+from ui import cluster, draft, job_panel, saved_project, session
+from ui.session import code, md
 
 
 @dataclass(frozen=True)
@@ -32,42 +32,42 @@ class PageInfo:
 
 
 def _pick_target() -> None:
-    ui.set_target(st.session_state["target_pick"])
+    saved_project.set_target(st.session_state["target_pick"])
 
 
 def keep_state() -> None:
     """Before any page draws: restore the saved project (first run of a session), keep the
     settings widgets hold across pages, and keep the project id and source in the URL."""
-    ui.source()
-    ui.keep_settings()
-    ui.sync_url()
+    saved_project.source()
+    saved_project.keep_settings()
+    saved_project.sync_url()
 
 
 def _new_project() -> None:
-    ui.new_project()
+    saved_project.new_project()
 
 
 def sidebar() -> None:
-    src = ui.source()
+    src = saved_project.source()
     with st.sidebar:
-        saved = ui.saved_project()
+        saved = saved_project.saved()
         name = saved.model_name if saved is not None and saved.source.model == src.model and saved.model_name else None
-        st.markdown(f"**Model:** {ui.code(name or src.model)}")
+        st.markdown(f"**Model:** {code(name or src.model)}")
         if name and name != src.model:
-            st.caption(f"from {ui.code(src.model)}")
-        target = ui.target()
+            st.caption(f"from {code(src.model)}")
+        target = saved_project.target()
         st.selectbox("Deployment target", DEPLOY_TARGETS, index=DEPLOY_TARGETS.index(target), key="target_pick",
                      format_func=TARGET_LABELS.get, on_change=_pick_target,
                      help="Where the model will run. It labels every latency number and sets what the search "
                           "optimises.")
         st.markdown(f"**Target:** {TARGET_LABELS[target]}")
-        caveat = latency_caveat(target, ui.auto_backend_name())
+        caveat = latency_caveat(target, session.auto_backend_name())
         if caveat:
             st.caption(caveat)
         if src.shapes:
-            st.caption("Input shapes: " + ", ".join(f"{ui.md(n)}={'x'.join(map(str, dims))}"
+            st.caption("Input shapes: " + ", ".join(f"{md(n)}={'x'.join(map(str, dims))}"
                                                     for n, dims in src.shapes.items()))
-        text, failed = ui.autosave_status()
+        text, failed = draft.autosave_status()
         (st.warning if failed else st.caption)(text)
         if st.session_state.get("autosave_note"):
             st.warning(st.session_state.pop("autosave_note"))
@@ -75,10 +75,10 @@ def sidebar() -> None:
                   help="Start again from the default model and policy. This project stays saved: its URL brings it "
                        "back.")
         cluster.sidebar_fields()
-        active = [j for j in ui.jobs(limit=50) if j.active]
+        active = [j for j in job_panel.jobs(limit=50) if j.active]
         st.caption(f"{len(active)} job(s) queued or running" if active else "No job running")
-        st.caption(f"Workspace: {ui.code(ui.workspace().root)}")
-        st.caption(f"Backend (auto): {ui.auto_backend()}")
+        st.caption(f"Workspace: {code(session.workspace().root)}")
+        st.caption(f"Backend (auto): {session.auto_backend()}")
 
 
 def current(infos: list[PageInfo], page: st.Page) -> PageInfo:

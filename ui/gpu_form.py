@@ -10,7 +10,7 @@ from core.errors import MixprecError
 from core.estimate.gpus import ARCHITECTURES, FIELD_HELP, FIGURES, GPU
 from core.store.results import delete_gpu_spec, read_gpu_specs, save_gpu_spec
 from core.workspace import Workspace
-from ui import common as ui
+from ui.session import code, md
 
 FORM = "add_gpu"
 EXPANDED = "add_gpu:open"      # the expander stays open after a save or an error
@@ -51,7 +51,7 @@ def section(ws: Workspace, on_saved) -> None:
     label = f"Add a GPU that is not in the table ({len(saved)} saved)" if saved else "Add a GPU that is not in the table"
     with st.expander(label, expanded=bool(st.session_state.get(EXPANDED)), icon=":material/add:"):
         for n in notes:
-            st.warning(ui.md(n), icon=":material/warning:")
+            st.warning(md(n), icon=":material/warning:")
         st.caption("The figures of its datasheet, dense (a figure given only with sparsity, marked *, is halved). "
                    "The same fields as a row of the GPU table and as `--gpu-spec FILE.json` on the command line.")
         with st.form(FORM, clear_on_submit=False, border=False):
@@ -75,24 +75,24 @@ def section(ws: Workspace, on_saved) -> None:
             try:
                 g = save_gpu_spec(ws, _doc())
             except MixprecError as e:
-                st.error(ui.md(e), icon=":material/error:")
+                st.error(md(e), icon=":material/error:")
             except OSError as e:
-                st.error(ui.md(f"the GPU could not be saved: {e.strerror or e}"), icon=":material/error:")
+                st.error(md(f"the GPU could not be saved: {e.strerror or e}"), icon=":material/error:")
             else:
                 st.session_state["add_gpu:saved"] = g.key
                 on_saved(g.key)
         if st.session_state.get("add_gpu:saved") in saved:
-            st.success(f"Saved {ui.md(saved[st.session_state['add_gpu:saved']].name)}: it is in the GPU picker.",
+            st.success(f"Saved {md(saved[st.session_state['add_gpu:saved']].name)}: it is in the GPU picker.",
                        icon=":material/check:")
         for key, g in saved.items():
             row = st.columns([4, 1])
-            row[0].caption(f"{ui.md(g.name)} ({ui.code(key)}, {ui.md(g.arch)}, {g.sm_count} SMs, FP16 "
+            row[0].caption(f"{md(g.name)} ({code(key)}, {md(g.arch)}, {g.sm_count} SMs, FP16 "
                            f"{g.fp16_acc16_tflops:g} TFLOPS, INT8 {g.int8_tops:g} TOPS, {g.bandwidth_gbs:g} GB/s)")
             if row[1].button("Remove", key=f"gpu_form_remove:{key}", icon=":material/delete:"):
                 try:
                     delete_gpu_spec(ws, key)
                 except MixprecError as e:
-                    st.error(ui.md(e))
+                    st.error(md(e))
                 else:
                     st.session_state.pop("add_gpu:saved", None)
                     st.rerun()

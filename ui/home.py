@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ui import common as ui
+from ui import job_panel
 
 
 def page(infos) -> None:
@@ -13,4 +13,4 @@ def page(infos) -> None:
         "Then export the precision policy.")
     for info in infos:
         st.page_link(info.script, label=f"{info.title}: {info.summary}", icon=info.icon)
-    ui.job_panel(limit=5)
+    job_panel.show(limit=5)

@@ -16,7 +16,8 @@ from core.project import Project
 from core.quant.policy import CALIB_METHODS, Policy
 from core.store.results import project_ranking_key, ranking_path
 from core.store.runs import list_runs, load_run_per_layer, run_dir
-from ui import common as ui
+from ui import draft, results
+from ui.session import md
 
 SEL = "sel_layers"  # the working selection: layer names, set by the charts, the table or by name
 SELECT_MODES = ("points", "box", "lasso")
@@ -39,7 +40,7 @@ class RankingChoice:
 def _stored(p: Project) -> list[str]:
     """``mode:method`` of every stored ranking of this model and data, the preferred first: isolated,
     then cumulative, then leave-one-out; the draft's calibration method first within each."""
-    first = ui.policy(p).calibration.method
+    first = draft.policy(p).calibration.method
     methods = sorted(CALIB_METHODS, key=lambda m: (m != first, CALIB_METHODS.index(m)))
     return [f"{mode}:{m}" for mode in RANKING_MODES for m in methods
             if ranking_path(p.ws, project_ranking_key(p, m, mode)).is_file()]
@@ -57,7 +58,7 @@ def pick_ranking(p: Project) -> RankingChoice | None:
     choice = st.selectbox("Sensitivity ranking used on this page (chart, table, Top-k)", options, key="rank_choice",
                           format_func=lambda o: f"{RANKING_LABELS[o.split(':')[0]]} ({o.split(':')[1]})")
     mode, method = choice.split(":")
-    stored = ui.ranking(p, method) if mode == "cumulative" else ui.sensitivity(p, method, mode)
+    stored = results.ranking(p, method) if mode == "cumulative" else results.sensitivity(p, method, mode)
     return RankingChoice(mode, method, ranked_layers(stored.table if stored is not None else None, mode))
 
 
@@ -114,7 +115,7 @@ def _latency_chart(p: Project, pol: Policy, known: list[str]) -> None:
     try:
         lat = layer_latency(load_run_per_layer(run_dir(p.ws, last["run_id"])), p.layers)
     except Exception as e:  # noqa: BLE001 - a damaged run must not break the page
-        st.error(ui.md(e))
+        st.error(md(e))
         return
     if lat.empty:
         st.info("The last run's profile names none of this model's layers.")

@@ -7,7 +7,7 @@ import streamlit as st
 
 from core.measure.runs import GENERATED_NOTE, is_generated
 from core.project import Project
-from ui import common as ui
+from ui.session import md
 
 
 def normalization(p: Project) -> None:
@@ -34,7 +34,7 @@ def data_origin(p: Project) -> None:
                  key="data_origin_table")
     which = " and ".join(w for w, g in (("calibration", calib), ("evaluation", evald)) if g)
     if p.data_problem is not None:
-        st.warning(f"Data needed before a build: {ui.md(p.data_problem)}", icon=":material/warning:")
+        st.warning(f"Data needed before a build: {md(p.data_problem)}", icon=":material/warning:")
     elif which:
         st.info(f"The {which} data is generated (values that fit the inputs' shapes and dtypes, not real inputs). "
                 f"Quality numbers computed on it are marked \"{GENERATED_NOTE}\": give .npz files above for "

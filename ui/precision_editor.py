@@ -15,35 +15,35 @@ from core.model.inventory import PRECISIONS
 from core.model.placement import boundaries
 from core.project import Project
 from core.quant.policy import Policy
-from ui import bulk_actions
-from ui import common as ui
+from ui import bulk_actions, draft, session
 from ui.layer_picker import SEL, RankingChoice, selection, set_selection
+from ui.session import md
 
 ROW_PX, HEADER_PX, ROWS_SHOWN = 35, 38, 20
 
 
 # --- undo / redo -----------------------------------------------------------------------------
 def _undo(p: Project) -> None:
-    what = ui.undo(p)
+    what = draft.undo(p)
     if what:
-        ui.flash(f"Undone: {ui.md(what)}")
+        session.flash(f"Undone: {md(what)}")
 
 
 def _redo(p: Project) -> None:
-    what = ui.redo(p)
+    what = draft.redo(p)
     if what:
-        ui.flash(f"Redone: {ui.md(what)}")
+        session.flash(f"Redone: {md(what)}")
 
 
 def history(p: Project) -> None:
     """Undo and Redo of policy edits (each names the edit), and what the autosave did."""
-    d = ui.draft(p)
+    d = draft.current(p)
     c1, c2, c3 = st.columns([1, 1, 6])
     c1.button("Undo", key="undo", icon=":material/undo:", disabled=d.undo_what is None, on_click=_undo, args=(p,),
               help=f"Undo: {d.undo_what}" if d.undo_what else "Nothing to undo")
     c2.button("Redo", key="redo", icon=":material/redo:", disabled=d.redo_what is None, on_click=_redo, args=(p,),
               help=f"Redo: {d.redo_what}" if d.redo_what else "Nothing to redo")
-    text, failed = ui.autosave_status(p)
+    text, failed = draft.autosave_status(p)
     if failed:
         c3.warning(text)
     else:

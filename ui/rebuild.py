@@ -12,7 +12,8 @@ from core.jobs import build_params
 from core.project import Project
 from core.quant.policy import Policy
 from core.store.runs import last_built_policy
-from ui import common as ui
+from ui import job_panel, saved_project
+from ui.session import md
 
 
 def section(p: Project, pol: Policy, counts: dict) -> None:
@@ -23,14 +24,14 @@ def section(p: Project, pol: Policy, counts: dict) -> None:
     backend = r2.selectbox("Backend", BACKENDS, key="backend")
     r3.write("")
     if r3.button("Rebuild", type="primary", key="rebuild"):
-        job = ui.submit("build", build_params(ui.source(), pol.to_json(), backend, label),
-                        label or f"int8={counts['int8']} fp16={counts['fp16']} fp32={counts['fp32']}")
+        job = job_panel.submit("build", build_params(saved_project.source(), pol.to_json(), backend, label),
+                               label or f"int8={counts['int8']} fp16={counts['fp16']} fp32={counts['fp32']}")
         if job:
-            st.toast(f"Build queued: {ui.md(job.label)}")
+            st.toast(f"Build queued: {md(job.label)}")
     mine = st.session_state.get("my_jobs", [])
     if mine:
         st.caption("Your builds (details and results on **Build and results**):")
-        ui.job_panel(kind="build", only=mine, limit=3)
+        job_panel.show(kind="build", only=mine, limit=3)
 
 
 @st.cache_data(show_spinner=False, max_entries=32)

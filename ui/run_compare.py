@@ -11,8 +11,8 @@ from core.display.tables import layer_comparison, run_columns, run_comparison_ta
 from core.errors import MixprecError
 from core.project import Project
 from core.store.runs import load_run_per_layer, run_dir, run_policy
-from ui import common as ui
 from ui import run_notes
+from ui.session import md
 
 
 def section(p: Project, runs: pd.DataFrame) -> None:
@@ -31,11 +31,11 @@ def section(p: Project, runs: pd.DataFrame) -> None:
         top = min(30, len(layers))
         st.plotly_chart(plot_layer_comparison(layers, col_a, col_b, top=top), key="compare_layers_chart")
     except (OSError, MixprecError) as e:
-        st.error(ui.md(e))
+        st.error(md(e))
     try:
         diff = policy_diff(run_policy(p, run_dir(p.ws, a)), run_policy(p, run_dir(p.ws, b)), p.layers)
     except (OSError, MixprecError) as e:
-        st.error(ui.md(e))
+        st.error(md(e))
         return
     st.caption(f"{len(diff)} layer(s) differ in precision between A and B")
     st.dataframe(diff.rename(columns={"built": col_a, "now": col_b}), hide_index=True)

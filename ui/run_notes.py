@@ -13,17 +13,18 @@ from core.model.shapes import shape_text
 from core.project import Project
 from core.project import TARGET_LABELS
 from core.store.runs import load_run, run_policy
-from ui import common as ui
+from ui import results
+from ui.session import code, md
 
 
 def section(p: Project, run_id: str) -> None:
     try:
         run = load_run(p.ws, run_id)
     except MixprecError as e:
-        st.error(ui.md(e))
+        st.error(md(e))
         return
     for w in run.warnings:
-        st.warning(f"Run {ui.md(run.label)}: {ui.md(w)}")
+        st.warning(f"Run {md(run.label)}: {md(w)}")
     if run.warnings and not any("worst INT8 layers" in w for w in run.warnings):
         _ranked_now(p, run)
     notes = [f"latency {run.latency_label}"]
@@ -32,7 +33,7 @@ def section(p: Project, run_id: str) -> None:
     if run.input_shapes:
         notes.append("input shapes " + ", ".join(f"{n}={shape_text(s)}" for n, s in run.input_shapes.items()))
     if notes:
-        st.caption(f"Run {ui.md(run.label)}: " + "; ".join(ui.md(n) for n in notes))
+        st.caption(f"Run {md(run.label)}: " + "; ".join(md(n) for n in notes))
 
 
 def comparison(runs: pd.DataFrame, a: str, b: str) -> None:
@@ -42,8 +43,8 @@ def comparison(runs: pd.DataFrame, a: str, b: str) -> None:
     for name, r in (("A", a), ("B", b)):
         row = by_id.loc[r]
         caveat = latency_caveat(row["target"], row["backend"])
-        st.caption(f"Run {name} latency: {ui.md(row['latency_source'])} · target "
-                   f"{TARGET_LABELS.get(row['target'], ui.md(row['target']))}" + (f". {caveat}" if caveat else ""))
+        st.caption(f"Run {name} latency: {md(row['latency_source'])} · target "
+                   f"{TARGET_LABELS.get(row['target'], md(row['target']))}" + (f". {caveat}" if caveat else ""))
     gen = by_id["data_generated"].to_dict()
     which = list(dict.fromkeys(r for r in (a, b) if bool(gen.get(r))))
     if which:
@@ -53,7 +54,7 @@ def comparison(runs: pd.DataFrame, a: str, b: str) -> None:
 
 def _ranked_now(p: Project, run) -> None:
     """A run built before its model was ranked: the worst INT8 layers of the ranking stored since."""
-    ranking = ui.ranking(p, run.calibration_method)
+    ranking = results.ranking(p, run.calibration_method)
     if ranking is None:
         return
     try:
@@ -62,4 +63,4 @@ def _ranked_now(p: Project, run) -> None:
         return
     if worst:
         st.caption("The cumulative ranking stored since names these INT8 layers of this run as the worst: "
-                   + ", ".join(ui.code(n) for n in worst))
+                   + ", ".join(code(n) for n in worst))

@@ -20,8 +20,9 @@ from core.search import BUDGET_METRICS
 from core.search.searcher import MAC_SHARE_NOTE, TRT_ESTIMATE_NOTE, search_objective
 from core.store.results import searched_gpu_name
 from ui import cluster
-from ui import common as ui
+from ui import draft, job_panel, results, saved_project, session
 from ui import estimate_panel
+from ui.session import md
 
 GPU_WIDGET = "search_gpu"             # the search's GPU picker
 GPU_OWN = "search_gpu:own"            # the GPU picked there (else the search follows the estimate panel's GPU)
@@ -53,8 +54,8 @@ def _picked() -> None:
 
 def section(p: Project) -> None:
     with st.expander("Search under a budget"):
-        src = ui.source()
-        objective = search_objective("auto", ui.target(), ui.auto_backend_name())
+        src = saved_project.source()
+        objective = search_objective("auto", saved_project.target(), session.auto_backend_name())
         trt = objective == "trt_estimate"
         s1, s2, s3 = st.columns([3, 2, 1]) if trt else (*st.columns([3, 1]), None)
         budget = s1.text_input("Quality budget", "cosine_mean>=0.99", key="search_budget",
@@ -65,27 +66,27 @@ def section(p: Project) -> None:
         try:
             params = search_params(src, budget, smooth, gpu=g, ray=cluster.ray_address())
         except MixprecError as e:
-            st.error(ui.md(e))
+            st.error(md(e))
             return
         if objective == "mac_share":
             st.info(MAC_SHARE_NOTE)
         elif trt:
-            st.info(TRT_ESTIMATE_NOTE.format(label=f"estimated TensorRT ms on the {ui.md(g.name)} (an "
+            st.info(TRT_ESTIMATE_NOTE.format(label=f"estimated TensorRT ms on the {md(g.name)} (an "
                                                    "estimate from the cost model, not a measurement)"))
         else:
-            st.caption(f"Objective: the estimated latency on {ui.auto_backend_name()} (the latency model fitted on its "
-                       "profiles), then the fewest INT8/float boundaries.")
-        result = ui.search_result(p, params["budget"], smooth, g)  # each GPU's search is stored on its own
+            st.caption(f"Objective: the estimated latency on {session.auto_backend_name()} (the latency model "
+                       "fitted on its profiles), then the fewest INT8/float boundaries.")
+        result = results.search_result(p, params["budget"], smooth, g)  # each GPU's search is stored on its own
         other = searched_gpu_name(result) if result is not None and trt else None
         if other is not None and other != g.name:  # never expected (searches are stored per GPU): a safety net
-            st.caption(f"The search stored for this budget estimated on the {ui.md(other)}, not the "
-                       f"{ui.md(g.name)}: start it for the {ui.md(g.name)}.")
+            st.caption(f"The search stored for this budget estimated on the {md(other)}, not the "
+                       f"{md(g.name)}: start it for the {md(g.name)}.")
             result = None
         gpu_text = f" on the {g.name}" if trt else ""
-        ui.job_button("search", params, f"search {params['budget']}{gpu_text} · {p.model.name}", "Start the search",
-                      "start_search", result is not None, f"Not searched yet for this budget{ui.md(gpu_text)}: the "
-                      "search chooses on half of the evaluation data and verifies on the other half (MiniLM: a few "
-                      "minutes).")
+        job_panel.job_button("search", params, f"search {params['budget']}{gpu_text} · {p.model.name}",
+                             "Start the search", "start_search", result is not None,
+                             f"Not searched yet for this budget{md(gpu_text)}: the search chooses on half of the "
+                             "evaluation data and verifies on the other half (MiniLM: a few minutes).")
         if result is not None:
             _result(p, result, objective)
 
@@ -94,7 +95,7 @@ def _result(p: Project, result, objective: str) -> None:
     """A stored ``SearchResult``: verdict, Pareto chart, the front and the front point to use
     (``objective``: what a search for the session's target would optimise)."""
     met = result.met_on_dev and result.met_on_holdout is not False
-    (st.success if met else st.warning)(ui.md(result.message))
+    (st.success if met else st.warning)(md(result.message))
     if result.run is not None and result.run.data_generated and GENERATED_NOTE not in result.message:
         st.caption(f"The search's quality numbers are {GENERATED_NOTE}.")  # a search stored before it said so
     if result.objective == "trt_estimate" and result.latency_label:
@@ -139,16 +140,16 @@ def _result(p: Project, result, objective: str) -> None:
     try:
         new = result.policy if pick == result.chosen else result.front_policy(int(pick))
     except MixprecError as e:
-        st.error(ui.md(e))
+        st.error(md(e))
         return
-    differ = len(policy_diff(ui.policy(p), new, p.layers))
+    differ = len(policy_diff(draft.policy(p), new, p.layers))
     question = (f"Replace your draft with front point #{pick}? {differ} layer(s) change"
                 + (" and **it fails the budget** on the dev half" if pick in fails else "") + ". You can undo it.")
     with f2:
-        use = ui.confirmed("use_front", "Use this policy", question, "Yes, use it", box=below, type="primary")
+        use = session.confirmed("use_front", "Use this policy", question, "Yes, use it", box=below, type="primary")
     if use:
-        ui.set_policy(p, new, what=f"front point #{pick} of the search {result.budget}")
-        ui.flash(f"Front point #{pick} is now the current policy: Rebuild to measure it.", rerun=True)
+        draft.set_policy(p, new, what=f"front point #{pick} of the search {result.budget}")
+        session.flash(f"Front point #{pick} is now the current policy: Rebuild to measure it.", rerun=True)
 
 
 def _has_band(frame) -> bool:

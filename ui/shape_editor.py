@@ -10,7 +10,8 @@ import streamlit as st
 from core.errors import MixprecError
 from core.model.shapes import shape_text
 from core.project import Project
-from ui import common as ui
+from ui import saved_project, session
+from ui.session import code, md
 
 _SOURCE_TEXT = {"given": "set by you", "batch": "batch", "data": "from the data", "default": "default",
                 "guessed": "guessed"}
@@ -33,7 +34,7 @@ def section(p: Project) -> None:
     st.subheader("Input shapes")
     choices = list(p.shape_choices)
     dynamic = [c for c in choices if c.source != "fixed"]
-    given = ui.source().shapes
+    given = saved_project.source().shapes
     if not dynamic:
         st.caption("Every dimension of every input is fixed by the model: nothing to set.")
         return
@@ -44,13 +45,13 @@ def section(p: Project) -> None:
     with st.form("shapes_form"):
         for name in dict.fromkeys(c.input for c in dynamic):
             dims = [c for c in choices if c.input == name]
-            st.markdown(f"**{ui.md(name)}** · now {ui.code(shape_text(c.value for c in dims))}")
+            st.markdown(f"**{md(name)}** · now {code(shape_text(c.value for c in dims))}")
             cols = st.columns(min(4, max(1, sum(c.source != "fixed" for c in dims))))
             for k, c in enumerate(d for d in dims if d.source != "fixed"):
                 values[(c.input, c.axis)] = cols[k % len(cols)].number_input(
-                    ui.md(_label(c)), min_value=1, value=int(c.value), step=1, help=ui.md(c.note) or None,
+                    md(_label(c)), min_value=1, value=int(c.value), step=1, help=md(c.note) or None,
                     key=f"shape:{p.model.sha256[:12]}:{version}:{c.input}:{c.axis}")
-                cols[k % len(cols)].caption(ui.md(status(c)))
+                cols[k % len(cols)].caption(md(status(c)))
         apply = st.form_submit_button("Apply shapes", type="primary", key="apply_shapes")
     if given and st.button("Back to the default shapes", key="reset_shapes"):
         _apply(None)
@@ -81,11 +82,11 @@ def _apply(shapes: dict | None) -> None:
     """Open the project at ``shapes`` first (an error is shown and nothing changes), then use them."""
     try:
         with st.spinner("Opening the model at these shapes…"):
-            ui.open_source(replace(ui.source(), shapes=shapes))
+            saved_project.open_source(replace(saved_project.source(), shapes=shapes))
     except MixprecError as e:
-        st.error(ui.md(e))
+        st.error(md(e))
         return
-    ui.set_shapes(shapes)
+    saved_project.set_shapes(shapes)
     st.session_state["shapes_version"] = st.session_state.get("shapes_version", 0) + 1
     text = ", ".join(f"{n}={shape_text(s)}" for n, s in shapes.items()) if shapes else "the default shapes"
-    ui.flash(f"Input shapes: {ui.md(text)}. Jobs started from now on use them.", rerun=True)
+    session.flash(f"Input shapes: {md(text)}. Jobs started from now on use them.", rerun=True)

@@ -9,30 +9,33 @@ from core.measure.runs import GENERATED_NOTE, latency_caveat
 from core.project import TARGET_LABELS
 from core.quant.policy import uniform_policy
 from core.store.runs import list_runs, load_run_per_layer, run_dir
-from ui import common as ui
-from ui import engine_report, estimate_panel, export_panel, run_compare, run_notes, tables
+from ui import (engine_report, estimate_panel, export_panel, job_panel, run_compare, run_notes, saved_project, session,
+                tables)
+from ui.session import code, md
 
-p = ui.project()
+p = saved_project.project()
 st.subheader("Jobs")
-ui.job_panel(limit=8)
+job_panel.show(limit=8)
 if st.button("Build the all-FP16 baseline", key="fp16_baseline", icon=":material/play_arrow:"):
-    ui.submit("build", build_params(ui.source(), uniform_policy(p.model, p.layers, "fp16").to_json(), label="all-FP16"),
-              "all-FP16 baseline")
+    fp16 = uniform_policy(p.model, p.layers, "fp16").to_json()
+    job_panel.submit("build", build_params(saved_project.source(), fp16, label="all-FP16"),
+                     "all-FP16 baseline")
     st.rerun()
 
 engine_report.section([l.name for l in p.layers], p)
 
 runs = list_runs(p.ws, p.model.sha256)
-st.subheader(f"Runs of {ui.md(p.model.name)}")
+st.subheader(f"Runs of {md(p.model.name)}")
 if runs.empty:
     st.info("No runs yet: press **Rebuild** on the Precision page.", icon=":material/info:")
     st.stop()
 last = runs.iloc[0]
 c = st.columns([1, 1.7, 1, 0.8, 1])  # the latency's delta says its speedup in words
-c[0].metric("Latest run", ui.md(last["label"]), f"built {local_time(last['created'])}", delta_color="off",
-            delta_arrow="off", help=f"Label: {ui.md(last['label'])} · run {ui.code(last['run_id'])}")
-ui.speedup_metric(c[1], "Median latency", ms_text(last["latency_median_ms"]), last["speedup"],
-                  help=f"{ui.md(last['latency_source'])} · target {TARGET_LABELS.get(last['target'], last['target'])}"
+c[0].metric("Latest run", md(last["label"]), f"built {local_time(last['created'])}", delta_color="off",
+            delta_arrow="off", help=f"Label: {md(last['label'])} · run {code(last['run_id'])}")
+session.speedup_metric(c[1], "Median latency", ms_text(last["latency_median_ms"]), last["speedup"],
+                       help=f"{md(last['latency_source'])} · target "
+                       f"{TARGET_LABELS.get(last['target'], last['target'])}"
                        f" · p95 {ms_text(last['latency_p95_ms'])} · FP32 {ms_text(last['fp32_median_ms'])}")
 c[2].metric("Cosine (mean)", f"{last['cosine_mean']:.4f}",
             f"min {last['cosine_min']:.4f}" + (f" · {GENERATED_NOTE}" if last["data_generated"] else ""),
@@ -40,7 +43,7 @@ c[2].metric("Cosine (mean)", f"{last['cosine_mean']:.4f}",
 c[3].metric("SNR", f"{last['snr_db']:.1f} dB" if last["snr_db"] == last["snr_db"] else "∞")
 c[4].metric("Reformats", f"{int(last['reformat_count'])}", f"{last['reformat_pct']:.1f}% of per-layer time",
             delta_color="off", delta_arrow="off", help=f"{ms_text(last['reformat_ms'])} in precision conversions")
-st.caption(f"Latency of {ui.md(last['label'])}: {ui.md(last['latency_source'])} · deployment target "
+st.caption(f"Latency of {md(last['label'])}: {md(last['latency_source'])} · deployment target "
            f"{TARGET_LABELS.get(p.target, p.target)}")
 estimate_panel.beside_run(p, last["run_id"], ms_text(last["latency_median_ms"]), last["latency_source"])
 caveat = latency_caveat(p.target, last["backend"])
@@ -71,6 +74,6 @@ try:
     st.plotly_chart(plot_run_layers(load_run_per_layer(run_dir(p.ws, sel)),
                                     backend=runs.set_index("run_id").at[sel, "backend"]), key="layers_chart")
 except Exception as e:  # noqa: BLE001 - a damaged run must not break the page
-    st.error(ui.md(e))
+    st.error(md(e))
 if sel != last["run_id"]:
     run_notes.section(p, sel)

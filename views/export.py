@@ -4,11 +4,11 @@ import streamlit as st
 
 from core.errors import MixprecError
 from core.quant.policy import policy_from_text
-from ui import common as ui
-from ui import export_panel
+from ui import draft, export_panel, saved_project, session
+from ui.session import md
 
-p = ui.project()
-ui.show_flash()
+p = saved_project.project()
+session.show_flash()
 choice = export_panel.pick(p)
 export_panel.summary(p, choice)
 version, tf32 = export_panel.options()
@@ -23,8 +23,8 @@ text = st.text_area("…or paste it", height=140, key="policy_text")
 if st.button("Validate and apply", key="import"):
     raw = up.getvalue().decode("utf-8", errors="replace") if up is not None else text
     try:
-        ui.set_policy(p, policy_from_text(raw, p.model, p.layers, source=up.name if up else "the pasted policy"))
+        draft.set_policy(p, policy_from_text(raw, p.model, p.layers, source=up.name if up else "the pasted policy"))
         export_panel.choose_run(export_panel.SESSION)  # show what was applied
-        ui.flash("Policy applied: see the Precision page.", rerun=True)
+        session.flash("Policy applied: see the Precision page.", rerun=True)
     except MixprecError as e:
-        st.error(ui.md(e))
+        st.error(md(e))

@@ -1,6 +1,6 @@
 """Model page: pick a sample, upload an ONNX file or give a server path; optional calibration/eval data;
 what loading changed, the input shapes (editable) and which data is generated. Every choice is saved
-with the project (ui.common.set_source); each model keeps its own draft policy."""
+with the project (ui.saved_project.set_source); each model keeps its own draft policy."""
 from dataclasses import replace
 
 import pandas as pd
@@ -9,32 +9,33 @@ import streamlit as st
 from core.display.charts import plot_op_types
 from core.errors import MixprecError
 from core.project import ProjectSource
-from ui import common as ui
-from ui import model_facts, shape_editor
+from ui import model_facts, saved_project, session, shape_editor
+from ui.session import md
 
-src = ui.source()
+src = saved_project.source()
 limit = st.get_option("server.maxUploadSize")
 how = st.radio("Model source", ["Bundled sample", "Upload an ONNX file", "Path on the server"], horizontal=True,
                index=0 if src.model.startswith("sample:") else 2, key="model_how")
 if how == "Bundled sample":
-    current = src.model if src.model in ui.SAMPLES else ui.DEFAULT_MODEL
-    sample = st.selectbox("Sample", ui.SAMPLES, index=ui.SAMPLES.index(current), key="sample_pick")
+    current = src.model if src.model in saved_project.SAMPLES else saved_project.DEFAULT_MODEL
+    samples = saved_project.SAMPLES
+    sample = st.selectbox("Sample", samples, index=samples.index(current), key="sample_pick")
     if sample != src.model:
-        ui.set_source(ProjectSource(sample, target=src.target))
+        saved_project.set_source(ProjectSource(sample, target=src.target))
         st.rerun()  # the sidebar, drawn before this page, shows the new model at once
 elif how == "Upload an ONNX file":
     st.caption(f"Uploads are limited to {limit} MB (server.maxUploadSize in .streamlit/config.toml). "
                "Larger models: give their path on the server.")
-    path = ui.upload(st.file_uploader("ONNX model", type=["onnx"], key="model_file"), "model")
+    path = session.upload(st.file_uploader("ONNX model", type=["onnx"], key="model_file"), "model")
     if path and path != src.model:
-        ui.set_source(ProjectSource(path, target=src.target))
+        saved_project.set_source(ProjectSource(path, target=src.target))
         st.rerun()
 else:
     with st.form("path_form"):
         typed = st.text_input("Path of an .onnx file on the server", value="" if src.model.startswith("sample:")
                               else src.model, key="model_path")
         if st.form_submit_button("Load", key="load_path") and typed.strip() and typed.strip() != src.model:
-            ui.set_source(ProjectSource(typed.strip(), target=src.target))
+            saved_project.set_source(ProjectSource(typed.strip(), target=src.target))
             st.rerun()
 
 with st.expander("Calibration and evaluation data (.npz, optional)", expanded=bool(src.data or src.eval_data)):
@@ -43,38 +44,38 @@ with st.expander("Calibration and evaluation data (.npz, optional)", expanded=bo
                "calibration samples.")
     c1, c2 = st.columns(2)
     try:
-        model = ui.open_source(ProjectSource(src.model)).model
-    except Exception:  # noqa: BLE001 - the error is shown below by ui.project()
+        model = saved_project.open_source(ProjectSource(src.model)).model
+    except Exception:  # noqa: BLE001 - the error is shown below by saved_project.project()
         model = None
-    calib = ui.upload(c1.file_uploader("Calibration .npz", type=["npz"], key="calib_file"), "data", model)
-    evald = ui.upload(c2.file_uploader("Evaluation .npz", type=["npz"], key="eval_file"), "data", model)
+    calib = session.upload(c1.file_uploader("Calibration .npz", type=["npz"], key="calib_file"), "data", model)
+    evald = session.upload(c2.file_uploader("Evaluation .npz", type=["npz"], key="eval_file"), "data", model)
     if (calib or evald) and (calib, evald) != (src.data, src.eval_data):
-        ui.set_source(replace(src, data=calib or src.data, eval_data=evald or src.eval_data))
+        saved_project.set_source(replace(src, data=calib or src.data, eval_data=evald or src.eval_data))
         st.rerun()
     if (src.data or src.eval_data) and st.button("Use the default data", key="clear_data"):
-        ui.set_source(replace(src, data=None, eval_data=None))
+        saved_project.set_source(replace(src, data=None, eval_data=None))
         st.rerun()
 
-if ui.source().shapes:  # shapes that no longer fit (e.g. new data): say so, and offer the way back
+if saved_project.source().shapes:  # shapes that no longer fit (e.g. new data): say so, and offer the way back
     try:
-        ui.open_source(ui.source())
+        saved_project.open_source(saved_project.source())
     except MixprecError as e:
-        st.error(f"At the input shapes you set: {ui.md(e)}")
+        st.error(f"At the input shapes you set: {md(e)}")
         if st.button("Back to the default shapes", key="reset_bad_shapes"):
-            ui.set_shapes(None)
+            saved_project.set_shapes(None)
             st.rerun()
         st.stop()
-ui.show_flash()
-p = ui.project()
+session.show_flash()
+p = saved_project.project()
 m = p.model
-st.subheader(ui.md(m.name))
+st.subheader(md(m.name))
 c = st.columns(5)
 c[0].metric("Layers", len(p.layers))
 c[1].metric("INT8-eligible", sum(l.eligible for l in p.layers))
 c[2].metric("Opset", m.opset)
 c[3].metric("Size", f"{m.size_bytes / 1e6:.1f} MB")
 c[4].metric("Samples (calib / eval)", f"{p.calib_data.num_samples} / {p.eval_data.num_samples}")
-st.caption(f"sha256 `{m.sha256}` · calibration: {ui.md(p.calib_data.source)} · evaluation: {ui.md(p.eval_data.source)}")
+st.caption(f"sha256 `{m.sha256}` · calibration: {md(p.calib_data.source)} · evaluation: {md(p.eval_data.source)}")
 model_facts.data_origin(p)
 io = pd.DataFrame([("input", s.name, s.dtype, str(s.shape), str(p.input_shapes.get(s.name, ""))) for s in m.inputs]
                   + [("output", s.name, s.dtype, str(s.shape), "") for s in m.outputs],

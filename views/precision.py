@@ -4,17 +4,17 @@ the selection's precision, boundaries) and the policy's summary, then the diff a
 a component in ui/). Every edit is one undoable step of the project's draft, autosaved."""
 import streamlit as st
 
-from ui import bulk_actions, estimate_panel, layer_picker, precision_editor, rebuild, search_panel
-from ui import common as ui
+from ui import (bulk_actions, draft, estimate_panel, layer_picker, precision_editor, rebuild, saved_project,
+                search_panel, session)
 
-p = ui.project()
+p = saved_project.project()
 summary = st.container()  # drawn above the actions, filled once the page's edits are in
 history = st.container()  # undo / redo, likewise: they name the edits made further down
 rank = layer_picker.pick_ranking(p)
 bulk_actions.section(p, rank)
 search_panel.section(p)
-ui.show_flash()
-pol = ui.policy(p)
+session.show_flash()
+pol = draft.policy(p)
 layer_picker.charts(p, pol, rank)
 st.subheader("Layers")
 pol = precision_editor.section(p, pol, rank)

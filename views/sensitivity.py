@@ -9,22 +9,21 @@ from core.jobs import isolated_params, rank_params
 from core.measure.runs import GENERATED_NOTE
 from core.quant.policy import CALIB_METHODS
 from core.sensitivity import MODES, RANK_METRICS, RANKING_NOTE, RUNNER_LABELS, ranking_comparison
-from ui import cluster
-from ui import common as ui
-from ui import tables
+from ui import cluster, job_panel, results, saved_project, tables
+from ui.session import md
 
-p = ui.project()
-src = replace(ui.source(), target=None)  # the rankings do not depend on the target: one job and result for all
+p = saved_project.project()
+src = replace(saved_project.source(), target=None)  # the rankings do not depend on the target: one job for all
 if p.data_generated:
     st.caption(f"Cosine drops and SNR below are {GENERATED_NOTE} (give .npz files on the Model page for real inputs).")
 method = st.selectbox("Calibration method", CALIB_METHODS, key="rank_method")
-ranking = ui.ranking(p, method)
+ranking = results.ranking(p, method)
 table = ranking.table if ranking is not None else None
 st.subheader("Cumulative (Polygraphy)")
 st.caption(RANKING_NOTE)
-ui.job_button("rank", rank_params(src, method, max_memory=cluster.max_memory()),
-              f"rank {p.model.name}", "Run the ranking", "run_rank", table is not None,
-              "This model and data have not been ranked with this calibration method yet.")
+job_panel.job_button("rank", rank_params(src, method, max_memory=cluster.max_memory()),
+                     f"rank {p.model.name}", "Run the ranking", "run_rank", table is not None,
+                     "This model and data have not been ranked with this calibration method yet.")
 if table is not None:
     where = RUNNER_LABELS.get(ranking.runner, ranking.runner)
     st.caption(f"Stored ranking of {len(table)} layers, compared on {where} (kept per model, calibration and "
@@ -40,16 +39,16 @@ if table is not None:
 st.subheader("Isolated (one layer at a time)")
 labels = {"isolated": "Isolated (one layer at a time)", "leave-one-out": "Leave-one-out (all but one layer INT8)"}
 mode = st.radio("Mode", MODES, horizontal=True, key="iso_mode", format_func=labels.get)
-sens = ui.sensitivity(p, method, mode)
-ui.job_button("isolated",
-              isolated_params(src, method, mode, ray=cluster.ray_address()),
-              f"{mode} {p.model.name}", labels[mode], "run_isolated", sens is not None,
-              f"No {mode} ranking yet for this model, data and calibration method: each eligible layer is "
-              "measured on the dev half of the evaluation data (calibrated once, trials in parallel).")
+sens = results.sensitivity(p, method, mode)
+job_panel.job_button("isolated",
+                     isolated_params(src, method, mode, ray=cluster.ray_address()),
+                     f"{mode} {p.model.name}", labels[mode], "run_isolated", sens is not None,
+                     f"No {mode} ranking yet for this model, data and calibration method: each eligible layer is "
+                     "measured on the dev half of the evaluation data (calibrated once, trials in parallel).")
 if sens is not None:
     iso = sens.table
     if sens.trials_on:
-        st.caption(f"Trials ran on: {ui.md(sens.trials_on)}")
+        st.caption(f"Trials ran on: {md(sens.trials_on)}")
     st.caption("delta: cosine drop with only this layer INT8 (isolated), or cosine gain when only this layer "
                "leaves INT8 (leave-one-out). Next to it: the layer's rank and drop in the cumulative ranking"
                + ("." if table is not None else " (run the cumulative ranking above to fill them in)."))

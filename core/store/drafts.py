@@ -13,7 +13,7 @@ Writes are atomic (``core.workspace``). Undo and redo steps store only what an e
 layers' previous precisions and the policy's other fields), at most ``MAX_UNDO`` of them. Two
 sessions on one shared project write the same files: the last write wins, and a session sees the
 other's edits when the file's stamp (:func:`file_stamp`) changes. No Streamlit here: the pages
-call these through ``ui.common``."""
+call these through ``ui.saved_project`` and ``ui.draft``."""
 from __future__ import annotations
 
 import json

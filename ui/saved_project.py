@@ -1,0 +1,208 @@
+"""The session's project: its source (a ``core.project.ProjectSource``: the model, data, input
+shapes and deployment target) kept in the URL (``?project=<id>&model=…``) and saved in the workspace
+under the project id with a few kept settings (``core.store.drafts``), so a reload or a shared link
+restores it; and the project opened from it (cached) for the pages."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import streamlit as st
+
+from core.errors import MixprecError
+from core.model import samples as core_samples
+from core.project import DEFAULT_TARGET, DEPLOY_TARGETS, Project, ProjectSource
+from core.store import drafts
+from core.workspace import Workspace
+from ui.session import md, workspace
+
+SAMPLES = [f"sample:{name}" for name in core_samples.SAMPLES]
+DEFAULT_MODEL = SAMPLES[0]
+SOURCE_KEYS = ("model", "data", "eval_data")  # and "shapes" (the input shapes the user set), "target" (sidebar)
+# widget values kept across pages and saved with the project (a page's widgets forget their value
+# when another page runs): the run label, the search budget and smoothing
+KEPT_SETTINGS = ("run_label", "search_budget", "search_smooth")
+# kept across pages for the session only: the layer selection, the ranking and the table's filters
+SESSION_KEPT = ("sel_layers", "rank_choice", "view_ops", "view_name", "view_prec", "pick_chart")
+
+
+def _shapes_text(shapes: dict | None) -> str:
+    """Input shapes as the URL keeps them (JSON, any input name): ``{"images":[1,3,320,320]}``."""
+    return json.dumps({str(k): [int(d) for d in v] for k, v in shapes.items()}, separators=(",", ":"),
+                      sort_keys=True) if shapes else ""
+
+
+def _shapes_from_text(text: str | None) -> dict[str, list[int]] | None:
+    """The shapes of :func:`_shapes_text`; None for nothing or for anything that is not such a map."""
+    try:
+        doc = json.loads(text) if text else None
+        return {str(k): [int(d) for d in v] for k, v in doc.items()} if isinstance(doc, dict) and doc else None
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+def _keep(src: ProjectSource) -> None:
+    """Make ``src`` the session's source (a target that is not a deployment target: none chosen). The
+    session holds its JSON (``ProjectSource.to_json``): plain data, as Streamlit's session state keeps best."""
+    st.session_state["source"] = replace(src, target=src.target if src.target in DEPLOY_TARGETS else None).to_json()
+
+
+def source() -> ProjectSource:
+    """The session's model/data paths and input shapes: at the first run, the saved project of the
+    URL's ``?project=`` (a reload or a shared link), else the URL's own parameters; MiniLM at first."""
+    if "source" not in st.session_state:
+        qp = st.query_params
+        src = ProjectSource(qp.get("model") or DEFAULT_MODEL, qp.get("data"), qp.get("eval_data"),
+                            _shapes_from_text(qp.get("shapes")), target=qp.get("target"))
+        kept = saved()
+        if kept is not None:
+            src = kept.source
+            for k, v in kept.settings.items():
+                if k in KEPT_SETTINGS:
+                    st.session_state.setdefault(k, v)
+        _keep(replace(src, model=src.model or DEFAULT_MODEL))
+        if qp.get("job"):  # re-attach to the job this browser tab started before a reload
+            st.session_state.setdefault("my_jobs", []).append(qp["job"])
+    return ProjectSource.from_json(st.session_state["source"])
+
+
+def target() -> str:
+    """The session's deployment target (sidebar; kept in the URL): ``tensorrt`` unless the user picked another."""
+    return source().deploy_target
+
+
+def set_target(value: str) -> None:
+    """Deploy on ``value`` (``core.project.DEPLOY_TARGETS``); keeps the model, data and shapes."""
+    set_source(replace(source(), target=value))
+
+
+def set_source(src: ProjectSource) -> None:
+    """The session's model, data, input shapes and deployment target (a new model: ``ProjectSource(model,
+    target=source().target)``, its default shapes and data); kept in the URL and saved with the project."""
+    _keep(src)
+    sync_url()
+    save()
+
+
+def set_shapes(shapes: dict | None) -> None:
+    """Keep the model and data, use these input shapes (None: back to the defaults)."""
+    set_source(replace(source(), shapes=shapes))
+
+
+def project_id() -> str:
+    """The id of the session's saved project: the URL's ``?project=`` if well-formed, else a new one."""
+    if "project_id" not in st.session_state:
+        st.session_state["project_id"] = (drafts.check_project_id(st.query_params.get("project"))
+                                          or drafts.new_project_id())
+    return st.session_state["project_id"]
+
+
+def saved() -> drafts.SavedProject | None:
+    """The project as saved when this session started or last saved it (None before its first
+    save). A damaged file is said once (``autosave_note``) and replaced at the next save."""
+    if "saved_project" not in st.session_state:
+        try:
+            st.session_state["saved_project"] = drafts.load_project(workspace(), project_id())
+        except MixprecError as e:
+            st.session_state["saved_project"] = None
+            st.session_state["autosave_note"] = f"The saved project could not be read, so it starts again: {md(e)}"
+    return st.session_state["saved_project"]
+
+
+def autosave(write) -> bool:
+    """Run a save; a write error (full disk, permissions) is kept for the page to show, never raised."""
+    try:
+        write()
+    except (MixprecError, OSError) as e:
+        st.session_state["autosave_error"] = md(e)
+        return False
+    st.session_state.pop("autosave_error", None)
+    return True
+
+
+def save(**changes) -> None:
+    """Save the session's source with the project (and ``changes``: ``model_name``, ``settings``);
+    nothing is written when nothing changed."""
+    old = saved() or drafts.SavedProject(project_id(), source())
+    new = replace(old, **changes, source=source())
+    if new.source.model != old.source.model and "model_name" not in changes:
+        new = replace(new, model_name="")  # the name of the model before: known again once it opens
+    same = {k: v for k, v in old.to_json().items() if k not in ("created", "updated")} == \
+        {k: v for k, v in new.to_json().items() if k not in ("created", "updated")}
+    if saved() is not None and same:
+        return
+    if autosave(lambda: drafts.save_project(workspace(), new)):
+        st.session_state["saved_project"] = new
+
+
+def _url_params() -> dict[str, str]:
+    src = source()
+    out = {"model": src.model, "data": src.data, "eval_data": src.eval_data, "shapes": _shapes_text(src.shapes),
+           "target": src.target, "project": project_id()}
+    return {k: str(v) for k, v in out.items() if v}
+
+
+def sync_url() -> None:
+    """Keep the project id and the source in the URL (``?project=…&model=…``), which switching
+    pages drops: a reload or a copied link then finds them. ``?job=`` is left as it is."""
+    want, qp = _url_params(), st.query_params
+    for k in (*SOURCE_KEYS, "shapes", "target", "project"):
+        if k in want and qp.get(k) != want[k]:
+            qp[k] = want[k]
+        elif k not in want and k in qp:
+            del qp[k]
+
+
+def keep_settings() -> None:
+    """At the start of every run: the KEPT_SETTINGS widget values outlive the pages that do not
+    draw them (re-assigned, Streamlit keeps them), and are saved with the project when changed."""
+    for k in SESSION_KEPT:
+        if k in st.session_state:
+            st.session_state[k] = st.session_state[k]
+    now = {}
+    for k in KEPT_SETTINGS:
+        if k in st.session_state:
+            st.session_state[k] = st.session_state[k]
+            now[k] = st.session_state[k]
+    kept = saved()
+    old = dict(kept.settings) if kept is not None else {}
+    if now and {**old, **now} != old:
+        save(settings={**old, **now})
+
+
+def new_project() -> None:
+    """Leave this project (it stays saved under its id) for a new one with the default model (the
+    deployment target stays)."""
+    target = source().target
+    for k in ("saved_project", "drafts", "autosave_error", "autosave_note", *KEPT_SETTINGS):
+        st.session_state.pop(k, None)
+    st.session_state["project_id"] = drafts.new_project_id()
+    _keep(ProjectSource(DEFAULT_MODEL, target=target))
+    sync_url()
+
+
+@st.cache_resource(show_spinner="Opening the model (the first MiniLM load exports it: ~20 s)…", max_entries=8)
+def _open(source_json: str, ws_root: str) -> Project:
+    return ProjectSource.from_json(json.loads(source_json)).open(Workspace(Path(ws_root)))
+
+
+def open_source(src: ProjectSource) -> Project:
+    """The (cached) project of ``src``, for its deployment target (opened once for every target)."""
+    key = json.dumps(replace(src, target=None).to_json(), sort_keys=True)
+    p = _open(key, str(workspace().root))
+    t = src.target if src.target in DEPLOY_TARGETS else DEFAULT_TARGET
+    return p if p.target == t else replace(p, target=t)
+
+
+def project() -> Project:
+    """The session's project, or an error with the way out (and the page stops). Its model's
+    display name is saved with the project."""
+    try:
+        p = open_source(source())
+    except MixprecError as e:
+        st.error(md(e))
+        st.info("Pick another model or data on the **Model** page.")
+        st.stop()
+    save(model_name=p.model.name)
+    return p
