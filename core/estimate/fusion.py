@@ -74,7 +74,7 @@ from core.errors import MixprecError
 from core.estimate.engine import EngineLayer, Tensor
 from core.estimate.layers import layer_class
 from core.model.external import INLINE_BELOW, location, read_tensor
-from core.model.graph import attr, with_input_dims, without_weights
+from core.model.graph import GraphIndex, attr, kahn_order, with_input_dims, without_weights
 from core.quant.compile import SHAPE_ONLY
 
 ANCHORS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
@@ -113,7 +113,6 @@ HEAD_SPLIT = LAYOUT | {"Split", "Slice"}  # a fused QKV GEMM's output split into
 MOVEMENT = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Slice", "Split",
                       "Concat", "Expand", "Tile", "Neg"})
 SHUFFLE_FREE = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})  # no kernel even alone
-SHAPE_READERS = frozenset({"Shape", "Size"})
 REGION_WINDOW = 64  # nodes ahead that a pointwise region looks at for members
 # formats (channel layouts of 4-D activations) and the vectorisation they report
 FORMAT_VECTOR = {"linear": 1, "hwc": 4, "hwc4": 4, "hwc8": 8, "c32": 32, "c4": 4}
@@ -139,30 +138,28 @@ class Group:
     attrs: dict = field(default_factory=dict)  # attention: its FLOPs and score dims
 
 
+def _builds_constant(node: onnx.NodeProto) -> bool:
+    """TensorRT folds a node whose inputs are all constants (a Constant has none); a node without inputs
+    but a Constant is computed at run time."""
+    return node.op_type == "Constant" or bool(node.input)
+
+
 class Net:
-    """The ONNX graph with the maps the fusion needs: producer and consumers of each tensor, the
-    tensors that are constants at build time, dtypes and static shapes."""
+    """The ONNX graph with what the fusion reads: its :class:`~core.model.graph.GraphIndex` (producer and
+    data consumers of each tensor by node index, the tensors that are constants at build time), dtypes
+    and static shapes."""
 
     def __init__(self, proto: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], dtypes: dict[str, str]):
-        self.nodes = list(proto.graph.node)
+        self.index = GraphIndex(proto)
+        self.nodes = self.index.nodes
         self.shapes, self.dtypes = shapes, dtypes
-        self.graph_inputs = [i.name for i in proto.graph.input]
-        self.graph_outputs = {o.name for o in proto.graph.output}
-        self.inits = {i.name: i for i in proto.graph.initializer}
-        self.producer: dict[str, int] = {}
-        self.consumers: dict[str, list[int]] = defaultdict(list)
-        for k, n in enumerate(self.nodes):
-            for o in n.output:
-                self.producer[o] = k
-            if n.op_type in SHAPE_READERS:  # reads a tensor's shape, not its data (folded at build time)
-                continue
-            for i in n.input:
-                if i:
-                    self.consumers[i].append(k)
-        self.consts = set(self.inits)
-        for n in self.nodes:  # constant folding: what only constants feed is a constant
-            if n.op_type == "Constant" or (n.input and all((not i) or i in self.consts for i in n.input)):
-                self.consts.update(n.output)
+        self.graph_inputs = list(self.index.inputs)
+        self.graph_outputs = self.index.outputs  # by name, in graph order
+        self.inits = self.index.inits
+        self.producer = self.index.producer_id
+        # a Shape/Size reads a tensor's shape, not its data (folded at build time): no consumer
+        self.consumers = self.index.data_consumer_ids
+        self.consts = self.index.folding(_builds_constant).tensors  # what only constants feed is a constant
 
     def op(self, k: int) -> str:
         return self.nodes[k].op_type
@@ -188,15 +185,10 @@ class Net:
         """The dims of a constant (an initializer, an int8 weight behind its DequantizeLinear, a
         Constant node's tensor), read from its metadata: no value is read, so a weight in an external
         data file stays there. None when ``tensor`` is no such constant."""
-        if tensor in self.inits:
-            return tuple(int(d) for d in self.inits[tensor].dims)
         k = self.producer.get(tensor)
-        if k is not None and self.op(k) == "DequantizeLinear":  # an int8 weight
+        if tensor not in self.inits and k is not None and self.op(k) == "DequantizeLinear":  # an int8 weight
             return self.const_dims(self.nodes[k].input[0])
-        if k is not None and self.op(k) == "Constant":
-            t = attr(self.nodes[k], "value")
-            return tuple(int(d) for d in t.dims) if t is not None else None
-        return None
+        return self.index.const_dims(tensor)
 
     def weight_dtype(self, tensor: str) -> str:
         k = self.producer.get(tensor)
@@ -731,25 +723,8 @@ def topological(groups: list[Group]) -> list[Group]:
     """The groups in an order where each comes after the groups whose outputs it reads (ties: the
     group whose first node comes first)."""
     made = {t: gi for gi, g in enumerate(groups) for t in g.outputs}
-    deps = [{made[t] for t in g.inputs if t in made and made[t] != gi} for gi, g in enumerate(groups)]
-    readers: dict[int, list[int]] = defaultdict(list)
-    for gi, d in enumerate(deps):
-        for j in d:
-            readers[j].append(gi)
-    waiting = [len(d) for d in deps]
-    ready = sorted((_first(g), gi) for gi, g in enumerate(groups) if not waiting[gi])
-    out = []
-    while ready:
-        _, gi = ready.pop(0)
-        out.append(groups[gi])
-        for r in readers[gi]:
-            waiting[r] -= 1
-            if not waiting[r]:
-                ready.append((_first(groups[r]), r))
-                ready.sort()
-    if len(out) != len(groups):  # a cycle cannot happen in a DAG; keep every group anyway
-        out += [g for g in groups if not any(g is o for o in out)]
-    return out
+    deps = [{made[t] for t in g.inputs if t in made} for g in groups]
+    return [groups[gi] for gi in kahn_order(deps, key=lambda gi: _first(groups[gi]))]
 
 
 UNMODELLED = {"If": "control flow", "Loop": "control flow", "Scan": "control flow", "LSTM": "recurrent",

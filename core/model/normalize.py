@@ -36,7 +36,7 @@ from onnx import TensorProto, helper, numpy_helper, version_converter
 from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
 
 from core.errors import MixprecError
-from core.model.graph import all_nodes, default_opset, subgraphs, without_weights
+from core.model.graph import GraphIndex, all_nodes, default_opset, subgraphs, without_weights
 
 MIN_OPSET = 13  # TensorRT's explicit quantization: per-channel DequantizeLinear (``axis``) needs opset 13
 TARGET_OPSET = MIN_OPSET  # models below it are converted up on load (core.quant.trt_rules checks it)
@@ -165,7 +165,7 @@ def _restore_tensor_names(orig: onnx.GraphProto, conv: onnx.GraphProto) -> None:
 def _restore_node_names(orig: onnx.GraphProto, conv: onnx.GraphProto) -> tuple[list[str], Counter]:
     """Name unnamed converted nodes after the original node that produced the same output.
     Returns the replaced nodes ("up1 (Upsample → Resize)") and the ops the converter added."""
-    produced_by = {o: n for n in orig.node for o in n.output if o}
+    produced_by = GraphIndex(orig).producer
     used = {n.name for n in conv.node if n.name}
     replaced, added = [], Counter()
     for cn in conv.node:
@@ -278,19 +278,20 @@ def _exclude(node) -> bool:
     return node.op in NEVER_FOLD or any(_too_big(o) and not _feeds_weight(o) for o in node.outputs)
 
 
-def _has_constant_work(graph: onnx.GraphProto) -> bool:
+def _gs_folds(node: onnx.NodeProto) -> bool:
+    """A node gs's ``fold_constants`` may compute when its inputs are constants: no random generator,
+    no If/Loop/Scan (folding does not recurse into subgraphs)."""
+    return node.op_type not in NEVER_FOLD and not list(subgraphs(node))
+
+
+def _has_constant_work(g: GraphIndex) -> bool:
     """Whether some weight-like input is computed by constant nodes (a reachability check only:
     gs is not started for the usual model, whose weights are all initializers)."""
-    const = {i.name for i in graph.initializer}
-    computed = set()
-    for n in graph.node:
-        ins = [t for t in n.input if t]
-        if n.op_type not in NEVER_FOLD and not list(subgraphs(n)) and all(t in const for t in ins):
-            const.update(o for o in n.output if o)
-            computed.update(o for o in n.output if o)
-        elif any(n.input[k] in computed for k in WEIGHT_INPUTS.get(n.op_type, ()) if k < len(n.input)):
-            return True
-    return False
+    fold = g.folding(_gs_folds)
+    computed = fold.tensors - g.inits.keys()
+    folded = set(fold.nodes)
+    return any(k not in folded and any(n.input[i] in computed for i in WEIGHT_INPUTS.get(n.op_type, ())
+                                       if i < len(n.input)) for k, n in enumerate(g.nodes))
 
 
 def _canonical_constants(proto: onnx.ModelProto) -> None:
@@ -306,22 +307,17 @@ def _canonical_constants(proto: onnx.ModelProto) -> None:
         n.attribute.append(helper.make_attribute("value", t))
 
 
-def _constant_inputs(graph: onnx.GraphProto) -> set[str]:
+def _constant_inputs(g: GraphIndex) -> set[str]:
     """The initializers read by nodes computable from constants alone (what folding evaluates)."""
-    const = {i.name for i in graph.initializer}
-    read = set()
-    for n in graph.node:
-        ins = [t for t in n.input if t]
-        if n.op_type not in NEVER_FOLD and not list(subgraphs(n)) and all(t in const for t in ins):
-            const.update(o for o in n.output if o)
-            read.update(ins)
-    return read & {i.name for i in graph.initializer}
+    return {t for k in g.folding(_gs_folds).nodes for t in g.nodes[k].input if t in g.inits}
 
 
-def _folded_values(proto: onnx.ModelProto, base_dir: Path | None = None) -> dict[str, np.ndarray]:
+def _folded_values(proto: onnx.ModelProto, base_dir: Path | None = None,
+                   index: GraphIndex | None = None) -> dict[str, np.ndarray]:
     """Every tensor of the main graph that gs's ``fold_constants`` can compute, by name. External
-    initializers that constant nodes read are loaded (into the work copy only) from ``base_dir``."""
-    needed = _constant_inputs(proto.graph)
+    initializers that constant nodes read are loaded (into the work copy only) from ``base_dir``.
+    ``index``: the main graph's, when the caller has it."""
+    needed = _constant_inputs(index or GraphIndex(proto))
     # the weights no constant node reads stay out of the work copy (typed inputs there): folding cannot
     # compute from them, and copying them (and shape inference's copies) was the peak of loading a model
     work, _ = without_weights(proto, keep=needed)
@@ -383,30 +379,34 @@ def _referenced(graph: onnx.GraphProto, nodes) -> set[str]:
     return names
 
 
-def _weight_cone(nodes: list, values: dict, outputs: set[str]) -> tuple[set[int], set[str]]:
+def _weight_cone(g: GraphIndex, values: dict) -> tuple[set[int], set[str]]:
     """The foldable nodes that compute weights, and those weights: tensors gs could compute that a
     node which stays feeds into a weight input, with every foldable node upstream of them."""
-    cand = {i for i, n in enumerate(nodes) if n.output and not list(subgraphs(n)) and not outputs & set(n.output)
-            and all(o in values for o in n.output if o)}
-    producer = {o: i for i in cand for o in nodes[i].output if o}
+    nodes = g.nodes
+    cand = {i for i, n in enumerate(nodes) if n.output and not list(subgraphs(n))
+            and not g.outputs.keys() & set(n.output) and all(o in values for o in n.output if o)}
+
+    def made(t: str) -> int | None:  # the candidate that writes ``t``
+        return k if (k := g.producer_id.get(t)) in cand else None
+
     roots = {n.input[k] for i, n in enumerate(nodes) if i not in cand for k in WEIGHT_INPUTS.get(n.op_type, ())
-             if k < len(n.input) and n.input[k] in producer}
-    cone, stack = set(), [producer[t] for t in roots]
+             if k < len(n.input) and made(n.input[k]) is not None}
+    cone, stack = set(), [made(t) for t in roots]
     while stack:
         i = stack.pop()
         if i not in cone:
             cone.add(i)
-            stack.extend(producer[t] for t in nodes[i].input if t in producer)
+            stack.extend(k for t in nodes[i].input if (k := made(t)) is not None)
     return cone, roots
 
 
 def _fold_constants(proto: onnx.ModelProto, base_dir: Path | None = None) -> list[NormStep]:
-    g = proto.graph
-    if not _has_constant_work(g):
+    g, index = proto.graph, GraphIndex(proto)
+    if not _has_constant_work(index):
         return []
-    values = _folded_values(proto, base_dir)
-    nodes = list(g.node)
-    gone, _ = _weight_cone(nodes, values, {o.name for o in g.output})
+    values = _folded_values(proto, base_dir, index)
+    nodes = index.nodes
+    gone, _ = _weight_cone(index, values)
     if not gone:
         return []
     folded = [nodes[i] for i in sorted(gone)]

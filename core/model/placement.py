@@ -38,14 +38,16 @@ Defaults (:func:`placement_defaults`), each with its reason in the inventory:
 
 A placement layer with an INT8 default is INT8-eligible (ranked, searched, switchable); one with a
 float default can be set INT8 by hand (a placement choice), and the ranking and search leave it at
-its policy value. Imports nothing of mixprec but the ONNX graph helpers.
+its policy value. Imports nothing of mixprec but the ONNX graph helpers (their
+:class:`~core.model.graph.GraphIndex`).
 """
 from __future__ import annotations
 
-from collections import defaultdict
-
 import onnx
 import pandas as pd
+
+from core.model.graph import GraphIndex
+
 PLACEMENT_OPS = {"Add": "add", "MaxPool": "pooling", "AveragePool": "pooling", "GlobalAveragePool": "pooling",
                  "GlobalMaxPool": "pooling", "Concat": "concat"}
 PASS_THROUGH = frozenset({"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
@@ -75,31 +77,11 @@ NOT_SEARCHED = "placement choice: INT8 only when set by hand (float by default),
 BOUNDARY_COLUMNS = ["layer", "neighbour", "direction", "neighbour_precision", "tensor", "reason"]
 
 
-class PlacementGraph:
-    """Producers, consumers, constants and graph outputs of a model's main graph."""
-
-    def __init__(self, proto: onnx.ModelProto):
-        g = proto.graph
-        self.nodes = list(g.node)
-        self.producer = {o: n for n in g.node for o in n.output if o}
-        self.consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
-        for n in g.node:
-            for i in n.input:
-                if i:
-                    self.consumers[i].append(n)
-        self.consts = {t.name for t in g.initializer}
-        self.consts |= {n.output[0] for n in g.node if n.op_type == "Constant" and n.output}
-        self.outputs = {o.name for o in g.output}
-
-    def activations(self, node: onnx.NodeProto) -> list[int]:
-        """Indices of the node's inputs that are not constants."""
-        return [i for i, t in enumerate(node.input) if t and t not in self.consts]
-
-    def single_consumer(self, tensor: str) -> bool:
-        return len(self.consumers.get(tensor, [])) == 1 and tensor not in self.outputs
+# the graph index the placement functions read (inventory and compile build it under this name)
+PlacementGraph = GraphIndex
 
 
-def candidate_kind(node: onnx.NodeProto, g: PlacementGraph, types: dict[str, int],
+def candidate_kind(node: onnx.NodeProto, g: GraphIndex, types: dict[str, int],
                    shapes: dict[str, tuple[int, ...]] | None = None) -> str:
     """The placement kind of a main-graph node ("add", "pooling", "concat"), or "" when it is none.
     Without ``shapes`` an Add of two activations counts whatever their shapes (a superset)."""
@@ -121,7 +103,7 @@ def candidate_kind(node: onnx.NodeProto, g: PlacementGraph, types: dict[str, int
 
 def placement_tensors(proto: onnx.ModelProto, types: dict[str, int]) -> set[str]:
     """Inputs and outputs of every (structural) placement candidate: what calibration must cover."""
-    g = PlacementGraph(proto)
+    g = GraphIndex(proto)
     out = set()
     for n in g.nodes:
         if candidate_kind(n, g, types):
@@ -129,7 +111,7 @@ def placement_tensors(proto: onnx.ModelProto, types: dict[str, int]) -> set[str]
     return out
 
 
-def fused_input(node: onnx.NodeProto, g: PlacementGraph) -> int | None:
+def fused_input(node: onnx.NodeProto, g: GraphIndex) -> int | None:
     """The input of a residual Add that TensorRT fuses the Add into: the first one produced by a
     Conv/ConvTranspose/Gemm/MatMul (directly, or through a BatchNormalization or Cast) whose output
     only this Add reads. None when there is none: then every input is quantized."""
@@ -147,7 +129,7 @@ def fused_input(node: onnx.NodeProto, g: PlacementGraph) -> int | None:
 
 # --- defaults by pattern -----------------------------------------------------------------------
 
-def _origins(g: PlacementGraph, tensors, int8_convs: set[str], float_marks: set[str]) -> set[str]:
+def _origins(g: GraphIndex, tensors, int8_convs: set[str], float_marks: set[str]) -> set[str]:
     """Kinds of layers the tensors come from, walking back through pass-through, epilogue, pooling,
     bias/residual Add and Concat nodes: "int8-conv", "transformer", "input" or "other"."""
     out, stack, seen = set(), list(tensors), set()
@@ -170,7 +152,7 @@ def _origins(g: PlacementGraph, tensors, int8_convs: set[str], float_marks: set[
     return out
 
 
-def _readers(g: PlacementGraph, tensor: str) -> list[onnx.NodeProto | None]:
+def _readers(g: GraphIndex, tensor: str) -> list[onnx.NodeProto | None]:
     """The layers that read ``tensor`` through pass-through and epilogue nodes (None: a graph output)."""
     out, stack, seen = [], [tensor], set()
     while stack:
@@ -193,7 +175,7 @@ def placement_defaults(proto: onnx.ModelProto, kinds: dict[str, str], defaults: 
     """(default precision, reason) of each placement layer, by pattern (module docstring).
     ``kinds``: node name -> placement kind; ``defaults``: node name -> default precision of every
     other layer; ``float_marks``: nodes that mark a transformer block (LayerNorm patterns, embeddings)."""
-    g = PlacementGraph(proto)
+    g = GraphIndex(proto)
     by_name = {n.name: n for n in g.nodes if n.name in kinds}
     int8_convs = {n.name for n in g.nodes if n.op_type in CONVS and defaults.get(n.name) == "int8"}
     out: dict[str, tuple[str, str]] = {}
@@ -228,7 +210,7 @@ def placement_defaults(proto: onnx.ModelProto, kinds: dict[str, str], defaults: 
     return out
 
 
-def _feeder(g: PlacementGraph, tensor: str) -> onnx.NodeProto | None:
+def _feeder(g: GraphIndex, tensor: str) -> onnx.NodeProto | None:
     """The node that produces ``tensor``, through pass-through nodes."""
     node = g.producer.get(tensor)
     while node is not None and node.op_type in PASS_THROUGH and node.input:
@@ -238,7 +220,7 @@ def _feeder(g: PlacementGraph, tensor: str) -> onnx.NodeProto | None:
 
 # --- boundaries ------------------------------------------------------------------------------
 
-def _effective(g: PlacementGraph, layer_names: set[str], precision: dict[str, str]) -> dict[str, str]:
+def _effective(g: GraphIndex, layer_names: set[str], precision: dict[str, str]) -> dict[str, str]:
     """Each layer's precision as TensorRT runs it: an FP32 epilogue op (Relu, BN, Clip…) right after
     an INT8 layer, read by nothing else, is fused into it and runs INT8 with it."""
     eff = {}
@@ -254,7 +236,7 @@ def _effective(g: PlacementGraph, layer_names: set[str], precision: dict[str, st
     return eff
 
 
-def _neighbours(g: PlacementGraph, tensor: str, layer_names: set[str], upstream: bool):
+def _neighbours(g: GraphIndex, tensor: str, layer_names: set[str], upstream: bool):
     """The layers next to ``tensor`` through non-layer data-movement nodes: its producing layer
     (``upstream``) or the layers reading it."""
     out, stack, seen = [], [tensor], set()
@@ -287,7 +269,7 @@ def boundaries(model, layers, policy) -> pd.DataFrame:
     INT8 next to float, or FP16 next to FP32, as TensorRT would run the policy (FP32 Relu/BN/Clip
     after an INT8 layer are fused into it). ``direction`` "in": the neighbour produces an input of the
     layer; "out": it reads the layer's output. Main graph only; each boundary appears on both sides."""
-    g = PlacementGraph(model.proto)
+    g = GraphIndex(model.proto)
     names = {l.name for l in layers if l.subgraph is None}
     eff = _effective(g, names, dict(policy.layers))
     rows = []

@@ -68,9 +68,9 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from core.errors import MixprecError
-from core.model.graph import all_nodes, attr, default_opset, subgraphs
+from core.model.graph import GraphIndex, attr, default_opset
 from core.model.normalize import MIN_OPSET
-from core.model.placement import PlacementGraph, fused_input
+from core.model.placement import fused_input
 
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 FLOAT_ELEMS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
@@ -89,39 +89,22 @@ class Violation:
         return f"[{self.rule}] {self.node}: {self.detail}"
 
 
-class _Graph:
-    """Lookups over the main graph: constants, element types, producers and consumers."""
+class _Graph(GraphIndex):
+    """The main graph's index (:class:`~core.model.graph.GraphIndex`: constants, producers, consumers with
+    the reads from If/Loop/Scan bodies) with the element types and the constant values the rules read."""
 
     def __init__(self, proto: onnx.ModelProto):
-        g = proto.graph
-        self.consts: dict[str, TensorProto] = {t.name: t for t in g.initializer}
-        for n in g.node:
-            if n.op_type == "Constant":
-                for a in n.attribute:
-                    if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
-                        self.consts[n.output[0]] = a.t
+        super().__init__(proto)
         self.types = _elem_types(proto)
-        self.types.update({name: t.data_type for name, t in self.consts.items()})
-        self.producer = {o: n for n in g.node for o in n.output}
-        self.consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = defaultdict(list)
-        for n in g.node:
-            for i, name in enumerate(n.input):
-                if name:
-                    self.consumers[name].append((n, i))
-            # outer-scope reads from If/Loop/Scan bodies
-            for inner in (m for sub in subgraphs(n) for m in all_nodes(sub)):
-                for i, name in enumerate(inner.input):
-                    if name:
-                        self.consumers[name].append((inner, i))
-        self.outputs = {o.name for o in g.output}
+        self.types.update({name: t.data_type for name, t in self.const_tensors.items()})
 
     def array(self, name: str) -> np.ndarray | None:
-        t = self.consts.get(name)
+        t = self.const_tensors.get(name)
         return None if t is None else numpy_helper.to_array(t)
 
     def shape(self, name: str) -> list[int] | None:
-        t = self.consts.get(name)
-        return None if t is None else list(t.dims)
+        dims = self.const_dims(name)
+        return None if dims is None else list(dims)
 
 
 def _elem_types(proto: onnx.ModelProto) -> dict[str, int]:
@@ -195,9 +178,9 @@ def _expected_axis(consumer: onnx.NodeProto, idx: int, rank: int) -> int | None:
 def _weight_consumers(g: _Graph, node: onnx.NodeProto) -> list[tuple[onnx.NodeProto, int]]:
     """The nodes that read the dequantized weight: a DQ's consumers, or those of a Q's DQs."""
     if node.op_type == "DequantizeLinear":
-        return g.consumers.get(node.output[0], [])
-    return [c for dq, _ in g.consumers.get(node.output[0], []) if dq.op_type == "DequantizeLinear"
-            for c in g.consumers.get(dq.output[0], [])]
+        return g.scoped_consumers.get(node.output[0], [])
+    return [c for dq, _ in g.scoped_consumers.get(node.output[0], []) if dq.op_type == "DequantizeLinear"
+            for c in g.scoped_consumers.get(dq.output[0], [])]
 
 
 def _check_axis(g: _Graph, node: onnx.NodeProto) -> list[Violation]:
@@ -245,7 +228,7 @@ def _check_q(g: _Graph, node: onnx.NodeProto) -> list[Violation]:
         out.append(Violation("integer-tensor", name, f"quantizes {x!r} of type {TensorProto.DataType.Name(t)}, "
                                                      "not a float tensor"))
     y = node.output[0]
-    consumers = g.consumers.get(y, [])
+    consumers = g.scoped_consumers.get(y, [])
     if y in g.outputs:
         out.append(Violation("q-dq-pair", name, f"its int8 output {y!r} is a graph output"))
     if not consumers and y not in g.outputs:
@@ -272,10 +255,11 @@ def _same_params(g: _Graph, q: onnx.NodeProto, dq: onnx.NodeProto) -> bool:
 def _check_dq(g: _Graph, node: onnx.NodeProto) -> list[Violation]:
     """``dq-source`` and ``integer-tensor`` for one DequantizeLinear."""
     name, x = _name(node), node.input[0]
-    if x in g.consts:
-        if g.consts[x].data_type != TensorProto.INT8:
+    const = g.const_tensors.get(x)
+    if const is not None:
+        if const.data_type != TensorProto.INT8:
             return [Violation("integer-tensor", name, f"dequantizes constant {x!r} of type "
-                                                      f"{TensorProto.DataType.Name(g.consts[x].data_type)}, not int8")]
+                                                      f"{TensorProto.DataType.Name(const.data_type)}, not int8")]
         return []
     src = g.producer.get(x)
     if src is None or src.op_type != "QuantizeLinear":
@@ -310,7 +294,7 @@ def _activation_dq(g: _Graph, tensor: str) -> onnx.NodeProto | None:
 
 def _check_concat(g: _Graph, node: onnx.NodeProto) -> list[Violation]:
     """``concat-scale`` for one Concat."""
-    ins = [t for t in node.input if t and t not in g.consts]
+    ins = [t for t in node.input if t and t not in g.const_tensors]
     dqs = [_activation_dq(g, t) for t in ins]
     if not any(dqs):
         return []
@@ -326,16 +310,16 @@ def _check_concat(g: _Graph, node: onnx.NodeProto) -> list[Violation]:
     return []
 
 
-def _check_add(g: _Graph, pg: PlacementGraph, node: onnx.NodeProto) -> list[Violation]:
+def _check_add(g: _Graph, node: onnx.NodeProto) -> list[Violation]:
     """``add-fusion`` for one Add."""
-    acts = [i for i, t in enumerate(node.input) if t and t not in g.consts]
+    acts = [i for i, t in enumerate(node.input) if t and t not in g.const_tensors]
     floats = [i for i in acts if _activation_dq(g, node.input[i]) is None]
     if len(floats) == len(acts):
         return []
     if len(floats) > 1:
         return [Violation("add-fusion", _name(node), f"{len(floats)} float inputs next to a dequantized one: TensorRT "
                                                      "fuses an INT8 Add into one producer only; quantize the others")]
-    if floats and fused_input(node, pg) != floats[0]:
+    if floats and fused_input(node, g) != floats[0]:
         src = g.producer.get(node.input[floats[0]])
         what = f"{src.op_type} {_name(src)}" if src is not None else "a graph input"
         return [Violation("add-fusion", _name(node), f"its float input {node.input[floats[0]]!r} comes from {what}, "
@@ -374,7 +358,7 @@ def check_explicit_quantization(proto: onnx.ModelProto, source_nodes=frozenset()
     """Every violation of TensorRT's explicit-quantization rules (module docstring) in ``proto``.
     ``source_nodes``: names of the user's own nodes; their Casts (e.g. a no-op float Cast that
     PyTorch exports) are the model's, not precision boundaries, and are not checked."""
-    g, pg = _Graph(proto), PlacementGraph(proto)
+    g = _Graph(proto)
     out: list[Violation] = []
     opset = default_opset(proto)
     if opset < MIN_OPSET:
@@ -389,7 +373,7 @@ def check_explicit_quantization(proto: onnx.ModelProto, source_nodes=frozenset()
         elif node.op_type == "Concat" and node.domain in ("", "ai.onnx"):
             out += _check_concat(g, node)
         elif node.op_type == "Add" and node.domain in ("", "ai.onnx"):
-            out += _check_add(g, pg, node)
+            out += _check_add(g, node)
         out += _check_types(g, node, opset)
     return out
 
