@@ -7,10 +7,8 @@ model with dynamic spatial dims is built at the 320×320 set in the Model page's
 from __future__ import annotations
 
 import os
+import re
 import shutil
-import socket
-import subprocess
-import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -19,62 +17,38 @@ from pathlib import Path
 import pytest
 
 from core.jobs import JobManager
-from core.workspace import Workspace
-from conftest import dynamic_cnn  # noqa: E402
+from conftest import CHROMIUM, dynamic_cnn  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run"]
 LAYER = "/encoder/layer.5/output/dense/MatMul"
 LABEL = "L5 down-proj fp16"
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="apt-get install -y chromium")
+# The dashboard (one per session: conftest.dashboard) and the browser (conftest.browser) are shared by every
+# browser test; each test opens its own contexts, so its own sessions and projects.
+
+# No script run in flight: stApp's own state attributes (set at once, for full and fragment runs alike).
+# (The status widget is no use: it shows its running icon only after 500 ms, and says "Stop", not "Running".)
+SETTLED = """() => { const a = document.querySelector('[data-testid="stApp"]');
+    return !!a && a.dataset.testConnectionState === 'CONNECTED' && a.dataset.testScriptState === 'notRunning'; }"""
+# A box that no longer moves: the element's rectangle equal over two animation frames.
+STILL = """e => new Promise(done => { const r0 = JSON.stringify(e.getBoundingClientRect());
+    requestAnimationFrame(() => requestAnimationFrame(
+        () => done(JSON.stringify(e.getBoundingClientRect()) === r0))); })"""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def own_jobs(server, kind: str | None = None):
+    """The jobs this test started (newest first): the dashboard's workspace also holds earlier tests' jobs."""
+    return [j for j in JobManager.for_workspace(server.ws).jobs(kind=kind) if j.created >= server.since - 1]
 
 
-@pytest.fixture
-def server(tmp_path_factory):
-    """A fresh dashboard per test on a free localhost port with its own workspace; yields (url, workspace)."""
-    ws = tmp_path_factory.mktemp("e2e-ws")
-    port = _free_port()
-    env = {**os.environ, "MIXPREC_WORKSPACE": str(ws), "MIXPREC_ESTIMATE_WAIT": "0.25"}
-    log = open(ws / "streamlit.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
-         "--server.address", "localhost", "--server.headless", "true"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://localhost:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(url + "/_stcore/health", timeout=2)
-            break
-        except OSError:
-            assert proc.poll() is None and time.monotonic() < deadline, (ws / "streamlit.log").read_text()
-            time.sleep(0.3)
-    yield url, Workspace(ws)
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
-        yield b
-        b.close()
+def job_appears(server, kind: str, timeout: float = 60):
+    """Wait for the job a click started: its record in the workspace (a lost click fails here, saying so)."""
+    deadline = time.monotonic() + timeout
+    while not own_jobs(server, kind):
+        assert time.monotonic() < deadline, f"no {kind} job was created: the click was lost"
+        time.sleep(0.1)  # polling the workspace's job records
+    return own_jobs(server, kind)[0]
 
 
 def _new_page(browser, url: str, path: str = ""):
@@ -87,22 +61,36 @@ def _new_page(browser, url: str, path: str = ""):
 
 
 def _idle(page, timeout: float = 300):
-    """Wait until the script run has finished (no running indicator) and the page settled."""
-    page.wait_for_timeout(300)
-    page.wait_for_function(
-        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')"
-        " || !document.querySelector('[data-testid=\"stStatusWidget\"]').innerText.includes('Running')",
-        timeout=timeout * 1000)
-    page.wait_for_timeout(500)
+    """Wait until no script run is in flight (connected, run state ``notRunning``). Call it after waiting for
+    what an action changes: right after a click its run may not have started yet."""
+    page.wait_for_function(SETTLED, timeout=timeout * 1000)
 
 
-def _set_label(page, text: str):
-    """Type the run label and let the app commit it (Enter, then blur) before anything else is clicked."""
+def _still(locator) -> None:
+    """Wait until ``locator``'s element stops moving (a chart redrawn, a page still growing above it)."""
+    while not locator.evaluate(STILL):
+        pass
+
+
+def _project_id(page) -> str:
+    return re.search(r"project=([a-z0-9]+)", page.url)[1]
+
+
+def _set_label(page, ws, text: str):
+    """Type the run label, commit it (Enter) and wait until the app saved it with the project."""
+    from core.store.drafts import load_project
+
+    def saved():
+        project = load_project(ws, _project_id(page))
+        return project.settings.get("run_label") if project is not None else None
+
     box = page.get_by_label("Run label")
     box.fill(text)
     box.press("Enter")
-    _idle(page)
-    box.press("Tab")
+    deadline = time.monotonic() + 60
+    while saved() != text:
+        assert time.monotonic() < deadline, f"the run label {text!r} was never saved"
+        time.sleep(0.1)  # polling the project file the app writes
     _idle(page)
     assert box.input_value() == text
 
@@ -123,17 +111,18 @@ def _goto(page, label: str, title: str | None = None):
 
 
 def test_minilm_toggle_rebuild_and_results(server, browser, tmp_path):
-    url, ws = server
+    url, ws, _ = server
     page = _new_page(browser, url)
     _idle(page)
     _goto(page, "Model")
-    page.get_by_text("Layer inventory").wait_for(timeout=300_000)  # first load exports MiniLM
+    page.get_by_text("Layer inventory").wait_for(timeout=300_000)  # the first load opens MiniLM
     _idle(page)
     assert page.get_by_text("sample:minilm").first.is_visible()
     _shot(page, tmp_path, "1-model")
 
     _goto(page, "Sensitivity")
     page.get_by_role("button", name="Run the ranking").click()
+    job_appears(server, "rank")
     page.get_by_text("Stored ranking of").wait_for(timeout=300_000)
     _idle(page)
     _shot(page, tmp_path, "2-sensitivity")
@@ -142,27 +131,25 @@ def test_minilm_toggle_rebuild_and_results(server, browser, tmp_path):
     page.get_by_label("Layer name (regular expression)").fill(LAYER.replace(".", r"\.") + "$")
     page.get_by_role("button", name="Set by name").click()
     page.get_by_text("1 layer(s) → FP16").wait_for()
-    _set_label(page, LABEL)
     _idle(page)
+    _set_label(page, ws, LABEL)
     page.get_by_role("button", name="Rebuild").click()
+    job_appears(server, "build")
     page.get_by_text(LABEL).first.wait_for()
     _idle(page)
     _shot(page, tmp_path, "3-precision")
 
     _goto(page, "Build and results")
     quality = page.get_by_test_id("stPlotlyChart").nth(1)
-    deadline = time.monotonic() + 300
-    while not quality.get_by_text(LABEL).count():  # the new run, in the chart
-        job = JobManager.for_workspace(ws).jobs(kind="build")[0]
-        assert job.status in ("queued", "running", "done") and time.monotonic() < deadline, job
-        page.wait_for_timeout(1000)
+    _wait_for_the_run(server, quality.get_by_text(LABEL).first)  # the new run, in the chart
     _idle(page)
     metric = page.get_by_test_id("stMetric").filter(has_text="Cosine (mean)")
     cosine = float(metric.get_by_test_id("stMetricValue").inner_text())
     assert 0.5 < cosine <= 1.0
     assert quality.get_by_text(f"{cosine:.4f}").count() >= 1  # its cosine, shown in the quality chart
-    page.get_by_text("Runs of sample:minilm").evaluate("e => e.scrollIntoView({block: 'start'})")
-    page.wait_for_timeout(500)
+    runs = page.get_by_text("Runs of sample:minilm")
+    runs.evaluate("e => e.scrollIntoView({block: 'start'})")
+    _still(runs)
     _shot(page, tmp_path, "4-build-and-results")
 
     _goto(page, "Export")
@@ -176,21 +163,36 @@ def test_minilm_toggle_rebuild_and_results(server, browser, tmp_path):
     page.context.close()
 
 
+def _wait_for_the_run(server, shown, timeout: float = 300) -> None:
+    """Wait until ``shown`` (what the page shows of this test's new run) is visible, while the build job is
+    queued or running; its failure fails the test at once, with its error."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            shown.wait_for(timeout=2_000)
+            return
+        except PlaywrightTimeout:
+            job = own_jobs(server, "build")[0]
+            assert job.status in ("queued", "running", "done") and time.monotonic() < deadline, job
+
+
 def test_four_sessions_build_at_once(server, browser):
-    url, ws = server
+    url, ws, _ = server
     pages = [_new_page(browser, url, "/Precision?model=sample:tiny-cnn") for _ in range(4)]
     for i, page in enumerate(pages):
+        page.get_by_role("button", name="Rebuild").wait_for()
         _idle(page)
-        _set_label(page, f"session {i}")
-        _idle(page)
+        _set_label(page, ws, f"session {i}")
     t_click = time.time()
     for page in pages:  # four clicks at once
         page.get_by_role("button", name="Rebuild").click(no_wait_after=True)
     mgr = JobManager.for_workspace(ws)  # reads the records the server writes
     deadline = time.monotonic() + 60
     while len([j for j in mgr.jobs(kind="build") if j.created >= t_click - 1]) < 4:
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
+        assert time.monotonic() < deadline, "fewer than four build jobs: a click was lost"
+        time.sleep(0.2)  # polling the job records
     answers = []
 
     def probe():
@@ -206,7 +208,7 @@ def test_four_sessions_build_at_once(server, browser):
     with ThreadPoolExecutor(1) as pool:
         while any(j.active for j in mgr.jobs(kind="build")):
             pool.submit(probe).result()
-            time.sleep(0.5)
+            time.sleep(0.5)  # the probes' pace (twice a second) while the builds run
     jobs = sorted([j for j in mgr.jobs(kind="build") if j.created >= t_click - 1], key=lambda j: j.created)
     assert [j.status for j in jobs] == ["done"] * 4, [j.error for j in jobs]
     assert sorted(j.label for j in jobs) == [f"session {i}" for i in range(4)]
@@ -222,20 +224,22 @@ def test_isolated_ranking_search_and_use_this_policy(server, browser, tmp_path):
     """Issue 4 in the browser (tiny transformer): the isolated ranking beside the cumulative one,
     a search under a budget with its Pareto chart, and "Use this policy" making a front point the
     session's policy on the Precision page."""
-    url, ws = server
+    url, ws, _ = server
     model = "sample:tiny-transformer"
     page = _new_page(browser, url, f"/Sensitivity?model={model}")
     _idle(page)
     page.get_by_role("button", name="Run the ranking").click()
+    job_appears(server, "rank")
     page.get_by_text("Stored ranking of").wait_for(timeout=120_000)
     _idle(page)
     page.get_by_role("button", name="Isolated (one layer at a time)").click()
+    job_appears(server, "isolated")
     compare = page.get_by_test_id("stPlotlyChart").filter(has_text="On its own (isolated)")
     compare.wait_for(timeout=120_000)
     _idle(page)
     assert compare.get_by_text("Cumulative (all eligible INT8)").count() == 1
     compare.evaluate("e => e.scrollIntoView({block: 'center'})")
-    page.wait_for_timeout(500)
+    _still(compare)
     _shot(page, tmp_path, "6-isolated-vs-cumulative")
 
     page.goto(f"{url}/Precision?model={model}")
@@ -243,6 +247,7 @@ def test_isolated_ranking_search_and_use_this_policy(server, browser, tmp_path):
     _idle(page)
     page.get_by_text("Search under a budget").click()
     page.get_by_role("button", name="Start the search").click()
+    job_appears(server, "search")
     pareto = page.get_by_test_id("stPlotlyChart").filter(has_text="Pareto front")
     pareto.wait_for(timeout=300_000)
     _idle(page)
@@ -252,9 +257,9 @@ def test_isolated_ranking_search_and_use_this_policy(server, browser, tmp_path):
     page.get_by_text("is now the current policy").wait_for()
     _idle(page)
     pareto.evaluate("e => e.scrollIntoView({block: 'center'})")
-    page.wait_for_timeout(500)
+    _still(pareto)
     _shot(page, tmp_path, "7-search-pareto")
-    jobs = JobManager.for_workspace(ws).jobs()
+    jobs = own_jobs(server)
     assert {j.kind for j in jobs} == {"rank", "isolated", "search"} and all(j.status == "done" for j in jobs)
     page.context.close()
 
@@ -263,15 +268,16 @@ def test_shape_editor_320_is_used_in_the_build(server, browser, tmp_path):
     """Issue 10: load a model with dynamic spatial dims by path, see the guessed 224 marked as a
     guess, set 320×320 in the shape editor, rebuild, and see the build measured at 1x3x320x320
     (the run's input shapes on the Results page, trtexec's --optShapes on the Export page)."""
-    url, ws = server
+    url, ws, _ = server
     model = dynamic_cnn(tmp_path / "dyn.onnx")
     page = _new_page(browser, url)
     _idle(page)
     _goto(page, "Model")
     page.get_by_text("Path on the server").click()
+    path_box = page.get_by_label("Path of an .onnx file on the server")
     _idle(page)
-    page.get_by_label("Path of an .onnx file on the server").fill(str(model))
-    page.get_by_role("button", name="Load").click()
+    path_box.fill(str(model))
+    page.get_by_role("button", name="Load", exact=True).click()
     page.get_by_role("heading", name="Input shapes").wait_for(timeout=120_000)
     _idle(page)
     assert page.get_by_text("guessed: 224 — set it").count() == 2
@@ -289,16 +295,14 @@ def test_shape_editor_320_is_used_in_the_build(server, browser, tmp_path):
 
     _goto(page, "Precision")
     page.get_by_role("button", name="Rebuild").click()
+    job_appears(server, "build")
     page.get_by_text("Your builds").wait_for()
     _idle(page)
     _goto(page, "Build and results")
-    deadline = time.monotonic() + 300
-    while not page.get_by_text("input shapes images=1x3x320x320").count():
-        job = JobManager.for_workspace(ws).jobs(kind="build")[0]
-        assert job.status in ("queued", "running", "done") and time.monotonic() < deadline, job
-        page.wait_for_timeout(1000)
-    (job,) = JobManager.for_workspace(ws).jobs(kind="build")
+    _wait_for_the_run(server, page.get_by_text("input shapes images=1x3x320x320").first)
+    (job,) = own_jobs(server, "build")
     assert job.status == "done" and job.params["shapes"] == {"images": [1, 3, 320, 320]}
+    _idle(page)
     metric = page.get_by_test_id("stMetric").filter(has_text="Cosine (mean)")
     assert "on generated data" in metric.inner_text()
     _shot(page, tmp_path, "9-results-at-320")
@@ -313,7 +317,7 @@ def test_slowdown_in_red_and_latency_labelled_for_what_it_is(server, browser, tm
     around float32 kernels). The Results page shows it as a slowdown — red, a down arrow, "slower
     than FP32" — and says what measured the latency (ONNX Runtime CPU) for which target (TensorRT),
     and that it does not predict TensorRT latency. The per-layer chart marks the simulated FP16."""
-    url, ws = server
+    url, ws, _ = server
     page = _new_page(browser, url, "/Build_and_results?model=sample:tiny-cnn")
     page.get_by_role("heading", name="Build and results", exact=True).wait_for()
     _idle(page)
@@ -321,15 +325,20 @@ def test_slowdown_in_red_and_latency_labelled_for_what_it_is(server, browser, tm
     assert sidebar.get_by_text("Target: TensorRT (GPU)").count() == 1
     assert sidebar.get_by_text("does not predict TensorRT latency").count() == 1
     page.get_by_role("button", name="Build the all-FP16 baseline").click()
-    metric = page.get_by_test_id("stMetric").filter(has_text="Median latency")
-    metric.wait_for(timeout=300_000)
+    job_appears(server, "build")
+    layers = page.get_by_test_id("stPlotlyChart").filter(has_text="Per-layer latency of the run")
+    simulated = layers.get_by_text("FP16 (simulated on CPU)").first
+    # the new run, drawn to the last chart: its legend marks the simulated FP16 (this page's other runs are
+    # earlier tests' builds of tiny-cnn: none is all-FP16)
+    _wait_for_the_run(server, simulated)
     _idle(page)
-    (job,) = JobManager.for_workspace(ws).jobs(kind="build")
+    (job,) = own_jobs(server, "build")
     assert job.status == "done" and job.params["target"] == "tensorrt", job
     from core.store.runs import list_runs
 
-    speedup = float(list_runs(ws)["speedup"].iloc[0])
+    speedup = float(list_runs(ws)["speedup"].iloc[0])  # the newest run: this test's
     assert speedup < 1, f"all-FP16 tiny-cnn was not slower than FP32 on this CPU ({speedup:.2f}×)"
+    metric = page.get_by_test_id("stMetric").filter(has_text="Median latency")
     delta = metric.get_by_test_id("stMetricDelta")
     assert "slower than FP32" in delta.inner_text() and f"{speedup:.2f}×" in delta.inner_text()
     assert delta.get_by_test_id("stMetricDeltaIcon-Down").count() == 1
@@ -339,9 +348,9 @@ def test_slowdown_in_red_and_latency_labelled_for_what_it_is(server, browser, tm
     assert page.get_by_text("ONNX Runtime CPU, measured · deployment target TensorRT (GPU)").count() == 1
     assert page.get_by_text("does not predict TensorRT latency on the GPU").count() >= 1
     assert page.get_by_text("latency ONNX Runtime CPU, measured · target TensorRT (GPU)").count() >= 1
-    layers = page.get_by_test_id("stPlotlyChart").filter(has_text="Per-layer latency of the run")
-    assert layers.get_by_text("FP16 (simulated on CPU)").count() >= 1
-    page.get_by_text("Runs of sample:tiny-cnn").evaluate("e => e.scrollIntoView({block: 'start'})")
-    page.wait_for_timeout(500)
+    assert simulated.is_visible()
+    runs_title = page.get_by_text("Runs of sample:tiny-cnn")
+    runs_title.evaluate("e => e.scrollIntoView({block: 'start'})")
+    _still(runs_title)
     _shot(page, tmp_path, "10-slowdown-and-latency-source")
     page.context.close()

@@ -1,7 +1,7 @@
 """Real browser (issue 12 §5): on the Precision page, set one layer of tiny-cnn to FP16 and see the
 "Estimated TensorRT latency" panel change without a build (no job is started), labelled as an
 estimate with its GPU and basis; pick another GPU and see its name. Uses the server and browser
-fixtures of test_e2e_browser.py; run it alone (it starts its own dashboard)."""
+fixtures of conftest.py (the session's dashboard and Chromium)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,9 +10,9 @@ import pytest
 
 from core.display.tables import ms_text
 from core.estimate.predict import predict
-from core.jobs import JobManager
 from core.project import open_project
-from test_e2e_browser import CHROMIUM, _idle, _new_page, _shot, browser, server  # noqa: F401 (fixtures)
+from conftest import CHROMIUM
+from test_e2e_browser import _idle, _new_page, _shot, own_jobs
 from test_e2e_state import _metrics
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="apt-get install -y chromium")
@@ -31,8 +31,8 @@ def _estimate(page) -> tuple[str, str]:
     return m["Estimated TensorRT time"], m["Predicted reformats"]
 
 
-def test_toggle_a_layer_and_the_estimate_changes_without_a_build(server, browser, tmp_path):  # noqa: F811
-    url, ws = server
+def test_toggle_a_layer_and_the_estimate_changes_without_a_build(server, browser, tmp_path):
+    url, ws, _ = server
     p = open_project(MODEL, ws=ws)
     default = predict(p.model, p.default_policy(), p.input_shapes, "a100")
     changed = predict(p.model, p.default_policy().with_layers({LAYER: "fp16"}), p.input_shapes, "a100")
@@ -46,15 +46,16 @@ def test_toggle_a_layer_and_the_estimate_changes_without_a_build(server, browser
 
     page.get_by_label("Layer name (regular expression)").fill(LAYER + "$")
     page.get_by_role("button", name="Set by name").click()  # the form's precision is FP16 by default
+    page.get_by_text("1 layer(s) → FP16").wait_for()
     _idle(page)
     assert _estimate(page) == (ms_text(changed.total_ms), str(changed.reformat_count))
-    assert not JobManager.for_workspace(ws).jobs()  # no build, no job of any kind
+    assert not own_jobs(server)  # no build, no job of any kind
     _shot(page, tmp_path, "estimate-after-toggle")
 
     box = page.get_by_role("combobox", name="GPU to estimate for")  # another GPU: its name in the title and label
     box.click()
     box.fill("NVIDIA T4")
     box.press("Enter")
-    _idle(page)
     page.get_by_role("heading", name="Estimated TensorRT latency on NVIDIA T4").wait_for()
+    _idle(page)
     assert "NVIDIA T4" in page.get_by_text("Estimate, not measured", exact=False).first.inner_text()
