@@ -326,11 +326,14 @@ def test_slowdown_in_red_and_latency_labelled_for_what_it_is(server, browser, tm
     assert sidebar.get_by_text("does not predict TensorRT latency").count() == 1
     page.get_by_role("button", name="Build the all-FP16 baseline").click()
     job_appears(server, "build")
+    _wait_for_the_run(server, page.get_by_test_id("stMetric").filter(has_text="Latest run").get_by_text("all-FP16"))
+    # the per-layer chart's run picker keeps the run it showed when the page opened (an earlier test's tiny-cnn
+    # build, if any): a new session (reload) opens on the newest run
+    page.reload()
+    page.get_by_role("heading", name="Build and results", exact=True).wait_for()
     layers = page.get_by_test_id("stPlotlyChart").filter(has_text="Per-layer latency of the run")
     simulated = layers.get_by_text("FP16 (simulated on CPU)").first
-    # the new run, drawn to the last chart: its legend marks the simulated FP16 (this page's other runs are
-    # earlier tests' builds of tiny-cnn: none is all-FP16)
-    _wait_for_the_run(server, simulated)
+    simulated.wait_for()  # its legend marks the simulated FP16
     _idle(page)
     (job,) = own_jobs(server, "build")
     assert job.status == "done" and job.params["target"] == "tensorrt", job

@@ -345,30 +345,3 @@ def test_a_row_ticked_while_an_earlier_run_is_on_its_way_stays_ticked(server, br
     assert pol.layers[names[0]] == pol.layers[names[2]] == "fp16"
     ctx.close()
 
-
-def test_the_run_label_being_typed_survives_the_answer_of_an_earlier_run(server, browser):
-    """Issue 20 §8, a guard made deterministic by holding the websocket: the user commits a run label (Enter), the
-    answer of that run is on its way while they type on; when it arrives, what they typed since is still there
-    (the kept settings are widget values the page keeps across pages)."""
-    url, ws, _ = server
-    ctx = browser.new_context(viewport={"width": 1400, "height": 900}, color_scheme="light")
-    page = ctx.new_page()
-    page.set_default_timeout(60_000)
-    held = _Held(page)
-    page.goto(f"{url}/Precision?model={MODEL}")
-    page.get_by_text("Show the estimated time per engine layer").wait_for(timeout=120_000)  # the estimate is in
-    _idle(page)
-    box = page.get_by_label("Run label")
-    held.hold()
-    box.fill("first")
-    box.press("Enter")  # committed: a run, its answer held
-    held.wait_runs(1)
-    box.press("End")
-    box.press_sequentially(" and more")  # typed on, not committed yet
-    shown = held.shown()
-    held.flow()  # the answer of the run started by "first" arrives
-    held.wait_shown(shown + 1)
-    assert box.input_value() == "first and more"
-    box.press("Enter")
-    _idle(page)
-    ctx.close()
