@@ -22,6 +22,7 @@ from polygraphy.comparator import Comparator
 
 import core.sensitivity.cumulative as cumulative
 import core.sensitivity.runners as runners
+from tests.fixtures.trt import trt_version
 from core.backends import tensorrt_available
 from core.errors import MixprecError
 from core.measure.metrics import StreamingError
@@ -241,15 +242,7 @@ def test_the_page_says_what_marking_outputs_does_on_tensorrt_and_where_it_ran(tm
 
 # --- on TensorRT (a GPU): the candidate's engine itself
 
-def _trt_version() -> str | None:
-    try:
-        import tensorrt
-    except Exception:  # noqa: BLE001 - the PyPI stub raises at import
-        return None
-    return str(tensorrt.__version__)
-
-
-TRT_VERSION = _trt_version()
+TRT_VERSION = trt_version()
 
 
 @pytest.mark.tensorrt

@@ -9,6 +9,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from tests.fixtures.trt import trt_version
 from core.backends import tensorrt_available
 from core.backends.base import PER_LAYER_COLUMNS
 from core.backends.reports import load_engine_report
@@ -19,15 +20,7 @@ from core.quant.calibration import calibrate
 from core.workspace import Workspace
 
 
-def _trt_version() -> str | None:
-    try:
-        import tensorrt
-    except Exception:  # noqa: BLE001 - the PyPI stub raises at import
-        return None
-    return str(tensorrt.__version__)
-
-
-TRT_VERSION = _trt_version()
+TRT_VERSION = trt_version()
 USABLE, WHY = tensorrt_available() if TRT_VERSION else (False, "")
 pytestmark = [
     pytest.mark.tensorrt,
