@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -31,6 +32,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
 import test_e2e_browser as T  # noqa: E402  (the e2e test's browser helpers)
+from conftest import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 
 LAYERS = [f"/encoder/layer.{i}/output/dense/MatMul" for i in range(6)]
 
@@ -68,7 +70,9 @@ class RunWatch:
 
 
 def _server(ws: Path):
-    port = T._free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     log = open(ws / "streamlit.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
                              "--server.address", "localhost", "--server.headless", "true"],
@@ -151,7 +155,7 @@ def main() -> None:
     load0 = os.getloadavg()
     try:
         with sync_playwright() as pw:
-            b = pw.chromium.launch(executable_path=T.CHROMIUM, headless=True, args=T.ARGS)
+            b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
             out, queued, load = measure(b, url, mgr, args.rounds, args.builders)
             b.close()
     finally:
