@@ -4,4 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 scripts/setup.sh --browser
-exec .venv/bin/python -m pytest -q -rs tests "$@"
+# all of tests/ unless a path is given: `./test.sh -m e2e` (a marker), `./test.sh tests/unit` (a level)
+paths=(tests)
+for a in "$@"; do [[ $a != -* && -e ${a%%::*} ]] && paths=(); done
+exec .venv/bin/python -m pytest -q -rs "${paths[@]}" "$@"

@@ -9,7 +9,7 @@ stored sensitivity tables are removed before each run, so each one measures its 
 
 * ``memory``: ``rank`` of MiniLM at ``--seq`` tokens (random token ids within the vocabulary; the
   sample's own sentences are 63 tokens) and of a conv chain with big activations (12 x 1x1 convs on
-  4 x 512 x 512, ``tests/test_comparison_memory.py``), each with ``--max-memory 64G`` (one pass)
+  4 x 512 x 512, ``tests/scale/test_comparison_memory.py``), each with ``--max-memory 64G`` (one pass)
   and smaller budgets: chunks, seconds, peak RSS of the comparison and what it added, the largest
   cosine difference to one pass.
 * ``ray``: ``sensitivity sample:minilm --mode isolated`` with ``--workers 1/2`` (local processes)
@@ -30,9 +30,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
-from test_comparison_memory import _wide_model  # noqa: E402
+from tests.fixtures.models import wide_model  # noqa: E402
 from core.workspace import Workspace  # noqa: E402
 
 
@@ -61,7 +60,7 @@ def part_memory(ws: Path, tmp: Path, args) -> list[str]:
     (tmp / "minilm").mkdir(exist_ok=True)
     (tmp / "wide").mkdir(exist_ok=True)
     calib, evald = _minilm_data(tmp / "minilm", args.seq)
-    wide = _wide_model(tmp / "wide")
+    wide = wide_model(tmp / "wide")
     cases = [("sample:minilm", calib, evald, ["64G", "768M", "512M"], f"MiniLM, 1 x {args.seq} tokens"),
              (str(wide), wide.with_name("calib.npz"), wide.with_name("eval.npz"), ["64G", "128M", "96M"],
               "conv chain, 4 x 512 x 512")]

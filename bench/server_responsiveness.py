@@ -28,11 +28,10 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-import test_e2e_browser as T  # noqa: E402  (the e2e test's browser helpers)
-from conftest import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
+from tests.fixtures import browser as T  # noqa: E402  (the e2e test's browser helpers)
+from tests.fixtures.browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 
 LAYERS = [f"/encoder/layer.{i}/output/dense/MatMul" for i in range(6)]
 
@@ -100,13 +99,13 @@ def _rebuild_all(builders, mgr) -> int:
 
 
 def measure(b, url: str, mgr, rounds: int, n_builders: int) -> tuple[dict[str, list[float]], int, list]:
-    me = T._new_page(b, url, "/Precision?model=sample:minilm")
+    me = T.new_page(b, url, "/Precision?model=sample:minilm")
     watch = RunWatch(me)
     me.reload()
     me.wait_for_selector("[data-testid='stApp']")
     me.get_by_role("button", name="Set by name").wait_for(timeout=300_000)
-    T._idle(me)
-    builders = [T._new_page(b, url, "/Precision?model=sample:tiny-cnn") for _ in range(n_builders)]
+    T.idle(me)
+    builders = [T.new_page(b, url, "/Precision?model=sample:tiny-cnn") for _ in range(n_builders)]
     for page in builders:
         page.get_by_role("button", name="Rebuild").wait_for(timeout=300_000)
     queued = _rebuild_all(builders, mgr)

@@ -1,12 +1,12 @@
 """The workspace: ``workspace/`` next to the code, or ``$MIXPREC_WORKSPACE``; and its layout.
 
 This module names every folder of the workspace (:data:`FOLDERS`, the :class:`Workspace` methods), and
-only this one: no other module spells a folder name (``tests/test_workspace_layout.py`` checks it). It
+only this one: no other module spells a folder name (``tests/unit/test_workspace_layout.py`` checks it). It
 sits at the base of core/ so that every wing may ask it — the model wing for the folders of models with
 external weights, quant for calibration caches, measure for runs and FP32 references, sensitivity and
 search for their caches — while reading and writing the stored results (rankings, sensitivity tables,
 searches, runs, GPUs, saved projects) is the store wing's (``core.store.results``, ``core.store.runs``,
-``core.store.drafts``); the wings below the store may not import it (``tests/test_architecture.py``).
+``core.store.drafts``); the wings below the store may not import it (``tests/unit/test_architecture.py``).
 
 Layout::
 

@@ -6,7 +6,7 @@ Two inputs, both from the same trtexec run:
   ``{"Layers": [{Name, LayerType, Inputs, Outputs, TacticName, Origin, Metadata, ...}], "Bindings": [...]}``
 * profile, ``--exportProfile=F``: ``[{"count": N}, {name, timeMs, averageMs, medianMs, percentage}, ...]``
 
-Definitions (each is tested in ``tests/test_reports.py``):
+Definitions (each is tested in ``tests/unit/backends/test_reports.py``):
 
 ``precision``
     The datatype in ``Format/Datatype`` (``FP32``, ``FP16``, ``BF16``, ``INT8``, ``FP8``, ...) of the

@@ -562,7 +562,7 @@ def layer_ms(layer: EngineLayer, gpu: GPU | str, params: CostParams | None = Non
 
 # One parameter set fitted jointly on the nine fixture engines: five A100 ResNet-18 (batch 32) and four
 # TITAN RTX MobileNetV2 QAT (batch 1), each priced on its own GPU (bench/bench_trt_estimate.py
-# --print-fit prints it; tests/test_estimate_cost.py checks that fitting the fixtures again gives it).
+# --print-fit prints it; tests/unit/estimate/test_cost.py checks that fitting the fixtures again gives it).
 FITTED = CostParams.from_json({
     "kind": "mixprec.cost_params",
     "format_version": 1,

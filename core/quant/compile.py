@@ -58,7 +58,7 @@ WEIGHT_INPUT = {"MatMul": 1, "Gemm": 1, "Conv": 1, "ConvTranspose": 1}
 QUANT_INPUTS = (0, 1)
 CONVERSION_OPS = ("QuantizeLinear", "DequantizeLinear", "Cast")
 # Ops for which ONNX Runtime's CPU provider runs a real float16 kernel (checked by
-# tests/test_compile.py::test_ort_fp16_kernel_table against the installed ORT). Every other op
+# tests/unit/quant/test_compile.py::test_ort_fp16_kernel_table against the installed ORT). Every other op
 # set to FP16 is simulated on the ORT target: ORT would only insert casts and compute in float32.
 ORT_CPU_FP16_KERNELS = frozenset({"LayerNormalization"})
 
@@ -616,7 +616,7 @@ def compile_policy(model: LoadedModel, policy: Policy, calib: CalibrationResult 
     placement (inputs only, outputs in the network's float type, TensorRT's recommended Q/DQ
     placement) is the default everywhere: on MiniLM int8 outputs drop held-out cosine from 0.981
     to 0.841, almost all of it at the six FFN down-projections, whose outputs carry the residual
-    stream's outliers (``tests/test_runs.py``).
+    stream's outliers (``tests/unit/measure/test_runs.py``).
 
     ``structure_only`` compiles the graph only: every node, tensor type and dims as a real compile
     makes them, but no weight of LIGHT_FROM bytes or more (nor one kept as external data) is read,

@@ -142,7 +142,7 @@ def _markable(proto: onnx.ModelProto) -> set[str]:
 class SessionWithoutArena(SessionFromOnnx):
     """Polygraphy's ``SessionFromOnnx`` (CPU) with ONNX Runtime's memory arena off. The arena keeps a run's
     activations (grown in powers of two) until its session goes, which breaks the comparison's budget
-    (measured: the wide model of tests/test_comparison_memory.py added 175 MiB under a 96 MiB budget, 84 MiB
+    (measured: the wide model of tests/scale/test_comparison_memory.py added 175 MiB under a 96 MiB budget, 84 MiB
     without the arena). Polygraphy's loader takes no session options; this one builds the session as it
     does (as many threads as usable CPUs, its graph optimization level), arena off, logging errors only."""
 
@@ -240,7 +240,7 @@ def polygraphy_quiet(runner: str):
     Torch: with array swapping off (Polygraphy's default, ``POLYGRAPHY_ARRAY_SWAP_THRESHOLD_MB`` < 0) each
     ``IterationResult`` sums its outputs' sizes to warn about large ones, asking of each whether it is a
     torch tensor, which imports torch (about 200 MiB resident: under a 96 MiB budget the wide model of
-    tests/test_comparison_memory.py added 353 MiB with torch imported, 175 MiB without, both with ONNX
+    tests/scale/test_comparison_memory.py added 353 MiB with torch imported, 175 MiB without, both with ONNX
     Runtime's arena, 84 MiB without the arena either). A threshold no array reaches skips that sum and
     swaps nothing; a threshold the user set is kept."""
     where = "TensorRT" if runner == "tensorrt" else "ONNX Runtime"

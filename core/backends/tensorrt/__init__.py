@@ -7,7 +7,7 @@ splits ``backend/trt/``:
 ``legacy``        the TensorRT <= 10.11 path: per-layer precisions and INT8 ranges, the export's post-process script
 ``timing``        GPU compute time from CUDA events on buffers bound once, and TensorRT's time per layer
 ``runner``        ``TrtEngineRunner`` (Polygraphy's ``TrtRunner``) and ``TensorRTBackend``
-``api``           the Polygraphy calls and TensorRT APIs the package uses, checked by tests/backends
+``api``           the Polygraphy calls and TensorRT APIs the package uses, checked by tests/unit/backends
 
 This face holds what the rest of mixprec uses. Importing it needs neither TensorRT nor a GPU: ``tensorrt``
 and Polygraphy's TensorRT loaders are imported inside the functions that use them."""

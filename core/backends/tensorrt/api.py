@@ -1,10 +1,10 @@
-"""What the TensorRT backend calls in Polygraphy and TensorRT, declared: tests/backends check these
+"""What the TensorRT backend calls in Polygraphy and TensorRT, declared: tests/unit/backends check these
 tables against the installed Polygraphy's signatures (test_tensorrt_static.py), against the uses an AST
 scan of the package's code finds, and against the version table of docs/tensorrt-api-check.md
 (test_tensorrt_api_scan.py)."""
 from __future__ import annotations
 
-# Every Polygraphy callable this package calls, with the keywords it passes. tests/backends/
+# Every Polygraphy callable this package calls, with the keywords it passes. tests/unit/backends/
 # test_tensorrt_static.py checks them against the installed Polygraphy's signatures, and that
 # every Polygraphy call in the package's modules is listed here.
 POLYGRAPHY_CALLS = {
@@ -31,7 +31,7 @@ POLYGRAPHY_CALLS = {
     "polygraphy.datatype.DataType.from_dtype": ("source_module",),
 }
 # Every TensorRT attribute, method and enum member that this package and the post-process script it exports
-# (POSTPROCESS_SCRIPT) use. tests/backends/test_tensorrt_api_scan.py finds the uses in the code itself (an
+# (POSTPROCESS_SCRIPT) use. tests/unit/backends/test_tensorrt_api_scan.py finds the uses in the code itself (an
 # AST scan that infers which values are TensorRT objects), checks that they are exactly these, and that
 # the version table of docs/tensorrt-api-check.md has a row for each allowing it where it is used: what
 # is deprecated (10.12) or removed (11) only in legacy.LEGACY_ONLY code.

@@ -11,7 +11,7 @@ broadcast shuffles, Gemm bias/alpha/beta) take the node of the layers next to th
 
 The export ships the same constraints as a Polygraphy network post-process script
 (:func:`legacy_postprocess_script`). The code ``LEGACY_ONLY`` names, all of it here, is the only code
-that may use a TensorRT API deprecated in 10.12 or removed in 11 (tests/backends/test_tensorrt_api_scan.py).
+that may use a TensorRT API deprecated in 10.12 or removed in 11 (tests/unit/backends/test_tensorrt_api_scan.py).
 """
 from __future__ import annotations
 
@@ -126,7 +126,7 @@ def legacy_constraints(network, policy, calib, trt):
 # The network post-process script the TensorRT <= 10.11 export ships (core/export.py): trtexec cannot
 # put ranges on the tensors the ONNX parser creates (weight Constants, ONNXTRT_Broadcast shuffles of
 # INT8 Gemm/MatMul), so the export builds with ``polygraphy convert --trt-network-postprocess-script``.
-# It applies the same constraints as :func:`legacy_constraints`; tests/backends check that they agree.
+# It applies the same constraints as :func:`legacy_constraints`; tests/unit/backends check that they agree.
 POSTPROCESS_SCRIPT = """\
 \"\"\"mixprec policy {policy_sha} for {model_name}: TensorRT 10.0-10.11 network post-process script.
 

@@ -1,0 +1,1 @@
+"""Streamlit AppTest: one file per page, and the frame (sidebar, session)."""

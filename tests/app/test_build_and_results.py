@@ -1,0 +1,148 @@
+"""Streamlit AppTest of the Build and results page (views/build_and_results.py): runs, their latency labels and
+warnings, the job panel (interrupted jobs, cancel), trtexec report imports and the estimator calibration
+they offer, the estimate beside the measured latency."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from core.estimate.predict import predict
+from core.jobs import JobManager
+from core.project import open_project
+from core.store.results import load_gpu_calibration
+from tests.fixtures.apptest import MODEL, captions_text, ok, page, shown, wait_all
+
+
+def test_job_of_a_dead_server_shows_interrupted(ws):
+    from core.jobs import Job
+    from core.workspace import atomic_write_json
+
+    job = Job(id="old", kind="build", label="before restart", queue="build-onnxruntime", params={},
+              status="running", stage="timing", server_pid=2 ** 22 + 1)  # above pid_max: never alive
+    atomic_write_json(ws.jobs / "old.json", job.__dict__)
+    at = page("build_and_results")
+    assert any("interrupted" in m.value for m in at.markdown)
+    assert at.error and "stopped while this job was timing" in at.error[0].value
+
+
+@pytest.mark.parametrize("fixture,count", [("a100-resnet-qat", 12), ("a100-resnet-fp16", 2)])
+def test_results_page_imports_trtexec_reports(ws, trt_reports_dir, fixture, count):
+    at = ok(page("build_and_results"))
+    at.text_input(key="trt_graph_path").input(str(trt_reports_dir / f"{fixture}.graph.json"))
+    at.text_input(key="trt_profile_path").input(str(trt_reports_dir / f"{fixture}.profile.json")).run()
+    ok(at)
+    assert any(f"{count} reformat layers" in m.value for m in at.markdown)
+    assert len(at.get("plotly_chart")) == 4  # no runs yet: every chart is the report's
+
+
+def test_results_page_rejects_a_bad_report(ws, trt_reports_dir, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"Layers": ["conv1", "relu1"]}')
+    at = ok(page("build_and_results"))
+    at.text_input(key="trt_graph_path").input(str(bad)).run()
+    assert at.error and "profilingVerbosity=detailed" in shown(at.error[0])
+    assert not at.exception
+
+
+def test_results_page_shows_the_quality_warning(ws):
+    from core.project import open_project
+    from core.measure.runs import build_and_measure
+
+    p = open_project("sample:tiny-cnn", ws=ws)
+    r = build_and_measure(p, p.default_policy(), iterations=3, profile_iterations=1, warn_below=1.01)
+    assert r.warnings
+    at = ok(page("build_and_results"))
+    assert at.warning and "is below 1.01" in at.warning[0].value and "Sensitivity page" in at.warning[0].value
+
+
+def test_results_page_shows_a_slowdown_as_one_and_the_latency_source(ws):
+    """A run slower than FP32 reads "… slower than FP32" in red with a down arrow (not "↑ 0.78×");
+    a faster one in green with an up arrow. The latency says what measured it, and, for the TensorRT
+    target, that ONNX Runtime CPU latency does not predict TensorRT's."""
+    from streamlit.proto.Metric_pb2 import Metric as MetricProto
+
+    from core.quant.policy import uniform_policy
+    from core.project import open_project
+    from core.measure.runs import build_and_measure
+
+    p = open_project("sample:tiny-cnn", ws=ws)
+    fast = build_and_measure(p, p.default_policy(), label="fast", iterations=3, profile_iterations=1)
+    slow = build_and_measure(p, uniform_policy(p.model, p.layers, "fp16"), label="all-FP16", iterations=3,
+                             profile_iterations=1)
+    for run, speedup in ((fast, 1.5), (slow, 0.78)):  # this CPU's noise must not decide the test
+        doc = json.loads((run.run_dir / "metrics.json").read_text())
+        (run.run_dir / "metrics.json").write_text(json.dumps(doc | {"speedup": speedup}))
+    at = ok(page("build_and_results"))
+    metric = next(m for m in at.metric if m.label == "Median latency")  # the newest run: all-FP16
+    assert metric.delta == "0.78× · 1.28× slower than FP32"
+    assert metric.proto.color == MetricProto.MetricColor.RED and metric.proto.direction == MetricProto.MetricDirection.DOWN
+    assert "ONNX Runtime CPU, measured" in metric.help
+    captions = [c.value for c in at.caption]
+    assert any("ONNX Runtime CPU, measured · deployment target TensorRT (GPU)" in c for c in captions)
+    assert any("latency ONNX Runtime CPU, measured · target TensorRT (GPU)" in c.replace("\\", "") for c in captions)
+    assert at.info and "does not predict TensorRT latency" in at.info[0].value
+    assert any(c.startswith("Run A latency: ONNX Runtime CPU, measured") and "does not predict" in c for c in captions)
+    history = at.dataframe[0].value
+    assert set(history["vs FP32"]) == {"1.50× faster than FP32", "0.78× · 1.28× slower than FP32"}
+    layers = at.get("plotly_chart")[-1].proto.spec
+    assert "FP16 (simulated on CPU)" in layers and "not FP16 time" in layers
+    at.selectbox(key="layers_run").select(fast.run_id).run()
+    assert "FP16 (simulated on CPU)" not in ok(at).get("plotly_chart")[-1].proto.spec  # INT8 default policy
+
+
+def test_only_the_session_that_started_a_job_cancels_it_after_asking(ws):
+    """Issue 13 §9 wired: jobs carry the session's owner token; another session's Cancel is disabled;
+    one's own Cancel asks first ("Stop it" / "Keep")."""
+    from core.jobs import build_params
+    from core.project import open_project
+
+    pol = open_project("sample:tiny-cnn", ws=ws).default_policy().to_json()
+    mgr = JobManager.for_workspace(ws)
+    first = mgr.submit("build", build_params("sample:tiny-cnn", pol, label="first"), label="first", owner="mine")
+    queued = mgr.submit("build", build_params("sample:tiny-cnn", pol, label="second"), label="second", owner="mine")
+    other = ok(page("build_and_results", state={"owner_token": "theirs"}))
+    assert other.button(key=f"cancel-{queued.id}").disabled
+    at = ok(page("build_and_results", state={"owner_token": "mine"}))
+    assert not at.button(key=f"cancel-{queued.id}").disabled
+    at.button(key=f"cancel-{queued.id}").click().run()  # asks first
+    assert mgr.get(queued.id).status == "queued"
+    at.button(key=f"cancel-{queued.id}-confirm").click().run()
+    assert mgr.wait(queued.id, 30).status == "cancelled" and mgr.wait(first.id, 180).status == "done"
+    at = ok(page("precision", state={"owner_token": "mine"}))
+    at.button(key="rebuild").click().run()
+    assert mgr.get(at.query_params["job"]).owner == "mine"
+    wait_all_done = [mgr.wait(j.id, 180) for j in mgr.jobs() if j.active]
+    assert all(j.status == "done" for j in wait_all_done)
+
+
+def test_results_page_shows_the_estimate_beside_the_measured_latency(ws):
+    at = ok(page("precision"))
+    at.button(key="rebuild").click().run()
+    wait_all(ws)
+    res = ok(page("build_and_results", state={}))
+    labels = {m.label: m for m in res.metric}
+    assert "Measured latency" in labels and labels["Measured latency"].proto.delta == "measured"
+    est = [m for m in res.metric if m.label.startswith("Estimated TensorRT time on NVIDIA A100")]
+    p = open_project(MODEL, ws=ws)
+    want = predict(p.model, p.default_policy(), p.input_shapes, "a100")
+    assert est and est[0].proto.delta == f"estimate · likely {want.band.range_text()}"
+    text = captions_text(res)
+    assert "Measured: " in text and "Estimate, not measured" in text and "basis: fit on the fixture engines (A100 ResNet-18, TITAN RTX MobileNetV2)" in text
+    assert want.estimate_text() in text and "held-out cases: a100" in text  # the band and what it rests on
+
+
+def test_calibrate_the_estimator_on_an_imported_report(ws, trt_reports_dir):
+    at = ok(page("build_and_results"))
+    at.text_input(key="trt_graph_path").input(str(trt_reports_dir / "a100-resnet-fp16.graph.json"))
+    at.text_input(key="trt_profile_path").input(str(trt_reports_dir / "a100-resnet-fp16.profile.json")).run()
+    at.selectbox(key="calib_gpu").select("l4").run()
+    at.button(key="calibrate_gpu").click().run()
+    ok(at)
+    (msg,) = [s.value for s in at.success if "your calibration" in s.value]
+    assert "NVIDIA L4" in msg and "calibrated on" in msg and "layers of your engine, median error" in msg
+    params = load_gpu_calibration(ws, "l4")
+    assert params is not None and params.gpu == "l4" and params.n_layers > 0
+    pre = ok(page("precision", state={"estimate_gpu:value": "l4"}))
+    text = captions_text(pre)
+    assert "on NVIDIA L4" in text and f"basis: calibrated on {params.n_layers} layers of your engine" in text

@@ -1,0 +1,104 @@
+"""Streamlit AppTest of the Model page (views/model.py) on the tiny samples: the layer inventory, a bad path
+that recovers, uploads checked before they are stored, the shape editor and generated data, normalisation
+steps."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from core.errors import MixprecError
+from core.store.results import store_upload
+from tests.fixtures.apptest import APP, ok, page, shown, wait_all
+from tests.fixtures.models import dynamic_cnn
+
+
+def test_home_and_model_page(ws):
+    ok(page())
+    at = ok(page("model"))
+    assert at.metric[0].label == "Layers" and at.metric[0].value == "8"
+    assert "sha256" in at.caption[-1].value or any("sha256" in c.value for c in at.caption)
+    at.multiselect(key="inv_ops").select("Conv").run()
+    assert any(c.value.startswith("3 of 8 layers") for c in at.caption)
+    assert len(at.get("plotly_chart")) == 1
+
+
+def test_model_page_bad_path_shows_error_and_recovers(ws, tmp_path):
+    bad = tmp_path / "truncated.onnx"
+    bad.write_bytes((ws.samples.parent / "x").as_posix().encode() * 3)
+    at = page("model")
+    at.radio(key="model_how").set_value("Path on the server").run()
+    at.text_input(key="model_path").input(str(bad))
+    at.button(key="load_path").click().run()
+    assert at.error and "Fix:" in shown(at.error[0])
+    at.radio(key="model_how").set_value("Bundled sample").run()
+    at.selectbox(key="sample_pick").select("sample:tiny-transformer").run()
+    ok(at)
+    assert at.session_state["source"]["model"] == "sample:tiny-transformer"
+
+
+def test_upload_validation(ws, tmp_path):
+    with pytest.raises(MixprecError, match="Fix"):
+        store_upload(ws, b"not an onnx file", "x.onnx", "model")
+    from core.project import open_project
+
+    model = open_project("sample:tiny-cnn", ws=ws).model
+    bad = tmp_path / "pickled.npz"
+    np.savez(bad, x=np.array([{"a": 1}], dtype=object))
+    with pytest.raises(MixprecError, match="pickled"):
+        store_upload(ws, bad.read_bytes(), "pickled.npz", "data", model)
+    good = store_upload(ws, model.path.read_bytes(), "tiny.onnx", "model")
+    assert good.parent == ws.models / model.sha256 and good.name == "tiny.onnx"  # keeps its file name (issue 13)
+
+
+def test_model_page_shape_editor_and_generated_data(ws, tmp_path):
+    """The Model page lists every dynamic dim with its value and source (guesses marked), Apply
+    reopens the project at the edited shapes (kept in the session and the URL), and every job
+    started from then on carries them; the data is said to be generated."""
+    model = str(dynamic_cnn(tmp_path / "dyn.onnx"))
+    at = ok(page("model", model=model))
+    keys = {n.label: n.key for n in at.number_input}
+    assert [n.value for n in at.number_input] == [1, 224, 224] and len(keys) == 3
+    assert sum("guessed: 224 — set it" in c.value.replace("\\", "") for c in at.caption) == 2
+    assert any("calibration and evaluation data is generated" in i.value for i in at.info)
+    origin = next(d.value for d in at.dataframe if "origin" in d.value.columns)
+    assert origin["origin"].tolist() == ["generated", "generated"]
+    assert any("Nothing changed" in c.value for c in at.caption)
+    h, w = (next(k for label, k in keys.items() if label.endswith(f"· {axis}")) for axis in "HW")
+    at.number_input(key=h).set_value(320)
+    at.number_input(key=w).set_value(320)
+    at.button(key="apply_shapes").click().run()
+    ok(at)
+    assert at.session_state["source"]["shapes"] == {"images": [1, 3, 320, 320]}
+    assert json.loads(at.query_params["shapes"]) == {"images": [1, 3, 320, 320]}
+    io = next(d.value for d in at.dataframe if "resolved shape" in d.value.columns)
+    assert io["resolved shape"].iloc[0] == "(1, 3, 320, 320)"
+    assert sum("set by you" in c.value for c in at.caption) == 3 and [n.value for n in at.number_input] == [1, 320, 320]
+    at.switch_page("views/precision.py").run()
+    at.button(key="rebuild").click().run()
+    (job,) = wait_all(ws)
+    assert job.params["shapes"] == {"images": [1, 3, 320, 320]}
+    res = ok(page("build_and_results", model=model, state={"source": dict(at.session_state["source"])}))
+    cosine = next(m for m in res.metric if m.label == "Cosine (mean)")
+    assert "on generated data" in cosine.delta
+    assert any("images=1x3x320x320" in c.value.replace("\\", "") and "on generated data" in c.value
+               for c in res.caption)
+    reloaded = AppTest.from_file(APP, default_timeout=120)  # a reload keeps the shapes (URL)
+    reloaded.query_params.update({"model": model, "shapes": at.query_params["shapes"]})
+    reloaded.run()
+    ok(reloaded.switch_page("views/model.py").run())
+    assert [n.value for n in reloaded.number_input] == [1, 320, 320]
+    reloaded.button(key="reset_shapes").click().run()
+    ok(reloaded)
+    assert reloaded.session_state["source"]["shapes"] is None and "shapes" not in reloaded.query_params
+    assert [n.value for n in reloaded.number_input] == [1, 224, 224]
+
+
+def test_model_page_shows_normalisation_steps(ws, tmp_path):
+    model = str(dynamic_cnn(tmp_path / "old.onnx", opset=11))
+    at = ok(page("model", model=model))
+    steps = next(d.value for d in at.dataframe if list(d.value.columns) == ["step", "detail"])
+    assert len(steps) >= 1 and steps["detail"].str.contains("13").any()
+    assert any("step(s) made the model fit" in c.value and "Opset 11 → 13" in c.value for c in at.caption)

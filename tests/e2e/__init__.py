@@ -1,0 +1,1 @@
+"""Real browser end to end: `streamlit run app.py` + headless chromium (Playwright)."""

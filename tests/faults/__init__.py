@@ -1,0 +1,1 @@
+"""Faults: corrupt caches, full disks, dead processes, hostile input."""

@@ -1,0 +1,1 @@
+"""TensorRT on an NVIDIA GPU (marked tensorrt; skipped where TensorRT is missing)."""

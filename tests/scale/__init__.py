@@ -1,0 +1,1 @@
+"""Scale: models over 2 GB, memory bounds, Ray clusters."""
