@@ -262,6 +262,14 @@ def _wait_for(cond, timeout=60.0, what=""):
         time.sleep(0.1)
 
 
+def _exited(pid: int) -> bool:
+    """The process is gone, or a zombie waiting for its new parent to reap it."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
 def test_an_orphan_job_that_finished_records_its_real_outcome(tmp_path):
     """The server is killed while its build runs; the child finishes: the next server records done."""
     ws = Workspace(tmp_path / "ws")
@@ -276,7 +284,8 @@ def test_an_orphan_job_that_finished_records_its_real_outcome(tmp_path):
         server.send_signal(signal.SIGKILL)
         server.wait()
     _wait_for(lambda: (ws.jobs / f"{job_id}.outcome.json").exists(), what="the orphan child's outcome")
-    time.sleep(0.5)  # let it exit
+    child = json.loads((ws.jobs / f"{job_id}.json").read_text())["child_pid"]
+    _wait_for(lambda: _exited(child), what="the orphan child's exit")
     job = JobManager(ws).get(job_id)
     assert job.status == "done" and Path(job.result_path).is_file(), job
     assert any("finished after its server" in n for n in job.notes) and not job.error

@@ -105,10 +105,9 @@ def test_cancel_running_and_queued(mgr):
         time.sleep(0.1)
     assert mgr.queue_position(queued.id) == 0
     assert mgr.cancel(queued.id).status == "cancelled"
-    t0 = time.monotonic()
     mgr.cancel(running.id)
     job = mgr.wait(running.id, 30)
-    assert job.status == "cancelled" and time.monotonic() - t0 < 10
+    assert job.status == "cancelled" and job.progress < 1 and not job.result_path  # stopped, not run to its end
     assert mgr.get(queued.id).started is None
 
 
