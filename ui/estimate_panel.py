@@ -108,10 +108,12 @@ def _tag(params: CostParams) -> str:
     return hashlib.sha256(json.dumps(params.to_json(), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-@st.cache_resource(show_spinner=False)
+@st.cache_resource(show_spinner=False, on_release=EstimateService.close)
 def _service(ws_root: str) -> EstimateService:
     """One estimate child process per server and workspace (``core.estimate.service``): the estimate's
-    pure-Python compile and graph walk run there, not under the server's GIL, off every page run."""
+    pure-Python compile and graph walk run there, not under the server's GIL, off every page run. A cleared
+    cache stops its child (``_service.clear()``: the AppTest files do it after each test, which has its own
+    workspace)."""
     return EstimateService(ws_root)
 
 
