@@ -96,6 +96,7 @@ def tiny_transformer(ws, tiny_transformer_sample):
 
 # --- levels (issue 20 §7): the first folder under tests/ is the level, and a marker ----------------------
 LEVELS = {"unit": "unit", "app": "app", "e2e": "e2e", "faults": "faults", "scale": "scale", "gpu": "tensorrt"}
+SERIAL_LEVELS = ("e2e", "scale")  # each level's tests on one worker, one test at a time
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -106,3 +107,14 @@ def pytest_collection_modifyitems(config, items):
         parts = Path(item.path).resolve().relative_to(here).parts if here in Path(item.path).resolve().parents else ()
         if len(parts) > 1 and parts[0] in LEVELS:
             item.add_marker(getattr(pytest.mark, LEVELS[parts[0]]))
+        item.add_marker(pytest.mark.xdist_group(_worker_group(parts)))
+
+
+def _worker_group(parts: tuple[str, ...]) -> str:
+    """Which tests one pytest-xdist worker runs together (``./test.sh`` runs ``-n 2 --dist loadgroup``): each
+    file stays on one worker (its module fixtures are built once), the browser tests share one worker (one
+    dashboard and one Chromium per worker), and so do the scale tests (models over 2 GB and Ray clusters are
+    not run two at a time on a 24 GiB machine)."""
+    if parts and parts[0] in SERIAL_LEVELS:
+        return parts[0]
+    return "/".join(parts) or "tests"
