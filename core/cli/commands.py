@@ -14,6 +14,7 @@ from pathlib import Path
 from core.backends import BACKENDS
 from core.backends.reports import load_engine_report
 from core.cli import estimate as estimate_command
+from core.cli.source import source_from_args
 from core.errors import MixprecError
 from core.estimate.gpus import GPUS
 from core.export import DEFAULT_TRT_VERSION, EXPORT_FORMATS, export_policy
@@ -21,8 +22,8 @@ from core.jobs.distributed_builds import build_policies
 from core.jobs.params import RAY_FORMS, ray_param
 from core.measure.runs import GENERATED_NOTE, WARN_BELOW, build_and_measure, speedup_text
 from core.model.samples import SAMPLES, write_sample
-from core.model.shapes import parse_shape, shape_text
-from core.project import DEFAULT_TARGET, DEPLOY_TARGETS, TARGET_LABELS, ProjectSource
+from core.model.shapes import shape_text
+from core.project import DEFAULT_TARGET, DEPLOY_TARGETS, TARGET_LABELS
 from core.quant.compile import TARGETS
 from core.quant.policy import CALIB_METHODS, NETWORK_DEFAULTS, load_policy
 from core.records import json_safe
@@ -81,21 +82,6 @@ def _print_notes(notes: list[str] | None = None) -> None:
         print(f"note: {note}", file=sys.stderr)
 
 
-def _shape_overrides(items: list[str] | None) -> dict[str, int]:
-    out = {}
-    for item in items or []:
-        name, _, value = item.partition("=")
-        if not (value.isascii() and value.isdigit()):
-            raise MixprecError(f"bad --dim {item!r}", "write --dim NAME=VALUE, e.g. --dim seq=128")
-        out[name] = int(value)
-    return out
-
-
-def _input_shapes(items: list[str] | None) -> dict[str, tuple[int, ...]]:
-    """``--shape INPUT=1x3x320x320`` (repeatable) → ``{INPUT: (1, 3, 320, 320)}``."""
-    return dict(parse_shape(item) for item in items or [])
-
-
 def _shape_lines(p) -> str:
     """The input shapes, each dim's source, and every default or guess with how to set it."""
     lines = [f"input {name}: {shape_text(shape)}" for name, shape in p.input_shapes.items()]
@@ -129,14 +115,6 @@ def trt_options(args) -> dict:
     """The TensorRT backend's options from ``--trt-profile`` and ``--trt-workspace-gb``."""
     return {"profiles": parse_trt_profiles(args.trt_profile) or None,
             "workspace_bytes": int(args.trt_workspace_gb * (1 << 30))}
-
-
-def source_from_args(args) -> ProjectSource:
-    """The project a command runs on: its model, ``--data``, ``--eval``, ``--shape``, ``--dim``,
-    ``--batch`` and ``--target`` (a bad ``--shape`` or ``--dim`` is a MixprecError)."""
-    return ProjectSource(args.model, getattr(args, "data", None), getattr(args, "eval", None),
-                         _input_shapes(getattr(args, "shape", None)), _shape_overrides(getattr(args, "dim", None)),
-                         getattr(args, "batch", 1), getattr(args, "deploy_target", DEFAULT_TARGET))
 
 
 def _project(args, progress=None):

@@ -12,13 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 
+from core.cli.source import source_from_args
 from core.errors import MixprecError
 from core.estimate.cost import FITTED
 from core.estimate.gpus import FIELD_HELP, FIXTURE_GPU, GPU, GPUS, gpu as gpu_entry, gpu_keys, load_gpu_spec
 from core.estimate.predict import PREDICTION_COLUMNS, Prediction, predict
 from core.model.samples import SAMPLES
-from core.model.shapes import parse_shape
-from core.project import open_project
 from core.quant.policy import NETWORK_DEFAULTS, load_policy
 from core.records import json_safe
 from core.store.results import load_gpu_calibration, read_gpu_specs, resolve_gpu
@@ -88,16 +87,6 @@ def gpu_doc(g: GPU) -> dict:
     return {"key": g.key, "name": g.name} | ({} if GPUS.get(g.key) == g else {"spec": g.to_json()})
 
 
-def _dims(items: list[str] | None) -> dict[str, int]:
-    out = {}
-    for item in items or []:
-        name, _, value = item.partition("=")
-        if not name or not (value.isascii() and value.isdigit()):
-            raise MixprecError(f"bad --dim {item!r}", "write --dim NAME=VALUE, e.g. --dim seq=128")
-        out[name] = int(value)
-    return out
-
-
 def _text(r: Prediction, top: int) -> str:
     rows = r.layers.sort_values("est_ms", ascending=False, kind="stable").head(top) if top else r.layers
     lines = [f"ESTIMATE (not measured): {r.caption()}",
@@ -113,10 +102,9 @@ def _text(r: Prediction, top: int) -> str:
 def run(args) -> int:
     """The ``estimate`` command: predict, price and print (text, or one JSON document)."""
     g = gpu_from_args(args)  # before the model loads: a bad GPU fails at once
-    shapes = dict(parse_shape(s) for s in args.shape or [])
+    src = source_from_args(args)
     # the estimate needs no data: a sample's own data must not pin the shapes the user asks for
-    p = open_project(args.model, batch=args.batch, shape_overrides=_dims(args.dim), shapes=shapes,
-                     sample_data=not (shapes or args.dim or args.batch != 1))
+    p = src.open(sample_data=not (src.shapes or src.dims or src.batch != 1))
     policy = load_policy(args.policy, p.model, p.layers) if args.policy else p.default_policy(args.network_default)
     params = None if args.fixture_fit else load_gpu_calibration(p.ws, g)
     r = predict(p.model, policy, p.input_shapes, g, params or FITTED, tf32=not args.no_tf32)

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from core.cli.commands import build_parser, source_from_args
+from core.cli.commands import build_parser
+from core.cli.source import source_from_args
 from core.errors import MixprecError
 from core.jobs.params import (BuildParams, IsolatedParams, RankParams, SearchParams, build_params, isolated_params,
                               rank_params, search_params)

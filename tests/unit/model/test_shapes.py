@@ -267,9 +267,9 @@ def test_dev_and_held_out_halves_are_whole_fixed_batches():
 
 def test_non_ascii_digits_are_a_clear_error():
     """'²'.isdigit() is True but int('²') raises: both shape flags refuse it cleanly."""
-    from core.cli.commands import _shape_overrides
+    from core.cli.source import parse_dims
 
     with pytest.raises(MixprecError, match="bad --shape"):
         parse_shape("x=1x²")
     with pytest.raises(MixprecError, match="bad --dim"):
-        _shape_overrides(["seq=²"])
+        parse_dims(["seq=²"])

@@ -1,0 +1,32 @@
+"""The project a command runs on, from its arguments: one ``core.project.ProjectSource`` for every
+command (``inspect``, ``build``, ``rank``, ``search``, ``export``, ``estimate``…)."""
+from __future__ import annotations
+
+from core.errors import MixprecError
+from core.model.shapes import parse_shape
+from core.project import DEFAULT_TARGET, ProjectSource
+
+
+def parse_dims(items: list[str] | None) -> dict[str, int]:
+    """``--dim NAME=VALUE`` (repeatable) → ``{NAME: VALUE}``; anything else is a MixprecError."""
+    out = {}
+    for item in items or []:
+        name, _, value = item.partition("=")
+        if not name or not (value.isascii() and value.isdigit()):
+            raise MixprecError(f"bad --dim {item!r}", "write --dim NAME=VALUE, e.g. --dim seq=128")
+        out[name] = int(value)
+    return out
+
+
+def parse_shapes(items: list[str] | None) -> dict[str, tuple[int, ...]]:
+    """``--shape INPUT=1x3x320x320`` (repeatable) → ``{INPUT: (1, 3, 320, 320)}``."""
+    return dict(parse_shape(item) for item in items or [])
+
+
+def source_from_args(args) -> ProjectSource:
+    """The project a command runs on: its model, ``--data``, ``--eval``, ``--shape``, ``--dim``,
+    ``--batch`` and ``--target`` (a bad ``--shape`` or ``--dim`` is a MixprecError); a flag the command
+    does not have is left at its default."""
+    return ProjectSource(args.model, getattr(args, "data", None), getattr(args, "eval", None),
+                         parse_shapes(getattr(args, "shape", None)), parse_dims(getattr(args, "dim", None)),
+                         getattr(args, "batch", 1), getattr(args, "deploy_target", DEFAULT_TARGET))
