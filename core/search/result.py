@@ -95,9 +95,14 @@ def chosen_candidate(candidates: pd.DataFrame, variants: dict[str, Policy], poli
 
 @dataclass
 class SearchResult:
-    """A finished search, stored as a ``"search"`` document (:meth:`to_json` / :meth:`from_json`)."""
+    """A finished search, stored as a ``"search"`` document (:meth:`to_json` / :meth:`from_json`).
+    Its isolated sensitivity is stored once, in ``rankings/<sensitivity_ref>.json`` where
+    ``core.sensitivity.sensitivity`` computes it: the document holds that key, not a copy of the table
+    (``core.store.results.load_search`` reads the table back)."""
 
-    FORMAT_VERSION: ClassVar[int] = 2  # 2: the estimate's band per candidate (est_low_ms, est_high_ms), tie_note
+    # 2: the estimate's band per candidate (est_low_ms, est_high_ms), tie_note;
+    # 3: "sensitivity_ref" (the rankings/ key of the isolated table) instead of the table itself
+    FORMAT_VERSION: ClassVar[int] = 3
     KIND: ClassVar[str] = "search"
 
     budget: Budget
@@ -107,7 +112,7 @@ class SearchResult:
     holdout: Quality | None
     message: str
     candidates: pd.DataFrame  # CANDIDATE_COLUMNS, with the Pareto flag
-    sensitivity: Sensitivity
+    sensitivity: Sensitivity | None  # None: a stored search whose rankings/ document is gone or damaged
     run: RunResult | None = None  # the verifying build (without its per-layer table once stored)
     seconds: float = 0.0
     timings: dict = field(default_factory=dict)
@@ -116,6 +121,7 @@ class SearchResult:
     objective: str = "latency"  # what ranked the candidates: latency / trt_estimate / mac_share
     latency_label: str = ""     # what est_ms is when it is not the backend's profile fit (trt_estimate)
     tie_note: str = ""          # trt_estimate: candidates within the estimate's band of the fastest, and the pick
+    sensitivity_ref: str = ""   # the key of ``sensitivity`` in rankings/ (``core.sensitivity.sensitivity_file``)
 
     @property
     def front(self) -> pd.DataFrame:
@@ -145,16 +151,30 @@ class SearchResult:
             "holdout": self.holdout.to_dict() if self.holdout else None, "run": run,
             "candidates": frame_to_json(self.candidates), "chosen": self.chosen,
             "objective": self.objective, "latency_label": self.latency_label, "tie_note": self.tie_note,
-            "sensitivity": self.sensitivity.to_json(),
+            **self._sensitivity_json(),
             "variants": {k: v.to_dict() for k, v in self.variants.items()},
         }
+
+    def _sensitivity_json(self) -> dict:
+        """The reference to the stored table; the table itself only when it is stored nowhere else (no
+        reference: a result not made by ``core.search.search``) or there is none (``null``)."""
+        if self.sensitivity_ref:
+            return {"sensitivity_ref": self.sensitivity_ref}
+        return {"sensitivity": self.sensitivity.to_json() if self.sensitivity is not None else None}
 
     @classmethod
     def from_json(cls, doc: dict, model: LoadedModel, layers: list[Layer]) -> "SearchResult":
         """The search of a stored document; its policies are validated against ``model``. A document
-        of format 1 (before the band) reads with NaN bands."""
-        old = isinstance(doc, dict) and doc.get("format_version") == 1
-        doc = check_format(doc, cls.KIND, 1 if old else cls.FORMAT_VERSION, "search")
+        of format 1 (before the band) reads with NaN bands; formats 1 and 2 hold the sensitivity table,
+        format 3 its ``sensitivity_ref`` (the result's ``sensitivity`` is None until the store reads it)."""
+        got = doc.get("format_version") if isinstance(doc, dict) else None
+        old = got == 1
+        doc = check_format(doc, cls.KIND, got if got in (1, 2) else cls.FORMAT_VERSION, "search")
+        ref = doc.get("sensitivity_ref", "") if got == cls.FORMAT_VERSION else ""
+        if not isinstance(ref, str):
+            raise TypeError(f"sensitivity_ref is a {type(ref).__name__}, not a key")
+        sens = None if ref else doc["sensitivity"]  # the table (formats 1, 2; format 3 without a reference)
+        sens = Sensitivity.from_json(sens) if sens is not None else None
         if old:
             candidates = frame_from_json(doc["candidates"], _V1_CANDIDATE_COLUMNS, "search candidates")
             candidates = candidates.assign(**{c: math.nan for c in BAND_COLUMNS})[CANDIDATE_COLUMNS]
@@ -164,7 +184,7 @@ class SearchResult:
             Budget.parse(doc["budget"]), policy_from_dict(doc["policy"], model, layers), bool(doc["met_on_dev"]),
             doc["met_on_holdout"], Quality.from_dict(doc["holdout"]) if doc["holdout"] else None, doc["message"],
             candidates,
-            Sensitivity.from_json(doc["sensitivity"]), RunResult.from_json(doc["run"]) if doc["run"] else None,
+            sens, RunResult.from_json(doc["run"]) if doc["run"] else None,
             float(doc["seconds"]), dict(doc["timings"]),
             {k: policy_from_dict(v, model, layers) for k, v in doc["variants"].items()}, doc["chosen"],
-            str(doc.get("objective", "latency")), str(doc.get("latency_label", "")), str(doc.get("tie_note", "")))
+            str(doc.get("objective", "latency")), str(doc.get("latency_label", "")), str(doc.get("tie_note", "")), ref)

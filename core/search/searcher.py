@@ -45,8 +45,8 @@ from core.search.budget import Budget, default_margin
 from core.search.estimated import EstimatedLatency, estimated_latency
 from core.search.latency import LatencyModel, latency_model
 from core.search.result import Candidate, SearchResult, candidate_number, candidate_table, chosen_candidate
-from core.sensitivity import Sensitivity, Switchable, TrialData, open_trial_pool, sensitivity, split_eval, \
-    switchable_model, trial_data
+from core.sensitivity import Sensitivity, Switchable, TrialData, open_trial_pool, sensitivity, \
+    sensitivity_file, split_eval, switchable_model, trial_data
 
 OBJECTIVES = ("auto", "latency", "trt_estimate", "mac_share")
 MAC_SHARE_NOTE = ("Objective: INT8 MAC share, then the fewest INT8/float boundaries (hardware-neutral). The target is "
@@ -508,4 +508,5 @@ def search(project: Project, config: SearchConfig, progress=None, should_stop=No
     return SearchResult(ctx.budget, policy, met_on_dev, ctx.budget.met(run.quality) if run else None,
                         run.quality if run else None, message, table, sens, run, time.perf_counter() - t_start,
                         ctx.timings, by_name, chosen_candidate(table, by_name, policy), ctx.objective,
-                        lat.label() if isinstance(lat, EstimatedLatency) else "", ties)
+                        lat.label() if isinstance(lat, EstimatedLatency) else "", ties,
+                        sensitivity_file(ctx.project, "isolated", variants[0].name, ctx.base, ctx.dev).stem)

@@ -7,7 +7,9 @@ save and load through here; stored runs through ``core.store.runs``.
                             leave-one-out table is written once, where ``core.sensitivity.sensitivity``
                             computes it (it is the search's cache too); :func:`load_sensitivity` reads it
     searches/<key>.json     a SearchResult (key: as above, plus the budget and the smoothing, and for the
-                            TensorRT target the GPU of the estimate: ``search_gpu_tag``)
+                            TensorRT target the GPU of the estimate: ``search_gpu_tag``). It names its isolated
+                            table by its rankings/ key (``sensitivity_ref``) instead of holding a copy:
+                            :func:`load_search` reads it from there
     models/<sha256>/<name>.onnx   uploaded models;  data/<sha256>/<name>.npz  uploaded data (by content,
                                   under the user's file name)
     gpus/<key>.json, gpu_calibrations/<key>.v<N>.json   GPUs the user describes, cost-model calibrations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from core.errors import MixprecError
@@ -168,12 +171,33 @@ def load_sensitivity(ws: Workspace, project: Project, method: str = "minmax",
                      mode: str = "isolated") -> Sensitivity | None:
     """The stored isolated / leave-one-out sensitivity (computed by a job, the CLI or a search, on the
     project's default policy and evaluation data), or None if it was never computed."""
-    path = ranking_path(ws, project_ranking_key(project, method, mode))
-    doc = _read(path, f"{mode} sensitivity")
+    return _stored_sensitivity(ranking_path(ws, project_ranking_key(project, method, mode)), f"{mode} sensitivity")
+
+
+def _stored_sensitivity(path: Path, what: str) -> Sensitivity | None:
+    doc = _read(path, what)
     if doc is None:
-        _legacy_csv(path, f"{mode} sensitivity")
+        _legacy_csv(path, what)
         return None
-    return _record(Sensitivity.from_json, doc, path, f"{mode} sensitivity")
+    return _record(Sensitivity.from_json, doc, path, what)
+
+
+_KEY = re.compile(r"[0-9a-f]{32}")  # core.workspace.analysis_key
+
+
+def _referenced_sensitivity(ws: Workspace, result: SearchResult, path: Path) -> SearchResult:
+    """``result`` (of the stored search at ``path``) with the isolated table its ``sensitivity_ref``
+    names, read from rankings/; without it (None, with a note) when that document is gone or damaged:
+    the search is still shown (its table is measured again by the next search or isolated analysis)."""
+    ref = result.sensitivity_ref
+    if result.sensitivity is not None or not ref:
+        return result
+    sens = _stored_sensitivity(ws.ranking_file(ref), "isolated sensitivity") if _KEY.fullmatch(ref) else None
+    if sens is None:
+        cache_note(f"the isolated sensitivity the stored search {path.name} refers to (rankings/{ref}.json) is "
+                   "gone or cannot be used; the search is shown without it (an isolated analysis or a new "
+                   "search measures it again)")
+    return replace(result, sensitivity=sens)
 
 
 # --- searches ------------------------------------------------------------------------------------
@@ -207,19 +231,21 @@ def save_search(ws: Workspace, project: Project, result: SearchResult, smooth: b
 def load_search(ws: Workspace, project: Project, budget: str, smooth: bool,
                 gpu: str | GPU | None = None) -> SearchResult | None:
     """The stored search for this (normalised) budget, smoothing and (TensorRT target) GPU (default: a
-    search job's, ``FIXTURE_GPU``), or None if it was never run. A search stored before the GPU was part of the key is used for the GPU it estimated on
-    (by the name in its label) and for any GPU when it estimated on none; for another GPU it is None (that
-    GPU's search is computed again and stored under its own key, the old one is kept)."""
+    search job's, ``FIXTURE_GPU``), or None if it was never run. A search stored before the GPU was part of
+    the key is used for the GPU it estimated on (by the name in its label) and for any GPU when it estimated
+    on none; for another GPU it is None (that GPU's search is computed again and stored under its own key,
+    the old one is kept). Its isolated sensitivity is read from the rankings/ document it names (format 3;
+    formats 1 and 2 hold a copy): when that is gone or damaged the search loads without it, with a note."""
     gpu = FIXTURE_GPU if gpu is None else gpu  # a search job's default GPU (core.jobs.params.SearchParams)
     path = stored_search_path(ws, project, budget, smooth, gpu)
     doc = _read(path, "search")
     result = None if doc is None else _record(lambda d: SearchResult.from_json(d, project.model, project.layers),
                                               doc, path, "search")
-    if result is None or path == search_path(ws, project, budget, smooth, gpu):
-        return result
-    g = gpu if isinstance(gpu, GPU) else resolve_gpu(ws, gpu)  # read at the old key: whose search is it?
-    name = searched_gpu_name(result)
-    return result if name is None or name == g.name else None
+    if result is not None and path != search_path(ws, project, budget, smooth, gpu):
+        g = gpu if isinstance(gpu, GPU) else resolve_gpu(ws, gpu)  # read at the old key: whose search is it?
+        name = searched_gpu_name(result)
+        result = result if name is None or name == g.name else None
+    return None if result is None else _referenced_sensitivity(ws, result, path)
 
 
 # --- uploads -------------------------------------------------------------------------------------

@@ -77,18 +77,26 @@ def _search(project) -> SearchResult:
                         _sensitivity(), None, 3.0, {"latency_model_s": 1.0}, {"minmax": base}, 2)
 
 
+REF = "0123456789abcdef0123456789abcdef"  # a rankings/ key (core.workspace.analysis_key)
+
+
 def test_search_result_round_trips(tiny_cnn):
-    r = _search(tiny_cnn)
+    """Format 3: the document names the isolated table by its rankings/ key instead of holding a copy;
+    from_json gives the reference (the store reads the table: test_workspace_layout)."""
+    from dataclasses import replace
+
+    r = replace(_search(tiny_cnn), sensitivity_ref=REF)
     doc = _through_json(r.to_json())
-    assert doc["kind"] == "search" and doc["format_version"] == SearchResult.FORMAT_VERSION and doc["chosen"] == 2
+    assert doc["kind"] == "search" and doc["format_version"] == SearchResult.FORMAT_VERSION == 3
+    assert doc["chosen"] == 2 and doc["sensitivity_ref"] == REF and "sensitivity" not in doc  # no copy
     back = SearchResult.from_json(doc, tiny_cnn.model, tiny_cnn.layers)
+    assert back.sensitivity is None and back.sensitivity_ref == REF
     _same_frame(back.candidates, r.candidates)
     assert back.candidates.pareto.dtype == bool and back.candidates.meets_budget.dtype == bool
     assert (back.budget, back.policy, back.variants, back.holdout, back.chosen) == \
         (r.budget, r.policy, r.variants, r.holdout, 2)
     assert (back.met_on_dev, back.met_on_holdout, back.message, back.seconds, back.timings, back.run) == \
         (True, None, "meets it", 3.0, {"latency_model_s": 1.0}, None)
-    _same_frame(back.sensitivity.table, r.sensitivity.table)
     assert back.policy_for(2) == r.policy
     # the front: FRONT_COLUMNS, fastest first, without the candidate that is off the front
     assert list(back.front.columns) == FRONT_COLUMNS
@@ -99,18 +107,47 @@ def test_search_result_round_trips(tiny_cnn):
     assert "pick one of the front's points: 0, 2, 3" in str(e.value)
 
 
+def test_a_search_without_a_reference_keeps_its_table(tiny_cnn):
+    """A result not made by core.search.search (no rankings/ key) holds its table: stored nowhere else."""
+    r = _search(tiny_cnn)
+    doc = _through_json(r.to_json())
+    assert "sensitivity_ref" not in doc
+    back = SearchResult.from_json(doc, tiny_cnn.model, tiny_cnn.layers)
+    _same_frame(back.sensitivity.table, r.sensitivity.table)
+    assert back.sensitivity.baseline == Q and back.sensitivity_ref == ""
+    with pytest.raises(KeyError):  # neither a reference nor a table: damaged (the store removes it)
+        SearchResult.from_json({k: v for k, v in doc.items() if k != "sensitivity"}, tiny_cnn.model, tiny_cnn.layers)
+
+
+def test_a_search_of_format_2_reads_its_embedded_table(tiny_cnn):
+    """Searches stored before the reference (format 2) hold a copy of the isolated table: it is read."""
+    from dataclasses import replace
+
+    r = _search(tiny_cnn)
+    doc = _through_json(replace(r, sensitivity_ref=REF).to_json())
+    old = {k: v for k, v in doc.items() if k != "sensitivity_ref"} | {
+        "format_version": 2, "sensitivity": _through_json(r.sensitivity.to_json())}
+    back = SearchResult.from_json(old, tiny_cnn.model, tiny_cnn.layers)
+    _same_frame(back.sensitivity.table, r.sensitivity.table)
+    assert back.sensitivity_ref == "" and back.tie_note == "" and back.chosen == 2
+    _same_frame(back.candidates, r.candidates)
+    with pytest.raises(KeyError):  # a format-2 document without its table is damaged
+        SearchResult.from_json({k: v for k, v in old.items() if k != "sensitivity"}, tiny_cnn.model, tiny_cnn.layers)
+
+
 def test_a_search_of_format_1_reads_without_bands(tiny_cnn):
     """Searches stored before the estimate's band (format 1: no est_low_ms/est_high_ms, no tie_note)."""
     from core.records import frame_to_json
 
     r = _search(tiny_cnn)
     doc = _through_json(r.to_json())
-    assert doc["format_version"] == 2 and doc["tie_note"] == ""
+    assert doc["format_version"] == 3 and doc["tie_note"] == ""
     old = {k: v for k, v in doc.items() if k != "tie_note"} | {
         "format_version": 1, "candidates": frame_to_json(r.candidates.drop(columns=["est_low_ms", "est_high_ms"]))}
     back = SearchResult.from_json(_through_json(old), tiny_cnn.model, tiny_cnn.layers)
     assert list(back.candidates.columns) == CANDIDATE_COLUMNS and back.candidates.est_high_ms.isna().all()
     assert back.tie_note == "" and back.chosen == 2 and list(back.front.columns) == FRONT_COLUMNS
+    _same_frame(back.sensitivity.table, r.sensitivity.table)  # format 1 holds the table too
 
 
 def test_other_format_versions_and_kinds_are_refused(tiny_cnn):

@@ -10,6 +10,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 import core.store.results as results
@@ -169,6 +170,24 @@ def test_the_isolated_sensitivity_is_written_once_and_read_by_the_store_and_the_
                                     objective="mac_share", workers=1))
     assert result.sensitivity.cache_hit and result.sensitivity.table["name"].tolist() == first.table["name"].tolist()
     assert path.stat().st_mtime_ns == stamp and _sensitivity_documents(lws) == [path.relative_to(lws.root)]
+    # the stored search names that file (its rankings/ key) and holds no copy of the table
+    stored = results.save_search(lws, p, result, False)
+    doc = json.loads(stored.read_text())
+    assert stored.parent.name == "searches" and doc["sensitivity_ref"] == path.stem
+    assert "sensitivity" not in doc and "rows" not in json.dumps({k: v for k, v in doc.items() if k != "candidates"})
+    assert _sensitivity_documents(lws) == [path.relative_to(lws.root)]
+    take_notes()
+    loaded = results.load_search(lws, p, str(result.budget), False)
+    pd.testing.assert_frame_equal(loaded.sensitivity.table, listed.table)  # read from rankings/
+    assert loaded.sensitivity.baseline == first.baseline and loaded.sensitivity_ref == path.stem
+    assert take_notes() == []
+    # the rankings/ document gone, then damaged: the search still loads, without its table, with a note
+    for damage in (path.unlink, lambda: path.write_text("{not json")):
+        damage()
+        gone = results.load_search(lws, p, str(result.budget), False)
+        assert gone is not None and gone.sensitivity is None and gone.message == result.message
+        assert any("isolated sensitivity the stored search" in n and path.name in n for n in take_notes())
+        assert stored.is_file()  # the search is kept
 
 
 def test_an_older_workspace_copy_is_read_and_other_inputs_are_measured_again(lws):
