@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import resource
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,34 +18,45 @@ from core.model.shapes import check_memory, estimate_memory, memory_budget
 from core.project import open_project
 from core.quant.policy import MAX_POLICY_DEPTH, policy_from_text
 from core.workspace import Workspace, read_user_file
-from tests.fixtures import ROOT
+from tests.fixtures.cli import CliRun, cli_in_process, cli_process
 
 
-def cli(ws, *args, env=None, timeout=300):
-    env = {**os.environ, "MIXPREC_WORKSPACE": str(ws.root), **(env or {})}
-    t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "core", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=timeout)
-    p.seconds = time.monotonic() - t0
-    return p
+class Cli:
+    """``python -m core`` on the session workspace ``ws``: in this process (``tests.fixtures.cli``: no start-up of a
+    child that imports torch and onnxruntime), or in a child (``process=True``) where the test is about the process —
+    a FIFO that must not block it, the memory it allocates, a huge allocation that must not happen in pytest's."""
+
+    def __init__(self, ws, capfd, monkeypatch):
+        self.ws, self.capfd, self.monkeypatch = ws, capfd, monkeypatch
+
+    def __call__(self, *args, env=None, timeout=300, process=False) -> CliRun:
+        env = {"MIXPREC_WORKSPACE": str(self.ws.root), **(env or {})}
+        if process:
+            return cli_process(args, env, timeout)
+        return cli_in_process(self.capfd, self.monkeypatch, args, env)
+
+
+@pytest.fixture
+def cli(ws, capfd, monkeypatch) -> Cli:
+    return Cli(ws, capfd, monkeypatch)
 
 
 def _files(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and "jobs" not in p.parts}
 
 
-def refused(ws, *args, needles=(), env=None, timeout=300):
+def refused(cli: Cli, *args, needles=(), env=None, timeout=300, process=False):
     """Run the CLI: exit 2, one ``error: … Fix: …`` line naming every needle, no traceback, and no run,
     temp folder or temp file left in the workspace."""
-    before = _files(ws.root)
-    p = cli(ws, *args, env=env, timeout=timeout)
+    before = _files(cli.ws.root)
+    p = cli(*args, env=env, timeout=timeout, process=process)
     assert p.returncode == 2, (args, p.returncode, p.stderr[-3000:])
     assert "Traceback" not in p.stderr, p.stderr[-3000:]
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and "Fix:" in last, last
     for n in needles:
         assert n in last, (n, last)
-    new = _files(ws.root) - before
+    new = _files(cli.ws.root) - before
     assert not [f for f in new if f.startswith("runs/") or "/." in f or f.startswith(".")], sorted(new)
     return last, p
 
@@ -78,17 +87,17 @@ def test_policy_fields_of_the_wrong_type_are_clean_errors(tiny_cnn):
     assert policy_from_text(json.dumps(good), tiny_cnn.model, tiny_cnn.layers).layers == good["layers"]
 
 
-def test_cli_policy_nested_10000_deep(ws, tiny_cnn_sample, tmp_path):
+def test_cli_policy_nested_10000_deep(cli, tiny_cnn_sample, tmp_path):
     deep = tmp_path / "deep.json"
     deep.write_text('{"format": "mixprec.policy", "layers": ' + "[" * 10000 + "]" * 10000 + "}")
-    last, p = refused(ws, "build", "sample:tiny-cnn", "--policy", str(deep), needles=("deep.json nests too deeply",))
+    last, p = refused(cli, "build", "sample:tiny-cnn", "--policy", str(deep), needles=("deep.json nests too deeply",))
     assert p.seconds < 60
-    refused(ws, "export", "sample:tiny-cnn", "--policy", str(deep), "--format", "json", "--out",
+    refused(cli, "export", "sample:tiny-cnn", "--policy", str(deep), "--format", "json", "--out",
             str(tmp_path / "out.json"), needles=("nests too deeply",))
     assert not (tmp_path / "out.json").exists()
     big = tmp_path / "big.json"
     big.write_text('{"layers": {' + ",".join(f'"l{i}": "int8"' for i in range(600_000)) + "}}")  # ~10 MB
-    last, p = refused(ws, "build", "sample:tiny-cnn", "--policy", str(big), needles=("more than a policy can be",))
+    last, p = refused(cli, "build", "sample:tiny-cnn", "--policy", str(big), needles=("more than a policy can be",))
 
 
 # --- server paths ----------------------------------------------------------------------------------
@@ -110,17 +119,20 @@ def test_special_files_are_refused_without_being_opened(tmp_path):
     assert read_user_file(big, "model", 2000) == b"x" * 2000
 
 
-def test_cli_proc_self_mem_and_a_fifo_as_server_paths(ws, tiny_cnn_sample, tmp_path):
-    refused(ws, "inspect", "/proc/self/mem", needles=("/proc/self/mem is a system file under /proc",))
+def test_cli_proc_self_mem_and_a_fifo_as_server_paths(cli, tiny_cnn_sample, tmp_path):
+    refused(cli, "inspect", "/proc/self/mem", needles=("/proc/self/mem is a system file under /proc",))
     fifo = tmp_path / "pipe.onnx"
     os.mkfifo(fifo)
-    last, p = refused(ws, "inspect", str(fifo), needles=("is a FIFO (named pipe), not a regular file",), timeout=60)
+    # a child: were the pipe opened, it would block (the timeout fails the test; pytest itself would hang)
+    last, p = refused(cli, "inspect", str(fifo), needles=("is a FIFO (named pipe), not a regular file",), timeout=60,
+                      process=True)
     assert p.seconds < 30  # never blocks on the pipe
-    refused(ws, "build", "sample:tiny-cnn", "--data", str(fifo), needles=("data file", "FIFO"), timeout=60)
-    refused(ws, "build", "sample:tiny-cnn", "--data", "/proc/self/environ", needles=("system file under /proc",))
+    refused(cli, "build", "sample:tiny-cnn", "--data", str(fifo), needles=("data file", "FIFO"), timeout=60,
+            process=True)
+    refused(cli, "build", "sample:tiny-cnn", "--data", "/proc/self/environ", needles=("system file under /proc",))
 
 
-def test_cli_model_root_confines_server_paths(ws, tiny_cnn_sample, tmp_path):
+def test_cli_model_root_confines_server_paths(cli, tiny_cnn_sample, tmp_path):
     root, outside = tmp_path / "models", tmp_path / "elsewhere"
     root.mkdir()
     outside.mkdir()
@@ -129,14 +141,14 @@ def test_cli_model_root_confines_server_paths(ws, tiny_cnn_sample, tmp_path):
     (outside / "secret.onnx").write_bytes(data)
     (root / "link.onnx").symlink_to(outside / "secret.onnx")
     env = {"MIXPREC_MODEL_ROOT": str(root)}
-    p = cli(ws, "inspect", str(root / "ok.onnx"), "--json", env=env)
+    p = cli("inspect", str(root / "ok.onnx"), "--json", env=env)
     assert p.returncode == 0, p.stderr[-2000:]
     assert json.loads(p.stdout)["model"]["name"] == "ok"
     for path in (outside / "secret.onnx", root / "link.onnx", outside / "missing.onnx", root / ".." / "elsewhere"):
-        refused(ws, "inspect", str(path), env=env, needles=("outside the folders this server reads",))
-    p = cli(ws, "inspect", "sample:tiny-cnn", env=env)  # the workspace (samples, uploads) stays readable
+        refused(cli, "inspect", str(path), env=env, needles=("outside the folders this server reads",))
+    p = cli("inspect", "sample:tiny-cnn", env=env)  # the workspace (samples, uploads) stays readable
     assert p.returncode == 0, p.stderr[-2000:]
-    refused(ws, "inspect", str(root / "ok.onnx"), env={**env, "MIXPREC_MAX_MODEL_BYTES": "1000"},
+    refused(cli, "inspect", str(root / "ok.onnx"), env={**env, "MIXPREC_MAX_MODEL_BYTES": "1000"},
             needles=("more than the 1000 bytes this server reads",))
 
 
@@ -160,33 +172,36 @@ def _max_child_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / (1 << 20)
 
 
-def test_cli_batch_100000(ws, minilm_sample, tiny_cnn_sample):
+def test_cli_batch_100000(cli, minilm_sample, tiny_cnn_sample):
+    # in children: their peak memory is what the test checks (RUSAGE_CHILDREN), and an allocation of 11 GB must
+    # not happen in pytest's process
     env = {"MIXPREC_MEMORY_BUDGET": "16G"}
-    last, p = refused(ws, "build", "sample:minilm", "--batch", "100000", env=env,
+    last, p = refused(cli, "build", "sample:minilm", "--batch", "100000", env=env, process=True,
                       needles=("input_ids=100000x", "more than the budget of 16.0 GiB", "--batch"))
     assert "activations about" in last and p.seconds < 120
     env = {"MIXPREC_MEMORY_BUDGET": "8G"}  # tiny-cnn at batch 100000: about 12 GiB of activations for two sessions
-    refused(ws, "inspect", "sample:tiny-cnn", "--batch", "100000", env=env, needles=("image=100000x3x32x32",))
-    refused(ws, "build", str(tiny_cnn_sample.model), "--batch", "100000", env=env,
+    refused(cli, "inspect", "sample:tiny-cnn", "--batch", "100000", env=env, needles=("image=100000x3x32x32",),
+            process=True)
+    refused(cli, "build", str(tiny_cnn_sample.model), "--batch", "100000", env=env, process=True,
             needles=("generated data (100000 + 200000 samples)",))
     assert _max_child_rss_gib() < 4  # refused before anything big was allocated (it used to take 11 GB)
     # within the budget but beyond the data: refused before calibrating or building anything
-    refused(ws, "build", "sample:tiny-cnn", "--batch", "64", needles=("16 samples, fewer than the batch 64",))
+    refused(cli, "build", "sample:tiny-cnn", "--batch", "64", needles=("16 samples, fewer than the batch 64",))
 
 
 # --- --dim / --shape on samples ---------------------------------------------------------------------------
-def test_cli_dim_on_a_sample_is_applied_or_rejected(ws, tiny_cnn_sample, tiny_transformer_sample):
-    p = cli(ws, "inspect", "sample:tiny-cnn", "--dim", "batch=4", "--json")
+def test_cli_dim_on_a_sample_is_applied_or_rejected(cli, tiny_cnn_sample, tiny_transformer_sample):
+    p = cli("inspect", "sample:tiny-cnn", "--dim", "batch=4", "--json")
     assert p.returncode == 0 and json.loads(p.stdout)["model"]["input_shapes"] == {"image": [4, 3, 32, 32]}
-    p = cli(ws, "inspect", "sample:tiny-cnn", "--shape", "image=2x3x32x32", "--json")
+    p = cli("inspect", "sample:tiny-cnn", "--shape", "image=2x3x32x32", "--json")
     assert p.returncode == 0 and json.loads(p.stdout)["model"]["input_shapes"] == {"image": [2, 3, 32, 32]}
-    refused(ws, "build", "sample:tiny-transformer", "--dim", "seq=32",
+    refused(cli, "build", "sample:tiny-transformer", "--dim", "seq=32",
             needles=("does not have the input shapes given", "input_ids: axis 1 is 16, the shape is 1x32"))
-    refused(ws, "build", "sample:tiny-transformer", "--dim", "sequence=32", needles=("no dim named sequence",))
-    refused(ws, "build", "sample:tiny-transformer", "--dim", "seq=1e8", needles=("bad --dim 'seq=1e8'",))
-    refused(ws, "build", "sample:tiny-cnn", "--shape", "image=1x3x64x64", needles=("axis 2 is fixed at 32, 64 given",))
+    refused(cli, "build", "sample:tiny-transformer", "--dim", "sequence=32", needles=("no dim named sequence",))
+    refused(cli, "build", "sample:tiny-transformer", "--dim", "seq=1e8", needles=("bad --dim 'seq=1e8'",))
+    refused(cli, "build", "sample:tiny-cnn", "--shape", "image=1x3x64x64", needles=("axis 2 is fixed at 32, 64 given",))
     env = {"MIXPREC_MEMORY_BUDGET": "8G"}  # without data, a huge --dim is a memory error, not an allocation
-    refused(ws, "build", str(tiny_transformer_sample.model), "--dim", "seq=100000000", env=env,
+    refused(cli, "build", str(tiny_transformer_sample.model), "--dim", "seq=100000000", env=env, process=True,
             needles=("input_ids=1x100000000", "more than the budget of 8.0 GiB"))
 
 
