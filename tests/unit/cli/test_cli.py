@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -11,21 +10,26 @@ from pathlib import Path
 import onnx
 import pytest
 
-from tests.fixtures import ROOT
+from tests.fixtures.cli import cli_in_process, cli_process
 from tests.fixtures.models import run_model
 
 
-def cli(ws, *args, check=True):
-    env = {**os.environ, "MIXPREC_WORKSPACE": str(ws.root)}
-    p = subprocess.run([sys.executable, "-m", "core", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=600)
-    if check:
-        assert p.returncode == 0, p.stderr
-    return p
+@pytest.fixture
+def cli(ws, capfd, monkeypatch):
+    """``python -m core`` on the session workspace: in this process (``tests.fixtures.cli``: main() with its
+    environment, stdout and stderr captured at the file descriptors, the exit code the process would end with; no
+    child that imports torch and onnxruntime at each run), or in a child (``process=True``: the entry point)."""
+    def run(*args, check=True, process=False):
+        env = {"MIXPREC_WORKSPACE": str(ws.root)}
+        p = cli_process(args, env) if process else cli_in_process(capfd, monkeypatch, args, env)
+        if check:
+            assert p.returncode == 0, p.stderr
+        return p
+    return run
 
 
-def test_inspect_minilm_json(ws, minilm):
-    doc = json.loads(cli(ws, "inspect", "sample:minilm", "--json").stdout)
+def test_inspect_minilm_json(cli, minilm):
+    doc = json.loads(cli("inspect", "sample:minilm", "--json").stdout)
     layers = doc["layers"]
     mm = [l for l in layers if l["op_type"] == "MatMul"]
     assert len(mm) == 48 and all(l["eligible"] and l["default_precision"] == "int8" for l in mm)
@@ -34,20 +38,20 @@ def test_inspect_minilm_json(ws, minilm):
     assert doc["model"]["sha256"] == minilm.model.sha256 and doc["model"]["opset"] == 17
 
 
-def test_errors_exit_2_without_traceback(ws, tmp_path):
+def test_errors_exit_2_without_traceback(cli, tmp_path):
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"\x00garbage" * 10)
     for args in (["inspect", str(tmp_path / "missing.onnx")], ["inspect", str(bad)],
                  ["build", "sample:tiny-cnn", "--policy", str(tmp_path / "nope.json")]):
-        p = cli(ws, *args, check=False)
+        p = cli(*args, check=False, process=True)  # the real process: its exit code, no traceback
         assert p.returncode == 2, args
         errors = [l for l in p.stderr.splitlines() if l.startswith("error: ")]
         assert "Traceback" not in p.stderr and len(errors) == 1 and "Fix:" in errors[0]
         assert p.stderr.strip().splitlines()[-1] == errors[0]
 
 
-def test_build_json_has_every_field(ws, tiny_transformer):
-    doc = json.loads(cli(ws, "build", "sample:tiny-transformer", "--json", "--iterations", "10").stdout)
+def test_build_json_has_every_field(cli, tiny_transformer):
+    doc = json.loads(cli("build", "sample:tiny-transformer", "--json", "--iterations", "10").stdout)
     for path in ("latency_ms.median", "latency_ms.p95", "speedup", "reformat.count", "reformat.ms", "reformat.pct",
                  "quality.cosine_mean", "quality.cosine_min", "quality.snr_db", "precision_counts",
                  "int8_mac_fraction", "per_layer", "run_dir"):
@@ -59,20 +63,20 @@ def test_build_json_has_every_field(ws, tiny_transformer):
     assert doc["backend"] == "onnxruntime" and "TensorRT not chosen" in doc["backend_reason"]
 
 
-def test_export_roundtrip_and_onnx(ws, tmp_path, tiny_transformer):
+def test_export_roundtrip_and_onnx(cli, tmp_path, tiny_transformer):
     pol = tmp_path / "p.json"
-    cli(ws, "export", "sample:tiny-transformer", "--format", "json", "--out", str(pol))
+    cli("export", "sample:tiny-transformer", "--format", "json", "--out", str(pol))
     doc = json.loads(pol.read_text())
     doc["layers"]["/ffn/up/MatMul"] = "fp16"
     pol.write_text(json.dumps(doc))
     out = tmp_path / "m.onnx"
-    cli(ws, "export", "sample:tiny-transformer", "--policy", str(pol), "--format", "onnx", "--out", str(out))
+    cli("export", "sample:tiny-transformer", "--policy", str(pol), "--format", "onnx", "--out", str(out))
     model = onnx.load(out)
     onnx.checker.check_model(model, full_check=True)
     y = run_model(model, tiny_transformer.eval_data.batches(1)[:2])
     assert y.shape == (2, 32)
     cmd = tmp_path / "trt.sh"
-    cli(ws, "export", "sample:tiny-transformer", "--policy", str(pol), "--format", "trtexec", "--out", str(cmd))
+    cli("export", "sample:tiny-transformer", "--policy", str(pol), "--format", "trtexec", "--out", str(cmd))
     text = cmd.read_text()  # INT8 MatMuls: built through Polygraphy and the post-process script (issue 11, bug 1)
     script = (tmp_path / "trt.postprocess.py").read_text()
     assert "'/ffn/up/MatMul': 'fp16'" in script and "'/attn/q/MatMul': 'int8'" in script
@@ -80,16 +84,16 @@ def test_export_roundtrip_and_onnx(ws, tmp_path, tiny_transformer):
     assert not (tmp_path / "trt.calib.cache").exists()
     assert (tmp_path / "trt.named.onnx").is_file()
     typed = tmp_path / "typed.sh"
-    cli(ws, "export", "sample:tiny-transformer", "--policy", str(pol), "--format", "trtexec-typed", "--out", str(typed))
+    cli("export", "sample:tiny-transformer", "--policy", str(pol), "--format", "trtexec-typed", "--out", str(typed))
     assert "--stronglyTyped" in typed.read_text() and (tmp_path / "typed.mixprec.onnx").is_file()
 
 
-def test_export_trtexec_for_int8_gemm_ships_a_postprocess_script(ws, tmp_path):
+def test_export_trtexec_for_int8_gemm_ships_a_postprocess_script(cli, tmp_path):
     """Issue 11, bug 1: trtexec cannot range the weight Constants the parser makes for INT8 Gemm (tiny-cnn's
     /fc/Gemm), so the build goes through Polygraphy with a shipped post-process script; the cache header
     follows --trt-version, and a TensorRT without the legacy APIs is refused."""
     cmd = tmp_path / "cnn.sh"
-    cli(ws, "export", "sample:tiny-cnn", "--format", "trtexec", "--out", str(cmd), "--trt-version", "10.8")
+    cli("export", "sample:tiny-cnn", "--format", "trtexec", "--out", str(cmd), "--trt-version", "10.8")
     text = cmd.read_text()
     build = next(l for l in text.splitlines() if l.startswith("polygraphy convert"))
     for arg in ("cnn.named.onnx", "--precision-constraints obey", "--trt-network-postprocess-script cnn.postprocess.py",
@@ -102,26 +106,26 @@ def test_export_trtexec_for_int8_gemm_ships_a_postprocess_script(ws, tmp_path):
     assert "'/fc/Gemm': 'int8'" in script and "def postprocess(network)" in script
     assert not (tmp_path / "cnn.calib.cache").exists()  # not used on this route
     pol = tmp_path / "conv-only.json"  # INT8 convolutions only: trtexec builds it with the calibration cache
-    cli(ws, "export", "sample:tiny-cnn", "--format", "json", "--out", str(pol))
+    cli("export", "sample:tiny-cnn", "--format", "json", "--out", str(pol))
     doc = json.loads(pol.read_text())
     doc["layers"]["/fc/Gemm"] = "fp16"
     pol.write_text(json.dumps(doc))
-    cli(ws, "export", "sample:tiny-cnn", "--policy", str(pol), "--format", "trtexec", "--out", str(cmd),
+    cli("export", "sample:tiny-cnn", "--policy", str(pol), "--format", "trtexec", "--out", str(cmd),
         "--trt-version", "10.8")
     text = cmd.read_text()
     assert (tmp_path / "cnn.calib.cache").read_text().startswith("TRT-100800-EntropyCalibration2\n")
     assert "--calib=cnn.calib.cache" in text and "--noTF32" in text and "/fc/Gemm:fp16" in text
-    p = cli(ws, "export", "sample:tiny-cnn", "--format", "trtexec", "--out", str(cmd), "--trt-version", "10.12",
+    p = cli("export", "sample:tiny-cnn", "--format", "trtexec", "--out", str(cmd), "--trt-version", "10.12",
             check=False)
     assert p.returncode == 2 and "--format trtexec-typed" in p.stderr
 
 
-def test_export_polygraphy_compares_against_fp32_and_passes(ws, tmp_path):
+def test_export_polygraphy_compares_against_fp32_and_passes(cli, tmp_path):
     """Issue 11, bug 2: the Polygraphy export compares with FP32 ONNX Runtime outputs of the original at a
     tolerance measured for the policy. Run here with ONNX Runtime standing in for TensorRT: it passes
     at the exported tolerance and fails at Polygraphy's defaults (which is what the old export used)."""
     out = tmp_path / "poly.sh"
-    cli(ws, "export", "sample:tiny-cnn", "--format", "polygraphy", "--out", str(out))
+    cli("export", "sample:tiny-cnn", "--format", "polygraphy", "--out", str(out))
     lines = [l for l in out.read_text().splitlines() if l.startswith("polygraphy run")]
     assert len(lines) == 2 and "poly.named.onnx --onnxrt" in lines[0] and "--load-outputs" in lines[1]
     assert "tolerance: 2 x the max abs error" in out.read_text()
@@ -140,26 +144,26 @@ def test_export_polygraphy_compares_against_fp32_and_passes(ws, tmp_path):
     assert run(shlex.join([*args[:3], "--onnxrt", *args[cut:atol]])).returncode != 0
 
 
-def test_sample_command_writes_files(ws, tmp_path):
-    doc = json.loads(cli(ws, "sample", "tiny-cnn", "--out", str(tmp_path / "s"), "--json").stdout)
+def test_sample_command_writes_files(cli, tmp_path):
+    doc = json.loads(cli("sample", "tiny-cnn", "--out", str(tmp_path / "s"), "--json").stdout)
     for key in ("model", "calib", "eval"):
         assert Path(doc[key]).is_file()
 
 
 @pytest.mark.parametrize("fixture,count,pct", [("a100-resnet-qat", 12, 25.4), ("a100-resnet-fp16", 2, 8.7)])
-def test_report_command(ws, trt_reports_dir, fixture, count, pct):
-    doc = json.loads(cli(ws, "report", str(trt_reports_dir / f"{fixture}.graph.json"),
+def test_report_command(cli, trt_reports_dir, fixture, count, pct):
+    doc = json.loads(cli("report", str(trt_reports_dir / f"{fixture}.graph.json"),
                          str(trt_reports_dir / f"{fixture}.profile.json"), "--json").stdout)
     assert doc["reformat"]["count"] == count and round(doc["reformat"]["pct"], 1) == pct
 
 
-def test_rank_json_is_clean_stdout(ws, tiny_cnn):
-    doc = json.loads(cli(ws, "rank", "sample:tiny-cnn", "--json", "--samples", "4").stdout)
+def test_rank_json_is_clean_stdout(cli, tiny_cnn):
+    doc = json.loads(cli("rank", "sample:tiny-cnn", "--json", "--samples", "4").stdout)
     assert doc["samples"] == 4 and len(doc["layers"]) == len(tiny_cnn.layers)
     assert doc["layers"][0]["rank"] == 1
 
 
-def test_trt_profile_flag_parses_and_reaches_the_backend(ws, tmp_path):
+def test_trt_profile_flag_parses_and_reaches_the_backend(cli, ws, tmp_path):
     from core.backends.tensorrt import TensorRTBackend, profile_shapes
     from core.cli.commands import parse_trt_profiles
     from core.errors import MixprecError
@@ -170,10 +174,10 @@ def test_trt_profile_flag_parses_and_reaches_the_backend(ws, tmp_path):
     assert TensorRTBackend(profiles=prof, workspace_bytes=1 << 30).profiles == prof
     with pytest.raises(MixprecError, match="INPUT=MIN:OPT:MAX"):
         parse_trt_profiles(["input_ids=1x16:1x64"])
-    p = cli(ws, "build", "sample:tiny-cnn", "--backend", "tensorrt", "--trt-profile", "image=1x3x32x32:1x3x32x32:4x3x32x32",
+    p = cli("build", "sample:tiny-cnn", "--backend", "tensorrt", "--trt-profile", "image=1x3x32x32:1x3x32x32:4x3x32x32",
             check=False)
     assert p.returncode == 2 and "TensorRT backend cannot run here" in p.stderr
     # the search says so before any trial runs
-    p = cli(ws, "search", "sample:tiny-cnn", "--budget", "cosine_mean>=0.99", "--backend", "tensorrt", check=False)
+    p = cli("search", "sample:tiny-cnn", "--budget", "cosine_mean>=0.99", "--backend", "tensorrt", check=False)
     assert p.returncode == 2 and "TensorRT backend cannot run here" in p.stderr and "Traceback" not in p.stderr
     assert not (ws.root / "search").exists() or not any((ws.root / "search").rglob("isolated*"))
