@@ -19,6 +19,16 @@ def _estimates_in_the_page_run(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def _no_notes_of_earlier_tests():
+    """``core.workspace``'s notes are process-wide (taken by the CLI, a job or a page): a test starts with
+    none, so one that asserts its own notes never sees an earlier test's (whichever ran before it on this
+    worker)."""
+    from core.workspace import take_notes
+
+    take_notes()
+
+
+@pytest.fixture(autouse=True)
 def _keep_main_module():
     """Streamlit's AppTest leaves the script it ran (app.py) as ``sys.modules['__main__']``;
     multiprocessing's spawn would then run app.py in every worker of a later test. Restore it."""
@@ -97,6 +107,12 @@ def tiny_transformer(ws, tiny_transformer_sample):
 # --- levels (issue 20 §7): the first folder under tests/ is the level, and a marker ----------------------
 LEVELS = {"unit": "unit", "app": "app", "e2e": "e2e", "faults": "faults", "scale": "scale", "gpu": "tensorrt"}
 SERIAL_LEVELS = ("e2e", "scale")  # each level's tests on one worker, one test at a time
+# The longest worker groups start first, so that no long group starts last and runs alone at the end
+# (whole-suite --durations on a fresh clone, 2 workers: e2e ≈ 600 s, test_search ≈ 830 s, test_precision
+# ≈ 400 s on a loaded machine); the other groups keep pytest's order.
+LONG_FIRST = ("unit/search/test_search.py", "e2e", "app/test_precision.py", "scale",
+              "unit/estimate/test_structure_only.py", "unit/estimate/test_cost.py", "unit/estimate/test_predict.py",
+              "unit/estimate/test_transformer.py", "faults/test_hostile.py")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -108,6 +124,12 @@ def pytest_collection_modifyitems(config, items):
         if len(parts) > 1 and parts[0] in LEVELS:
             item.add_marker(getattr(pytest.mark, LEVELS[parts[0]]))
         item.add_marker(pytest.mark.xdist_group(_worker_group(parts)))
+        item.stash[_GROUP] = _worker_group(parts)
+    rank = {g: i for i, g in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.stash[_GROUP], len(rank)))  # stable: a file keeps its order
+
+
+_GROUP = pytest.StashKey[str]()
 
 
 def _worker_group(parts: tuple[str, ...]) -> str:
