@@ -37,32 +37,53 @@ def section(p: Project, rank) -> None:
         with b3:
             _top_k(p, rank)
         changed = len(policy_diff(p.default_policy(), draft.policy(p), p.layers))
-        if session.confirmed("reset", "Reset to defaults",
-                             f"Reset every layer to the defaults? {changed} layer(s) of your draft differ from them. "
-                             "You can undo it.", "Yes, reset",
-                             disabled=draft.policy(p).sha256 == p.default_policy().sha256):
-            draft.set_policy(p, p.default_policy(), what="reset to the defaults")
-            session.flash("Reset: LayerNorm, Softmax and embeddings FP16; eligible layers INT8", rerun=True)
+        session.confirmed("reset", "Reset to defaults",
+                          f"Reset every layer to the defaults? {changed} layer(s) of your draft differ from them. "
+                          "You can undo it.", "Yes, reset", _reset, (p,),
+                          disabled=draft.policy(p).sha256 == p.default_policy().sha256)
+
+
+# Each action runs in its button's on_click (the form's values are in the session state by then): at the start of
+# the run that carries the click, so neither a newer request nor a rerun above the form can lose it.
+ERROR = "bulk_actions:error"  # a bad regular expression, shown under its form at the next drawing
+
+
+def _reset(p: Project) -> None:
+    draft.set_policy(p, p.default_policy(), what="reset to the defaults")
+    session.flash("Reset: LayerNorm, Softmax and embeddings FP16; eligible layers INT8")
 
 
 def _by_type(p: Project) -> None:
     with st.form("by_type"):
-        ops = st.multiselect("Op types", sorted({l.op_type for l in p.layers}), key="bulk_ops")
-        prec = st.selectbox("Precision", PRECISIONS, key="bulk_ops_prec")
-        if st.form_submit_button("Set by op type", key="apply_ops") and ops:
-            apply(p, select_layers(p.layers, op_types=ops), prec, f"op types {', '.join(ops)}")
+        st.multiselect("Op types", sorted({l.op_type for l in p.layers}), key="bulk_ops")
+        st.selectbox("Precision", PRECISIONS, key="bulk_ops_prec")
+        st.form_submit_button("Set by op type", key="apply_ops", on_click=_set_by_type, args=(p,))
+
+
+def _set_by_type(p: Project) -> None:
+    ops, prec = st.session_state.get("bulk_ops") or [], st.session_state.get("bulk_ops_prec") or PRECISIONS[0]
+    if ops:
+        apply(p, select_layers(p.layers, op_types=ops), prec, f"op types {', '.join(ops)}")
 
 
 def _by_name(p: Project) -> None:
     with st.form("by_regex"):
-        regex = st.text_input("Layer name (regular expression)", key="bulk_regex",
-                              placeholder=r"layer\.5/output/dense/MatMul$")
-        prec = st.selectbox("Precision", PRECISIONS, index=1, key="bulk_regex_prec")
-        if st.form_submit_button("Set by name", key="apply_regex") and regex:
-            try:
-                apply(p, select_layers(p.layers, regex=regex), prec, f"/{regex}/")
-            except MixprecError as e:
-                st.error(md(e))
+        st.text_input("Layer name (regular expression)", key="bulk_regex",
+                      placeholder=r"layer\.5/output/dense/MatMul$")
+        st.selectbox("Precision", PRECISIONS, index=1, key="bulk_regex_prec")
+        st.form_submit_button("Set by name", key="apply_regex", on_click=_set_by_name, args=(p,))
+        if st.session_state.get(ERROR):
+            st.error(st.session_state.pop(ERROR))
+
+
+def _set_by_name(p: Project) -> None:
+    regex, prec = st.session_state.get("bulk_regex") or "", st.session_state.get("bulk_regex_prec") or PRECISIONS[1]
+    if not regex:
+        return
+    try:
+        apply(p, select_layers(p.layers, regex=regex), prec, f"/{regex}/")
+    except MixprecError as e:
+        st.session_state[ERROR] = md(e)
 
 
 def _top_k(p: Project, rank) -> None:
@@ -74,8 +95,12 @@ def _top_k(p: Project, rank) -> None:
         st.caption(f"**Top-k → FP16**: the {md(rank.label)} has no INT8-eligible layer.")
         return
     with st.form("top_k"):
-        k = st.number_input(f"k (1–{n})", 1, n, min(3, n), key="bulk_k")  # 1 or 2 eligible layers too
+        st.number_input(f"k (1–{n})", 1, n, min(3, n), key="bulk_k")  # 1 or 2 eligible layers too
         st.caption(f"The k most sensitive layers of the **{md(rank.label)}** → FP16 "
                    "(pick another ranking above the table).")
-        if st.form_submit_button("Top-k → FP16", key="apply_topk"):
-            apply(p, top_k(rank.ranked, int(k)), "fp16", f"top {int(k)} of the {rank.label}")
+        st.form_submit_button("Top-k → FP16", key="apply_topk", on_click=_set_top_k, args=(p, rank, min(3, n)))
+
+
+def _set_top_k(p: Project, rank, default: int) -> None:
+    k = int(st.session_state.get("bulk_k") or default)
+    apply(p, top_k(rank.ranked, k), "fp16", f"top {k} of the {rank.label}")

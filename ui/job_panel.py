@@ -21,15 +21,33 @@ def owner_token() -> str:
     return st.session_state["owner_token"]
 
 
-def submit(kind: str, params: dict, label: str) -> Job | None:
+SUBMIT_ERROR = "submit_error"  # why the last job could not be queued, for the next drawing (submit_error)
+
+
+def submit(kind: str, params: dict, label: str, owner: str | None = None) -> Job | None:
+    """Queue a job as this session's own (``owner``: its token, read while the page was drawn when this runs
+    as a button's ``on_click``); None when it cannot be queued, the reason kept for :func:`submit_error`.
+
+    Buttons start jobs from their ``on_click`` callback: it runs at the start of the run that carries the
+    click, so the job is queued even if that run is then interrupted (a newer request, or a fragment's
+    ``st.rerun`` above the button) or no longer draws the button; an ``if st.button(...)`` line is reached
+    only when the run gets that far. The job is queued first, before any other session-state access (each
+    is a point where Streamlit may stop the callback for a newer request)."""
     try:
-        job = manager().submit(kind, params, label=label, owner=owner_token())
+        job = manager().submit(kind, params, label=label, owner=owner or owner_token())
     except MixprecError as e:
-        st.error(md(e))
+        st.session_state[SUBMIT_ERROR] = md(e)
         return None
+    st.session_state.pop(SUBMIT_ERROR, None)
     st.session_state.setdefault("my_jobs", []).append(job.id)
     st.query_params["job"] = job.id
     return job
+
+
+def submit_error() -> None:
+    """The reason the last job could not be queued (once), where the button that started it is."""
+    if st.session_state.get(SUBMIT_ERROR):
+        st.error(st.session_state.pop(SUBMIT_ERROR))
 
 
 WHERE_PARAMS = ("ray", "max_memory")  # where and in how much memory a job runs, not what it computes
@@ -46,9 +64,8 @@ def job_button(kind: str, params: dict, label: str, button: str, key: str, store
         st.info(missing)
         if mine and mine[0].status != "done":
             st.error(f"The last run {mine[0].status}: {md(mine[0].error)}")
-        if st.button(button, type="primary", key=key):
-            submit(kind, params, label)
-            st.rerun()
+        st.button(button, type="primary", key=key, on_click=submit, args=(kind, params, label, owner_token()))
+        submit_error()
 
 
 def job_row(job: Job) -> None:

@@ -8,6 +8,7 @@ import streamlit as st
 
 from core.backends import BACKENDS
 from core.display.precision_edit import policy_diff
+from core.errors import MixprecError
 from core.jobs import build_params
 from core.project import Project
 from core.quant.policy import Policy
@@ -20,18 +21,37 @@ def section(p: Project, pol: Policy, counts: dict) -> None:
     """``counts``: the policy's layers per precision (``precision_editor.summary``), for the default label."""
     _diff(p, pol)
     r1, r2, r3 = st.columns([3, 1, 1])
-    label = r1.text_input("Run label", value="", placeholder="e.g. layer5 down-proj fp16", key="run_label")
-    backend = r2.selectbox("Backend", BACKENDS, key="backend")
+    r1.text_input("Run label", value="", placeholder="e.g. layer5 down-proj fp16", key="run_label")
+    r2.selectbox("Backend", BACKENDS, key="backend")
     r3.write("")
-    if r3.button("Rebuild", type="primary", key="rebuild"):
-        job = job_panel.submit("build", build_params(saved_project.source(), pol.to_json(), backend, label),
-                               label or f"int8={counts['int8']} fp16={counts['fp16']} fp32={counts['fp32']}")
-        if job:
-            st.toast(f"Build queued: {md(job.label)}")
+    r3.button("Rebuild", type="primary", key="rebuild", on_click=_rebuild,
+              args=(saved_project.source(), pol, counts, job_panel.owner_token()))
+    job_panel.submit_error()
+    if st.session_state.get(QUEUED):
+        st.toast(st.session_state.pop(QUEUED))
     mine = st.session_state.get("my_jobs", [])
     if mine:
         st.caption("Your builds (details and results on **Build and results**):")
         job_panel.show(kind="build", only=mine, limit=3)
+
+
+QUEUED = "rebuild:queued"  # the toast of the build just queued, shown by the run after the click
+
+
+def _rebuild(src, pol: Policy, counts: dict, owner: str) -> None:
+    """Rebuild's ``on_click`` (``job_panel.submit``: the click starts the build even if its run is cut short): the
+    policy the page showed, with the label and backend the click's request carries."""
+    label = st.session_state.get("run_label") or ""
+    backend = st.session_state.get("backend") or BACKENDS[0]
+    try:
+        params = build_params(src, pol.to_json(), backend, label)
+    except MixprecError as e:
+        st.session_state[job_panel.SUBMIT_ERROR] = md(e)
+        return
+    job = job_panel.submit("build", params, label or f"int8={counts['int8']} fp16={counts['fp16']} fp32={counts['fp32']}",
+                           owner)
+    if job:
+        st.session_state[QUEUED] = f"Build queued: {md(job.label)}"
 
 
 @st.cache_data(show_spinner=False, max_entries=32)

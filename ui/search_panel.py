@@ -146,10 +146,14 @@ def _result(p: Project, result, objective: str) -> None:
     question = (f"Replace your draft with front point #{pick}? {differ} layer(s) change"
                 + (" and **it fails the budget** on the dev half" if pick in fails else "") + ". You can undo it.")
     with f2:
-        use = session.confirmed("use_front", "Use this policy", question, "Yes, use it", box=below, type="primary")
-    if use:
-        draft.set_policy(p, new, what=f"front point #{pick} of the search {result.budget}")
-        session.flash(f"Front point #{pick} is now the current policy: Rebuild to measure it.", rerun=True)
+        session.confirmed("use_front", "Use this policy", question, "Yes, use it", _use, (p, new, pick, result.budget),
+                          box=below, type="primary")
+
+
+def _use(p: Project, new, pick, budget: str) -> None:
+    """"Yes, use it": the front point the question named becomes the draft (one undoable edit)."""
+    draft.set_policy(p, new, what=f"front point #{pick} of the search {budget}")
+    session.flash(f"Front point #{pick} is now the current policy: Rebuild to measure it.")
 
 
 def _has_band(frame) -> bool:

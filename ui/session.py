@@ -73,25 +73,32 @@ def upload(file, kind: str, model=None) -> str | None:
         return None
 
 
-def confirmed(key: str, label: str, question: str, confirm_label: str, box=None, **button) -> bool:
+def confirmed(key: str, label: str, question: str, confirm_label: str, on_confirm, args: tuple = (), box=None,
+              **button) -> None:
     """A destructive action's button: pressing ``label`` asks ``question`` (Markdown, user text
     escaped by the caller) with ``confirm_label`` (key ``<key>_confirm``) and Cancel
-    (``<key>_cancel``), in ``box`` (a container; here if None); True in the run where the user confirms."""
+    (``<key>_cancel``), in ``box`` (a container; here if None). Confirming runs ``on_confirm(*args)`` as the
+    button's ``on_click``: at the start of the run that carries the click, so a newer request or a rerun
+    higher up the page cannot lose it (``args`` are what the page showed when it asked)."""
     flag = f"confirm:{key}"
-    if st.button(label, key=key, **button):
-        st.session_state[flag] = True
+    st.button(label, key=key, on_click=_ask, args=(flag, True), **button)
     if not st.session_state.get(flag):
-        return False
+        return
     with (box if box is not None else st.container()).container(border=True):
         st.warning(question)
         c1, c2, _ = st.columns([1, 1, 3])
-        yes = c1.button(confirm_label, key=f"{key}_confirm", type="primary")
-        no = c2.button("Cancel", key=f"{key}_cancel")
-    if yes or no:
-        st.session_state.pop(flag, None)
-    if no:
-        st.rerun()
-    return yes
+        c1.button(confirm_label, key=f"{key}_confirm", type="primary", on_click=_confirm,
+                  args=(flag, on_confirm, args))
+        c2.button("Cancel", key=f"{key}_cancel", on_click=_ask, args=(flag, False))
+
+
+def _ask(flag: str, ask: bool) -> None:
+    st.session_state[flag] = ask
+
+
+def _confirm(flag: str, on_confirm, args: tuple) -> None:
+    on_confirm(*args)
+    st.session_state.pop(flag, None)
 
 
 def flash(message: str, rerun: bool = False) -> None:

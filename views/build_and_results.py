@@ -16,11 +16,17 @@ from ui.session import code, md
 p = saved_project.project()
 st.subheader("Jobs")
 job_panel.show(limit=8)
-if st.button("Build the all-FP16 baseline", key="fp16_baseline", icon=":material/play_arrow:"):
-    fp16 = uniform_policy(p.model, p.layers, "fp16").to_json()
-    job_panel.submit("build", build_params(saved_project.source(), fp16, label="all-FP16"),
-                     "all-FP16 baseline")
-    st.rerun()
+
+
+def _baseline(project, src, owner: str) -> None:
+    """The baseline button's ``on_click`` (``job_panel.submit``: queued even if the click's run is cut short)."""
+    fp16 = uniform_policy(project.model, project.layers, "fp16").to_json()
+    job_panel.submit("build", build_params(src, fp16, label="all-FP16"), "all-FP16 baseline", owner)
+
+
+st.button("Build the all-FP16 baseline", key="fp16_baseline", icon=":material/play_arrow:", on_click=_baseline,
+          args=(p, saved_project.source(), job_panel.owner_token()))
+job_panel.submit_error()
 
 engine_report.section([l.name for l in p.layers], p)
 

@@ -18,13 +18,24 @@ export_panel.commands(p, scripts)
 st.subheader("Import a policy")
 st.caption("The policy is validated against the loaded model; every mismatch is listed and nothing is applied "
            "unless all of it fits.")
-up = st.file_uploader("Policy JSON", type=["json"], key="policy_file")
-text = st.text_area("…or paste it", height=140, key="policy_text")
-if st.button("Validate and apply", key="import"):
+st.file_uploader("Policy JSON", type=["json"], key="policy_file")
+st.text_area("…or paste it", height=140, key="policy_text")
+
+
+def _import(project) -> None:
+    """The button's ``on_click`` (at the start of the run that carries the click: a newer request cannot lose it)."""
+    up, text = st.session_state.get("policy_file"), st.session_state.get("policy_text") or ""
     raw = up.getvalue().decode("utf-8", errors="replace") if up is not None else text
     try:
-        draft.set_policy(p, policy_from_text(raw, p.model, p.layers, source=up.name if up else "the pasted policy"))
-        export_panel.choose_run(export_panel.SESSION)  # show what was applied
-        session.flash("Policy applied: see the Precision page.", rerun=True)
+        pol = policy_from_text(raw, project.model, project.layers, source=up.name if up else "the pasted policy")
     except MixprecError as e:
-        st.error(md(e))
+        st.session_state["import_error"] = md(e)
+        return
+    draft.set_policy(project, pol)
+    export_panel.choose_run(export_panel.SESSION)  # show what was applied
+    session.flash("Policy applied: see the Precision page.")
+
+
+st.button("Validate and apply", key="import", on_click=_import, args=(p,))
+if st.session_state.get("import_error"):
+    st.error(st.session_state.pop("import_error"))
