@@ -211,11 +211,12 @@ def section(p: Project, pol: Policy) -> Prediction | None:
 
 @st.fragment(run_every=0.5)
 def _poll(fut: Future) -> None:
-    """While the estimate of a new policy is computed in the background: a note, then the page again."""
-    if not fut.done():
-        st.caption("Estimating the TensorRT engine for this policy… (the page stays usable)")
-        return
-    st.rerun(scope="app")
+    """While the estimate of a new policy is computed in the background: a note, then the page again, from the
+    fragment's own run only (inline in a page run, an ``st.rerun`` would stop that run here and lose the clicks
+    it carries for the widgets below: the Rebuild button)."""
+    if fut.done() and session.fragment_rerun():
+        st.rerun(scope="app")
+    st.caption("Estimating the TensorRT engine for this policy… (the page stays usable)")
 
 
 def _show(r: Prediction, c) -> None:

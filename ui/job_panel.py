@@ -10,7 +10,7 @@ import streamlit as st
 
 from core.errors import MixprecError
 from core.jobs import Job, can_cancel
-from ui.session import code, manager, md
+from ui.session import code, fragment_rerun, manager, md
 
 
 def owner_token() -> str:
@@ -144,7 +144,10 @@ IDLE_POLL_SECONDS = 5.0  # a job list without one: only new jobs of other sessio
 def _panel(kind: str | None, only: list[str] | None, limit: int) -> None:
     """Draw the job list. Reruns the whole page (not only the
     fragment) once a job *this session submitted* and saw running has ended, so its results show;
-    other sessions' jobs ending rerun nothing but the fragment: no rerun storms."""
+    other sessions' jobs ending rerun nothing but the fragment: no rerun storms. Only in the fragment's own
+    (timed) run: drawn inline in a page run, an ``st.rerun`` would stop that run here and the clicks it
+    carries for the widgets below would be lost (a stopped run resets every button's trigger:
+    ``SessionState.on_script_finished``); the fragment's next run, within a poll interval, does it."""
     shown = jobs(kind=kind)
     if only is not None:
         shown = [j for j in shown if j.id in only]
@@ -157,7 +160,7 @@ def _panel(kind: str | None, only: list[str] | None, limit: int) -> None:
         st.caption("No jobs yet.")
     for job in shown:
         job_row(job)
-    if ended:
+    if ended and fragment_rerun():  # drawn inline in a page run, it leaves them to its next own run (below)
         seen.difference_update(ended)
         st.rerun(scope="app")
 

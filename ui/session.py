@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 import streamlit as st
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from core.backends import select_backend
 from core.errors import MixprecError
@@ -99,6 +100,13 @@ def _ask(flag: str, ask: bool) -> None:
 def _confirm(flag: str, on_confirm, args: tuple) -> None:
     on_confirm(*args)
     st.session_state.pop(flag, None)
+
+
+def fragment_rerun() -> bool:
+    """True in a fragment's own run (its ``run_every`` timer or a widget inside it), False in a full run of the
+    page (where a fragment is drawn inline, as the page goes)."""
+    ctx = get_script_run_ctx()
+    return bool(ctx is not None and ctx.fragment_ids_this_run)
 
 
 def flash(message: str, rerun: bool = False) -> None:
