@@ -19,7 +19,13 @@ from core.store.runs import list_runs, load_run_per_layer, run_dir
 from ui import draft, results
 from ui.session import md
 
-SEL = "sel_layers"  # the working selection: layer names, set by the charts, the table or by name
+SEL = "sel_layers"  # the working selection: layer names, set by the charts, the table or by name (its widget's key)
+# Bumped when the selection changes other than by the table / by the multiselect: those widgets are then drawn
+# anew (another widget id) showing it. Never written at every run: a value the server sets for a widget is undone
+# by any request the browser sent before that answer arrived (a job list's or the estimate's poll, a click), which
+# carries the widget's older value; under a new id, such a value lands on a widget that is no longer drawn.
+TABLE_VERSION = "sel_layers:table"
+EDIT_VERSION = "sel_layers:edit"
 SELECT_MODES = ("points", "box", "lasso")
 
 
@@ -56,7 +62,8 @@ def pick_ranking(p: Project) -> RankingChoice | None:
     if st.session_state.get("rank_choice") not in options:
         st.session_state.pop("rank_choice", None)
     choice = st.selectbox("Sensitivity ranking used on this page (chart, table, Top-k)", options, key="rank_choice",
-                          format_func=lambda o: f"{RANKING_LABELS[o.split(':')[0]]} ({o.split(':')[1]})")
+                          format_func=lambda o: f"{RANKING_LABELS[o.split(':')[0]]} ({o.split(':')[1]})",
+                          persist_state="session")
     mode, method = choice.split(":")
     stored = results.ranking(p, method) if mode == "cumulative" else results.sensitivity(p, method, mode)
     return RankingChoice(mode, method, ranked_layers(stored.table if stored is not None else None, mode))
@@ -69,9 +76,13 @@ def selection(p: Project) -> list[str]:
     return [n for n in st.session_state.get(SEL, []) if n in known]
 
 
-def set_selection(names: list[str]) -> None:
-    """Replace the selection (in a callback: before the selection widgets are drawn)."""
+def set_selection(names: list[str], source: str | None = None) -> None:
+    """Replace the selection (in a callback, or before the selection widgets are drawn). ``source``: the widget
+    it came from, ``"table"`` or ``"edit"`` (the multiselect), which already shows it; the others are drawn anew."""
     st.session_state[SEL] = list(dict.fromkeys(names))
+    for version, own in ((TABLE_VERSION, "table"), (EDIT_VERSION, "edit")):
+        if source != own:
+            st.session_state[version] = st.session_state.get(version, 0) + 1
 
 
 def _picked_on_chart(key: str, known: tuple[str, ...]) -> None:
@@ -88,7 +99,7 @@ def charts(p: Project, pol: Policy, rank: RankingChoice | None) -> None:
     """The two charts to select layers on; a selection replaces the working selection."""
     with st.expander("Select layers on a chart", expanded=True):
         which = st.radio("Chart", ["Sensitivity", "Per-layer latency of the last run"], horizontal=True,
-                         key="pick_chart", label_visibility="collapsed")
+                         key="pick_chart", label_visibility="collapsed", persist_state="session")
         st.caption("Click a bar (shift-click adds more), or pick Box or Lasso Select in the chart's toolbar and drag "
                    "over bars: they become the selection, which the buttons under the table set to FP32, FP16 or "
                    "INT8 in one click. Double-click the chart to clear it.")

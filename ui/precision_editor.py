@@ -16,7 +16,7 @@ from core.model.placement import boundaries
 from core.project import Project
 from core.quant.policy import Policy
 from ui import bulk_actions, draft, session
-from ui.layer_picker import SEL, RankingChoice, selection, set_selection
+from ui.layer_picker import EDIT_VERSION, SEL, TABLE_VERSION, RankingChoice, selection, set_selection
 from ui.session import md
 
 ROW_PX, HEADER_PX, ROWS_SHOWN = 35, 38, 20
@@ -51,14 +51,19 @@ def history(p: Project) -> None:
 
 
 # --- the table ---------------------------------------------------------------------------------
-def _picked_in_table(key: str) -> None:
+def _picked_in_table(key: str, names: tuple[str, ...]) -> None:
+    """The table's ``on_select``: ``names`` are its rows as drawn (the rows the ticks index)."""
     rows = (st.session_state.get(key) or {}).get("selection", {}).get("rows", [])
-    names = st.session_state.get(f"{key}:names", [])
-    set_selection([names[i] for i in rows if 0 <= i < len(names)])
+    set_selection([names[i] for i in rows if 0 <= i < len(names)], source="table")
 
 
-def _select_shown(key: str) -> None:
-    set_selection(st.session_state.get(f"{key}:names", []))
+def _select_shown(names: tuple[str, ...]) -> None:
+    set_selection(list(names))
+
+
+def _edited() -> None:
+    """The by-name multiselect's ``on_change``: its value is the selection already; the table is drawn anew."""
+    set_selection(st.session_state.get(SEL) or [], source="edit")
 
 
 def _to_selection(p: Project, precision: str) -> None:
@@ -82,39 +87,48 @@ def section(p: Project, pol: Policy, rank: RankingChoice | None) -> Policy:
     bounds, counts = _boundary_counts(p, pol)
     table["boundaries"] = table["name"].map(counts).fillna(0).astype(int)
     f1, f2, f3 = st.columns([2, 2, 1])
-    ops = f1.multiselect("Op type", sorted(table["op_type"].unique()), key="view_ops")
-    name = f2.text_input("Name contains", key="view_name", placeholder="e.g. layer.5/output")
-    precs = f3.multiselect("Precision", list(PRECISIONS), key="view_prec")
+    ops = f1.multiselect("Op type", sorted(table["op_type"].unique()), key="view_ops", persist_state="session")
+    name = f2.text_input("Name contains", key="view_name", placeholder="e.g. layer.5/output", persist_state="session")
+    precs = f3.multiselect("Precision", list(PRECISIONS), key="view_prec", persist_state="session")
     view = filter_table(table, ops, name.strip(), precs).reset_index(drop=True)
     sel = selection(p)
-    key = "layer_table-" + hashlib.sha1(repr((ops, name.strip(), precs, len(table))).encode()).hexdigest()[:10]
-    st.session_state[f"{key}:names"] = view["name"].tolist()
-    st.session_state[key] = {"selection": {"rows": [i for i, n in enumerate(view["name"]) if n in set(sel)],
-                                           "columns": [], "cells": []}}
+    if st.session_state.get(SEL) is not None and st.session_state[SEL] != sel:
+        set_selection(sel)  # names of another model dropped before the widgets read them
+    # the table's key: its filters and the selection's version (layer_picker.TABLE_VERSION); its ticks are set
+    # once, when it is drawn anew, and are the browser's own after that
+    key = (f"layer_table-{hashlib.sha1(repr((ops, name.strip(), precs, len(table))).encode()).hexdigest()[:10]}"
+           f"-{st.session_state.get(TABLE_VERSION, 0)}")
+    if key not in st.session_state:
+        st.session_state[key] = {"selection": {"rows": [i for i, n in enumerate(view["name"]) if n in set(sel)],
+                                               "columns": [], "cells": []}}
+    shown = tuple(view["name"])
     hidden = len(set(sel) - set(view["name"]))
     st.caption(f"{len(view)} of {len(table)} layers shown · {len(sel)} selected"
                + (f" ({hidden} hidden by the filters)" if hidden else "")
                + (f" · sensitivity: the {rank.label}" if rank is not None else "")
                + " · boundaries: neighbours whose precision forces a conversion")
-    _actions(p, key, sel, bool(len(view)))
-    st.dataframe(view, key=key, on_select=partial(_picked_in_table, key), selection_mode="multi-row", hide_index=True,
+    _actions(p, shown, sel)
+    st.dataframe(view, key=key, on_select=partial(_picked_in_table, key, shown), selection_mode="multi-row",
+                 hide_index=True,
                  height=HEADER_PX + ROW_PX * max(1, min(ROWS_SHOWN, len(view))),
                  column_config={"sensitivity": st.column_config.NumberColumn(
                                     "sensitivity", format="%.5f",
                                     help=f"The {rank.label}" if rank is not None else "No ranking yet"),
                                 "macs": st.column_config.NumberColumn("MACs", format="compact"),
                                 "eligible": st.column_config.CheckboxColumn("INT8-eligible")})
-    if st.session_state.get(SEL) is not None and st.session_state[SEL] != sel:
-        st.session_state[SEL] = sel  # names of another model dropped before the widget reads them
     with st.expander("Edit the selection by name"):
-        st.multiselect("Selected layers", [l.name for l in p.layers], key=SEL, default=None)
+        names = [l.name for l in p.layers]
+        # max_selections (above the number of layers: never reached) is part of the widget's id, so the version in
+        # it draws the widget anew when the selection changed elsewhere (layer_picker.EDIT_VERSION)
+        st.multiselect("Selected layers", names, key=SEL, default=None, on_change=_edited, persist_state="session",
+                       max_selections=len(names) + 1 + st.session_state.get(EDIT_VERSION, 0) % 1000)
     _boundaries(bounds, sel)
     return pol
 
 
-def _actions(p: Project, key: str, sel: list[str], any_shown: bool) -> None:
+def _actions(p: Project, shown: tuple[str, ...], sel: list[str]) -> None:
     c = st.columns([1.2, 1, 0.9, 0.9, 0.9, 2])
-    c[0].button("Select all shown", key="sel_all", on_click=_select_shown, args=(key,), disabled=not any_shown)
+    c[0].button("Select all shown", key="sel_all", on_click=_select_shown, args=(shown,), disabled=not shown)
     c[1].button("Clear selection", key="sel_clear", on_click=set_selection, args=([],), disabled=not sel)
     for col, prec in zip(c[2:5], PRECISIONS):
         col.button(f"→ {prec.upper()}", key=f"sel_{prec}", type="primary", disabled=not sel,

@@ -21,7 +21,7 @@ def section(p: Project, pol: Policy, counts: dict) -> None:
     """``counts``: the policy's layers per precision (``precision_editor.summary``), for the default label."""
     _diff(p, pol)
     r1, r2, r3 = st.columns([3, 1, 1])
-    r1.text_input("Run label", value="", placeholder="e.g. layer5 down-proj fp16", key="run_label")
+    r1.text_input("Run label", placeholder="e.g. layer5 down-proj fp16", key="run_label", persist_state="session")
     r2.selectbox("Backend", BACKENDS, key="backend")
     r3.write("")
     r3.button("Rebuild", type="primary", key="rebuild", on_click=_rebuild,

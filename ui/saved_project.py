@@ -20,11 +20,10 @@ from ui.session import md, workspace
 SAMPLES = [f"sample:{name}" for name in core_samples.SAMPLES]
 DEFAULT_MODEL = SAMPLES[0]
 SOURCE_KEYS = ("model", "data", "eval_data")  # and "shapes" (the input shapes the user set), "target" (sidebar)
-# widget values kept across pages and saved with the project (a page's widgets forget their value
-# when another page runs): the run label, the search budget and smoothing
+# widget values saved with the project: the run label, the search budget and smoothing. They, and the layer
+# selection, the ranking and the table's filters, are kept across pages by their widgets (persist_state="session"),
+# never written back at every run (keep_settings says why)
 KEPT_SETTINGS = ("run_label", "search_budget", "search_smooth")
-# kept across pages for the session only: the layer selection, the ranking and the table's filters
-SESSION_KEPT = ("sel_layers", "rank_choice", "view_ops", "view_name", "view_prec", "pick_chart")
 
 
 def _shapes_text(shapes: dict | None) -> str:
@@ -155,16 +154,11 @@ def sync_url() -> None:
 
 
 def keep_settings() -> None:
-    """At the start of every run: the KEPT_SETTINGS widget values outlive the pages that do not
-    draw them (re-assigned, Streamlit keeps them), and are saved with the project when changed."""
-    for k in SESSION_KEPT:
-        if k in st.session_state:
-            st.session_state[k] = st.session_state[k]
-    now = {}
-    for k in KEPT_SETTINGS:
-        if k in st.session_state:
-            st.session_state[k] = st.session_state[k]
-            now[k] = st.session_state[k]
+    """At the start of every run: the KEPT_SETTINGS widget values are saved with the project when changed.
+    Only read: their widgets keep them across pages (``persist_state="session"``). A widget key written at every
+    run (``st.session_state[k] = st.session_state[k]``, how it was done) makes every run send that value to
+    the browser, and a request the browser sent before such an answer arrived carries the older value back."""
+    now = {k: st.session_state[k] for k in KEPT_SETTINGS if k in st.session_state}
     kept = saved()
     old = dict(kept.settings) if kept is not None else {}
     if now and {**old, **now} != old:

@@ -24,6 +24,7 @@ from ui import draft, job_panel, results, saved_project, session
 from ui import estimate_panel
 from ui.session import md
 
+DEFAULT_BUDGET = "cosine_mean>=0.99"
 GPU_WIDGET = "search_gpu"             # the search's GPU picker
 GPU_OWN = "search_gpu:own"            # the GPU picked there (else the search follows the estimate panel's GPU)
 
@@ -58,11 +59,14 @@ def section(p: Project) -> None:
         objective = search_objective("auto", saved_project.target(), session.auto_backend_name())
         trt = objective == "trt_estimate"
         s1, s2, s3 = st.columns([3, 2, 1]) if trt else (*st.columns([3, 1]), None)
-        budget = s1.text_input("Quality budget", "cosine_mean>=0.99", key="search_budget",
+        # one source of truth: the session state (a project's saved budget, else the default), the widget without
+        # a value of its own; kept across pages by the widget, saved with the project (saved_project.keep_settings)
+        st.session_state.setdefault("search_budget", DEFAULT_BUDGET)
+        budget = s1.text_input("Quality budget", key="search_budget", persist_state="session",
                                help="METRIC>=VALUE, or top1_drop<=VALUE (e.g. 0.5%); METRIC: "
                                     + ", ".join(BUDGET_METRICS))
         g = search_gpu(s2) if trt else GPUS[FIXTURE_GPU]
-        smooth = (s3 or s2).checkbox("SmoothQuant-style smoothing", key="search_smooth")
+        smooth = (s3 or s2).checkbox("SmoothQuant-style smoothing", key="search_smooth", persist_state="session")
         try:
             params = search_params(src, budget, smooth, gpu=g, ray=cluster.ray_address())
         except MixprecError as e:
