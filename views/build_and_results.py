@@ -71,7 +71,25 @@ if len(runs) >= 2:
 st.subheader("Per-layer latency of one run")
 ids = list(runs["run_id"])
 pick, go = st.columns([4, 1])
-sel = pick.selectbox("Run", ids, format_func=lambda r: run_title(runs, r), key="layers_run")
+PICKED, NEWEST = "layers_run:picked", "layers_run:newest"  # the run the user picked (None: follow the newest)
+
+
+def _picked_run(newest: str) -> None:
+    if session.fragment_rerun():  # a job list's poll carries the picker's value as the browser had it: stale
+        st.session_state["layers_run"] = st.session_state.get(PICKED) or newest
+        return
+    v = st.session_state.get("layers_run")
+    st.session_state[PICKED] = v if v != newest else None
+
+
+if st.session_state.get(NEWEST) != ids[0]:  # a new run has landed: show it, unless the user picked another run
+    st.session_state[NEWEST] = ids[0]
+    if st.session_state.get(PICKED) not in ids:
+        st.session_state["layers_run"] = ids[0]
+elif st.session_state.get("layers_run") not in ids:
+    st.session_state.pop("layers_run", None)
+sel = pick.selectbox("Run", ids, format_func=lambda r: run_title(runs, r), key="layers_run", on_change=_picked_run,
+                     args=(ids[0],), persist_state="session")
 go.write("")
 if go.button("Export this run", key="export_this_run", icon=":material/download:"):
     export_panel.choose_run(sel)
