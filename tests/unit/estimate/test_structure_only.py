@@ -25,10 +25,29 @@ from core.quant.policy import default_policy, uniform_policy
 RESNET_SHAPES = {"input": (32, 3, 224, 224)}
 
 
+_LAST_COMPILE: dict = {}  # (model, policy) -> its full compile: the last one (a policy is checked at two shapes)
+
+
+def full_compile(model, policy):
+    """The policy compiled with its weights quantized and converted (shape-free: made once for the shapes a
+    test checks it at; shape inference works on a copy)."""
+    key = (id(model), model.sha256, policy.sha256)
+    if key not in _LAST_COMPILE:
+        _LAST_COMPILE.clear()
+        _LAST_COMPILE[key] = compile_policy(model, policy, placeholder_calibration(model, policy), target="trt")
+    return _LAST_COMPILE[key]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _forget_the_last_compile():
+    yield
+    _LAST_COMPILE.clear()
+
+
 def full_compile_prediction(model, policy, shapes, gpu):
     """What :func:`core.estimate.predict.predict` computed before the structure-only compile: the
     policy compiled with its weights quantized and converted, shape inference on that model."""
-    compiled = compile_policy(model, policy, placeholder_calibration(model, policy), target="trt")
+    compiled = full_compile(model, policy)
     layers, notes = predicted(static_net(compiled.proto, shapes, data_files(compiled)))
     table = price(layers, gpu_entry(gpu), FITTED, True, {n.name for n in model.proto.graph.node})
     return table, float(table.est_ms.sum()), notes
