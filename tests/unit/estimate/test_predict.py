@@ -290,17 +290,24 @@ def test_search_falls_back_to_the_mac_share_when_the_estimate_fails(tiny_cnn, mo
 
 # ------------------------------------------------------------------- the search's GPU (CLI and job)
 
+@pytest.fixture(scope="module")
+def search_ws(tmp_path_factory) -> Path:
+    """The workspace of the CLI searches below: the second finds the first's calibrations, isolated rankings and
+    switchable models of tiny-cnn in its caches (a stored T4 calibration does not touch its A100 search)."""
+    return tmp_path_factory.mktemp("search-ws") / "ws"
+
+
 def _t4_calibration():
     return cost.FITTED.with_values(basis=cost.CALIBRATION_BASIS, gpu="t4", n_layers=21, median_err=0.07)
 
 
-def test_cli_search_estimates_on_the_chosen_gpu_with_its_stored_calibration(capsys, tmp_path, monkeypatch):
+def test_cli_search_estimates_on_the_chosen_gpu_with_its_stored_calibration(capsys, search_ws, monkeypatch):
     import core.cli.commands as cli
     from core.store.results import save_gpu_calibration
     from core.workspace import Workspace
 
-    monkeypatch.setenv("MIXPREC_WORKSPACE", str(tmp_path / "ws"))
-    save_gpu_calibration(Workspace(tmp_path / "ws"), "t4", _t4_calibration())
+    monkeypatch.setenv("MIXPREC_WORKSPACE", str(search_ws))
+    save_gpu_calibration(Workspace(search_ws), "t4", _t4_calibration())
     seen = []
     real_search = cli.search
 
@@ -323,7 +330,7 @@ def test_cli_search_estimates_on_the_chosen_gpu_with_its_stored_calibration(caps
         cli.build_parser().parse_args(argv[:-3] + ["--gpu", "no-such-gpu"])
 
 
-def test_cli_search_json_reports_the_mac_share_fallback_as_its_objective(capsys, tmp_path, monkeypatch):
+def test_cli_search_json_reports_the_mac_share_fallback_as_its_objective(capsys, search_ws, monkeypatch):
     """The estimate fails → the search ranks by the MAC share; the CLI's JSON must say so (it used to
     relabel every TensorRT-target search without TensorRT as ``trt_estimate``)."""
     import core.search.searcher as searcher
@@ -332,7 +339,7 @@ def test_cli_search_json_reports_the_mac_share_fallback_as_its_objective(capsys,
     def fail(*a, **k):
         raise MixprecError("shape inference failed on the compiled model", "give every dim a value")
 
-    monkeypatch.setenv("MIXPREC_WORKSPACE", str(tmp_path / "ws"))
+    monkeypatch.setenv("MIXPREC_WORKSPACE", str(search_ws))
     monkeypatch.setattr(searcher, "estimated_latency", fail)
     assert cli_main(["search", "sample:tiny-cnn", "--budget", "cosine_mean>=0.9", "--workers", "1", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
