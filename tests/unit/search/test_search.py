@@ -59,7 +59,10 @@ def test_minilm_isolated_ranking_puts_ffn_down_on_top(minilm):
 
 
 def test_search_meets_budget_on_holdout_and_front_is_nondominated(minilm):
-    r = search(minilm, SearchConfig("cosine_mean>=0.99", workers=2))
+    # MinMax: the isolated ranking the test above measured is read from the store (each other method's calibration
+    # and 49 trials on MiniLM checked nothing here; several methods, the mixed variant and their front: the
+    # search on tiny-transformer in test_front_policies_are_usable)
+    r = search(minilm, SearchConfig("cosine_mean>=0.99", methods=("minmax",), workers=2))
     assert r.met_on_dev and r.met_on_holdout, r.message
     assert r.holdout.cosine_mean >= 0.99 and r.run is not None
     counts = r.policy.precision_counts()
@@ -75,7 +78,7 @@ def test_search_meets_budget_on_holdout_and_front_is_nondominated(minilm):
 
 
 def test_unmeetable_budget_says_so(tiny_cnn):
-    r = search(tiny_cnn, SearchConfig("snr_db>=200", workers=1, verify=False))
+    r = search(tiny_cnn, SearchConfig("snr_db>=200", methods=("minmax",), workers=1, verify=False))
     assert not r.met_on_dev and r.message.startswith("NO policy meets snr_db>=200")
     assert r.policy.precision_counts()["int8"] >= 0 and len(r.candidates) > 0
 
@@ -115,7 +118,7 @@ def test_top1_drop_budget_uses_labels(tiny_cnn, tmp_path):
     assert r.quality.fp32_top1_accuracy == pytest.approx((n - 4) / n)
     b = Budget.parse("top1_drop<=0.5%")
     assert b.value_of(r.quality) == pytest.approx(r.quality.fp32_top1_accuracy - r.quality.top1_accuracy)
-    res = search(labelled, SearchConfig("top1_drop<=0.5%", workers=1))
+    res = search(labelled, SearchConfig("top1_drop<=0.5%", methods=("minmax",), workers=1))
     assert res.met_on_dev and res.met_on_holdout and res.holdout.top1_accuracy is not None
 
 
