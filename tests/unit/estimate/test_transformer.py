@@ -148,13 +148,14 @@ def test_transformer_fit_is_merged_into_the_shipped_parameters():
     assert any("BERT" in f for f in FITTED.fitted_on)
 
 
-def test_cli_estimates_a_sample_at_shapes_other_than_its_data(capsys, tmp_path, monkeypatch):
+def test_cli_estimates_a_sample_at_shapes_other_than_its_data(capsys, samples_workspace, minilm_sample, monkeypatch):
     """The estimate needs no data: MiniLM's sample data (63 tokens) must not refuse batch 32 x 128."""
     import json
 
     from core.cli.commands import main as cli_main
 
-    monkeypatch.setenv("MIXPREC_WORKSPACE", str(tmp_path / "ws"))
+    # the session's workspace: the sample is exported there once (a workspace of its own exported it again)
+    monkeypatch.setenv("MIXPREC_WORKSPACE", str(samples_workspace.root))
     assert cli_main(["estimate", "sample:minilm", "--batch", "32", "--dim", "sequence=128", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["input_shapes"] == {"input_ids": [32, 128], "attention_mask": [32, 128], "token_type_ids": [32, 128]}
