@@ -49,7 +49,11 @@ def test_plan_packs_chunks_in_order_under_the_budget():
 def test_peak_memory_sees_an_allocation():
     with PeakMemory() as peak:
         block = np.ones(64 * MiB // 8)
-        time.sleep(0.1)  # in a long test process the high-water mark is old: the 10 ms samples must see it
+        # in a long test process the high-water mark is old, so the 10 ms samples must see the block: wait
+        # until one has (on a loaded machine the sampler thread may not run within a fixed 0.1 s)
+        deadline = time.monotonic() + 60
+        while peak.peak < peak.start + 48 * MiB and time.monotonic() < deadline:
+            time.sleep(0.01)
         del block
     assert peak.added >= 48 * MiB and peak.peak >= peak.start
 
