@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import time
 from pathlib import Path
 
@@ -168,23 +167,20 @@ def test_memory_estimate_scales_with_the_batch_and_the_budget_refuses_before_all
         open_project(str(m.path), ws=tiny_cnn.ws, batch=1500)
 
 
-def _max_child_rss_gib() -> float:
-    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / (1 << 20)
-
-
 def test_cli_batch_100000(cli, minilm_sample, tiny_cnn_sample):
-    # in children: their peak memory is what the test checks (RUSAGE_CHILDREN), and an allocation of 11 GB must
+    # in children: their peak memory is what the test checks (each child's own, os.wait4), and an allocation of 11 GB must
     # not happen in pytest's process
     env = {"MIXPREC_MEMORY_BUDGET": "16G"}
     last, p = refused(cli, "build", "sample:minilm", "--batch", "100000", env=env, process=True,
                       needles=("input_ids=100000x", "more than the budget of 16.0 GiB", "--batch"))
     assert "activations about" in last and p.seconds < 120
     env = {"MIXPREC_MEMORY_BUDGET": "8G"}  # tiny-cnn at batch 100000: about 12 GiB of activations for two sessions
-    refused(cli, "inspect", "sample:tiny-cnn", "--batch", "100000", env=env, needles=("image=100000x3x32x32",),
-            process=True)
-    refused(cli, "build", str(tiny_cnn_sample.model), "--batch", "100000", env=env, process=True,
-            needles=("generated data (100000 + 200000 samples)",))
-    assert _max_child_rss_gib() < 4  # refused before anything big was allocated (it used to take 11 GB)
+    _, q = refused(cli, "inspect", "sample:tiny-cnn", "--batch", "100000", env=env, needles=("image=100000x3x32x32",),
+                   process=True)
+    _, r = refused(cli, "build", str(tiny_cnn_sample.model), "--batch", "100000", env=env, process=True,
+                   needles=("generated data (100000 + 200000 samples)",))
+    peak = max(x.max_rss for x in (p, q, r))
+    assert 0 < peak < 4 << 30, peak  # refused before anything big was allocated (it used to take 11 GB)
     # within the budget but beyond the data: refused before calibrating or building anything
     refused(cli, "build", "sample:tiny-cnn", "--batch", "64", needles=("16 samples, fewer than the batch 64",))
 
