@@ -76,6 +76,18 @@ def tiny_transformer_sample(samples_workspace):
     return materialize_sample("tiny-transformer", samples_workspace)
 
 
+@pytest.fixture
+def tiny_cnn_ws(tmp_path, tiny_cnn_sample):
+    """A fresh workspace holding a copy of the tiny-cnn sample (its caches start empty)."""
+    import shutil
+
+    from core.workspace import Workspace
+
+    ws = Workspace(tmp_path / "ws")
+    shutil.copytree(tiny_cnn_sample.model.parent, ws.samples / tiny_cnn_sample.model.parent.name)
+    return ws
+
+
 # --- projects over the samples (core/project.py), sharing the session workspace ---
 
 @pytest.fixture(scope="session")

@@ -32,15 +32,6 @@ from core.workspace import (METRICS_FILE, OWNER_FILE, Workspace, atomic_write_by
 from tests.fixtures import ROOT
 
 
-@pytest.fixture
-def fws(tmp_path, tiny_cnn_sample):
-    """A fresh workspace holding a copy of the tiny-cnn sample (its caches start empty)."""
-    ws = Workspace(tmp_path / "ws")
-    shutil.copytree(tiny_cnn_sample.model.parent, ws.samples / tiny_cnn_sample.model.parent.name)
-    take_notes()
-    return ws
-
-
 def _build(ws, **kw):
     p = open_project("sample:tiny-cnn", ws=ws)
     return p, build_and_measure(p, p.default_policy(), backend="onnxruntime", warmup=1, iterations=3,
@@ -57,52 +48,52 @@ def _notes_about(word: str) -> list[str]:
 
 
 # --- §6: one test per cache kind ------------------------------------------------------------------
-def test_corrupt_reference_outputs_are_recomputed(fws):
-    p, first = _build(fws)
-    cache = sorted((fws.root / "reference" / "onnxruntime").rglob("outputs-*.npz"))
+def test_corrupt_reference_outputs_are_recomputed(tiny_cnn_ws):
+    p, first = _build(tiny_cnn_ws)
+    cache = sorted((tiny_cnn_ws.root / "reference" / "onnxruntime").rglob("outputs-*.npz"))
     assert cache
     for path in cache:
         _garble(path)
     take_notes()
-    _, again = _build(fws)
+    _, again = _build(tiny_cnn_ws)
     assert _notes_about("FP32 reference outputs")
     assert again.quality.cosine_mean == pytest.approx(first.quality.cosine_mean, abs=1e-6)
     with np.load(cache[0], allow_pickle=False) as z:  # rewritten whole
         assert z.files
 
 
-def test_corrupt_or_half_written_reference_engine_is_rebuilt(fws):
-    p, first = _build(fws)
-    ref = next((fws.root / "reference" / "onnxruntime").iterdir())
+def test_corrupt_or_half_written_reference_engine_is_rebuilt(tiny_cnn_ws):
+    p, first = _build(tiny_cnn_ws)
+    ref = next((tiny_cnn_ws.root / "reference" / "onnxruntime").iterdir())
     assert (ref / REFERENCE_STAMPS).is_file()
     engine = ref / "reference-fp32.ort-optimized.onnx"
     _garble(engine, keep=100)  # as a build that ran out of space mid-write leaves it
     take_notes()
-    _, again = _build(fws)
+    _, again = _build(tiny_cnn_ws)
     assert _notes_about("reference engine file")
     assert engine.stat().st_size > 200 and again.quality.cosine_mean == pytest.approx(first.quality.cosine_mean)
     stamps = json.loads((ref / REFERENCE_STAMPS).read_text())["files"]
     assert stamps[engine.name]["size"] == engine.stat().st_size
     (ref / REFERENCE_STAMPS).unlink()  # files without a stamp (a build that died before it) are not trusted
     take_notes()
-    _build(fws)
+    _build(tiny_cnn_ws)
     assert _notes_about("reference engine file") and (ref / REFERENCE_STAMPS).is_file()
 
 
-def test_corrupt_calibration_cache_is_recomputed(fws):
-    p = open_project("sample:tiny-cnn", ws=fws)
-    first = calibrate(p.model, p.calib_data, "minmax", fws)
-    path = fws.calib / f"{cache_key(p.model.sha256, p.calib_data.sha256, 'minmax', 99.999)}.json"
-    assert path == first.path and calibrate(p.model, p.calib_data, "minmax", fws).cache_hit
+def test_corrupt_calibration_cache_is_recomputed(tiny_cnn_ws):
+    p = open_project("sample:tiny-cnn", ws=tiny_cnn_ws)
+    first = calibrate(p.model, p.calib_data, "minmax", tiny_cnn_ws)
+    path = tiny_cnn_ws.calib / f"{cache_key(p.model.sha256, p.calib_data.sha256, 'minmax', 99.999)}.json"
+    assert path == first.path and calibrate(p.model, p.calib_data, "minmax", tiny_cnn_ws).cache_hit
     for text in ("{broken", "[1, 2, 3]", json.dumps({**json.loads(path.read_text()), "ranges": {"x": [1]}})):
         path.write_text(text)
         take_notes()
-        again = calibrate(p.model, p.calib_data, "minmax", fws)
+        again = calibrate(p.model, p.calib_data, "minmax", tiny_cnn_ws)
         assert not again.cache_hit and again.ranges == first.ranges, text[:20]
         assert _notes_about("cached calibration"), text[:20]
-    assert calibrate(p.model, p.calib_data, "minmax", fws).cache_hit  # rewritten whole
+    assert calibrate(p.model, p.calib_data, "minmax", tiny_cnn_ws).cache_hit  # rewritten whole
     _garble(path)
-    _, run = _build(fws)  # the next build does not fail either
+    _, run = _build(tiny_cnn_ws)  # the next build does not fail either
     assert run.calibration_cache_hit is False
 
 
@@ -121,10 +112,10 @@ def test_corrupt_channel_statistics_are_recomputed(tmp_path, tiny_transformer):
         assert len(z.files) == len(tensors)
 
 
-def test_corrupt_sensitivity_and_switchable_model_are_measured_again(fws):
-    p = open_project("sample:tiny-cnn", ws=fws)
+def test_corrupt_sensitivity_and_switchable_model_are_measured_again(tiny_cnn_ws):
+    p = open_project("sample:tiny-cnn", ws=tiny_cnn_ws)
     first = sensitivity(p, "isolated", workers=1)
-    folder = fws.root / "search" / p.model.sha256[:16]
+    folder = tiny_cnn_ws.root / "search" / p.model.sha256[:16]
     cache = sensitivity_file(p, "isolated")  # stored once, in rankings/
     assert cache.is_file() and not list(folder.glob("sensitivity-*.json"))
     (switch,) = folder.glob("switch-*.onnx")
@@ -139,35 +130,35 @@ def test_corrupt_sensitivity_and_switchable_model_are_measured_again(fws):
     assert sensitivity(p, "isolated", workers=1).cache_hit
 
 
-def test_corrupt_search_is_not_used(fws):
-    p = open_project("sample:tiny-cnn", ws=fws)
-    path = search_path(fws, p, "cosine_mean>=0.99", False)
+def test_corrupt_search_is_not_used(tiny_cnn_ws):
+    p = open_project("sample:tiny-cnn", ws=tiny_cnn_ws)
+    path = search_path(tiny_cnn_ws, p, "cosine_mean>=0.99", False)
     for text in ("\x00\x01 not json", '{"kind": "search", "format_version": 999}', "{}"):
         atomic_write_bytes(path, text.encode())
         take_notes()
-        assert load_search(fws, p, "cosine_mean>=0.99", False) is None, text
+        assert load_search(tiny_cnn_ws, p, "cosine_mean>=0.99", False) is None, text
         assert _notes_about("search"), text
 
 
-def test_corrupt_runs_are_skipped_with_a_note_and_never_listed_from_dot_folders(fws):
-    p, run = _build(fws)
+def test_corrupt_runs_are_skipped_with_a_note_and_never_listed_from_dot_folders(tiny_cnn_ws):
+    p, run = _build(tiny_cnn_ws)
     good = run.run_dir
-    bad = fws.runs / "20000101-000000-bad000"
+    bad = tiny_cnn_ws.runs / "20000101-000000-bad000"
     shutil.copytree(good, bad)
     (bad / METRICS_FILE).write_text('{"kind": "run", "format_version": 4, "run_id": "x"')  # truncated
-    hidden = fws.runs / ".tmp-20000101-000000-dup000"
+    hidden = tiny_cnn_ws.runs / ".tmp-20000101-000000-dup000"
     shutil.copytree(good, hidden)  # a temp folder holding metrics.json is not a duplicate run
     (hidden / OWNER_FILE).write_text(json.dumps({"pid": os.getpid(), "start": process_start(os.getpid())}))
     take_notes()
-    listed = list_runs(fws)
+    listed = list_runs(tiny_cnn_ws)
     assert listed["run_id"].tolist() == [run.run_id]
     assert _notes_about("20000101-000000-bad000")
     (good / "per_layer.csv").write_bytes(b"\xff\xfe\x00garbage\n\x00")
     take_notes()
-    assert load_run(fws, run.run_id).run_id == run.run_id  # its table is left out, with a note
+    assert load_run(tiny_cnn_ws, run.run_id).run_id == run.run_id  # its table is left out, with a note
     assert _notes_about("per-layer table")
     with pytest.raises(MixprecError, match="no run"):
-        load_run(fws, hidden.name)
+        load_run(tiny_cnn_ws, hidden.name)
     (good / "policy.json").write_text("[[[")
     assert last_built_policy(p) is None  # an unreadable policy is skipped, not fatal
 
@@ -199,7 +190,7 @@ def test_a_failed_write_names_the_workspace_and_leaves_no_temp_file(tmp_path, mo
     assert list(ws.calib.iterdir()) == []
 
 
-def test_a_build_that_runs_out_of_space_midway_says_so_and_leaves_nothing(fws, monkeypatch):
+def test_a_build_that_runs_out_of_space_midway_says_so_and_leaves_nothing(tiny_cnn_ws, monkeypatch):
     """ONNX Runtime reports a full disk as a protobuf error: the build says it is out of space."""
     from core.backends.onnxruntime import OnnxRuntimeBackend
 
@@ -212,29 +203,29 @@ def test_a_build_that_runs_out_of_space_midway_says_so_and_leaves_nothing(fws, m
     monkeypatch.setattr(runs_mod, "free_bytes", lambda path: 1000)  # nearly full after the failure
     monkeypatch.setattr(runs_mod, "check_build_space", lambda project, backend: 123456)
     with pytest.raises(MixprecError) as e:
-        _build(fws)
+        _build(tiny_cnn_ws)
     assert "no space left" in str(e.value) and "about 120.6 KiB needed" in str(e.value)
     assert "fp32" not in str(e.value) and isinstance(e.value.__cause__, MixprecError)
-    assert list(fws.runs.iterdir()) == []
+    assert list(tiny_cnn_ws.runs.iterdir()) == []
 
 
-def test_a_build_checks_the_space_it_needs_before_it_starts(fws, monkeypatch):
+def test_a_build_checks_the_space_it_needs_before_it_starts(tiny_cnn_ws, monkeypatch):
     monkeypatch.setattr(runs_mod, "free_bytes", lambda path: 10_000)
     with pytest.raises(MixprecError) as e:
-        _build(fws)
+        _build(tiny_cnn_ws)
     msg = str(e.value)
-    assert f"the workspace {fws.root} has 9.8 KiB free; this build needs about" in msg
-    assert not (fws.root / "calib").exists() or not list(fws.calib.iterdir())  # nothing computed yet
-    assert list(fws.runs.iterdir()) == []
+    assert f"the workspace {tiny_cnn_ws.root} has 9.8 KiB free; this build needs about" in msg
+    assert not (tiny_cnn_ws.root / "calib").exists() or not list(tiny_cnn_ws.calib.iterdir())  # nothing computed yet
+    assert list(tiny_cnn_ws.runs.iterdir()) == []
 
 
-def test_temp_run_folders_no_live_process_owns_are_removed(fws):
+def test_temp_run_folders_no_live_process_owns_are_removed(tiny_cnn_ws):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     folders = {}
     for name, owner in (("dead", {"pid": dead.pid, "start": "1"}), ("live", None), ("old-ownerless", False),
                         ("new-ownerless", False)):
-        d = fws.runs / f".tmp-{name}"
+        d = tiny_cnn_ws.runs / f".tmp-{name}"
         d.mkdir()
         (d / METRICS_FILE).write_text("{}")
         if owner is None:
@@ -244,15 +235,15 @@ def test_temp_run_folders_no_live_process_owns_are_removed(fws):
         folders[name] = d
     old = time.time() - 3600
     os.utime(folders["old-ownerless"], (old, old))
-    stale = fws.calib / ".x.json.abc123.tmp"
+    stale = tiny_cnn_ws.calib / ".x.json.abc123.tmp"
     stale.write_text("half")
     os.utime(stale, (old, old))
-    fresh = fws.calib / ".y.json.def456.tmp"
+    fresh = tiny_cnn_ws.calib / ".y.json.def456.tmp"
     fresh.write_text("being written")
-    JobManager(fws)  # start-up
+    JobManager(tiny_cnn_ws)  # start-up
     assert {n for n, d in folders.items() if d.exists()} == {"live", "new-ownerless"}
     assert not stale.exists() and fresh.exists()
-    assert clean_temp_runs(fws) == [] and sweep_stale_temp(fws.root) == []
+    assert clean_temp_runs(tiny_cnn_ws) == [] and sweep_stale_temp(tiny_cnn_ws.root) == []
 
 
 def _wait_for(cond, timeout=60.0, what=""):

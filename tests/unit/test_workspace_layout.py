@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ast
 import json
-import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -131,15 +130,6 @@ def test_the_results_store_no_longer_carries_the_runs():
 
 
 # --- the isolated sensitivity: written once, read by the store, the job and the search ---------------
-@pytest.fixture
-def lws(tmp_path, tiny_cnn_sample):
-    """A fresh workspace holding a copy of the tiny-cnn sample."""
-    ws = Workspace(tmp_path / "ws")
-    shutil.copytree(tiny_cnn_sample.model.parent, ws.samples / tiny_cnn_sample.model.parent.name)
-    take_notes()
-    return ws
-
-
 def _sensitivity_documents(ws: Workspace) -> list[Path]:
     out = []
     for p in ws.root.rglob("*.json"):
@@ -151,51 +141,51 @@ def _sensitivity_documents(ws: Workspace) -> list[Path]:
     return out
 
 
-def test_the_isolated_sensitivity_is_written_once_and_read_by_the_store_and_the_search(lws):
+def test_the_isolated_sensitivity_is_written_once_and_read_by_the_store_and_the_search(tiny_cnn_ws):
     from core.jobs import isolated_params
     from core.jobs.kinds import run_isolated
 
-    p = open_project("sample:tiny-cnn", ws=lws)
+    p = open_project("sample:tiny-cnn", ws=tiny_cnn_ws)
     first = sensitivity(p, "isolated", workers=1)
     path = sensitivity_file(p, "isolated")
-    assert path == ranking_path(lws, project_ranking_key(p, "minmax", "isolated"))  # where the page looks
-    assert _sensitivity_documents(lws) == [path.relative_to(lws.root)]
-    listed = load_sensitivity(lws, p, "minmax", "isolated")
+    assert path == ranking_path(tiny_cnn_ws, project_ranking_key(p, "minmax", "isolated"))  # where the page looks
+    assert _sensitivity_documents(tiny_cnn_ws) == [path.relative_to(tiny_cnn_ws.root)]
+    listed = load_sensitivity(tiny_cnn_ws, p, "minmax", "isolated")
     assert listed.table["name"].tolist() == first.table["name"].tolist()
     stamp = path.stat().st_mtime_ns
     # the job measures nothing again and stores nothing again: it names the one file
-    assert run_isolated(isolated_params("sample:tiny-cnn"), lws, lambda f, t: None) == str(path)
-    assert path.stat().st_mtime_ns == stamp and _sensitivity_documents(lws) == [path.relative_to(lws.root)]
+    assert run_isolated(isolated_params("sample:tiny-cnn"), tiny_cnn_ws, lambda f, t: None) == str(path)
+    assert path.stat().st_mtime_ns == stamp and _sensitivity_documents(tiny_cnn_ws) == [path.relative_to(tiny_cnn_ws.root)]
     result = search(p, SearchConfig(budget="cosine_mean>=0.99", methods=("minmax",), verify=False,
                                     objective="mac_share", workers=1))
     assert result.sensitivity.cache_hit and result.sensitivity.table["name"].tolist() == first.table["name"].tolist()
-    assert path.stat().st_mtime_ns == stamp and _sensitivity_documents(lws) == [path.relative_to(lws.root)]
+    assert path.stat().st_mtime_ns == stamp and _sensitivity_documents(tiny_cnn_ws) == [path.relative_to(tiny_cnn_ws.root)]
     # the stored search names that file (its rankings/ key) and holds no copy of the table
-    stored = results.save_search(lws, p, result, False)
+    stored = results.save_search(tiny_cnn_ws, p, result, False)
     doc = json.loads(stored.read_text())
     assert stored.parent.name == "searches" and doc["sensitivity_ref"] == path.stem
     assert "sensitivity" not in doc and "rows" not in json.dumps({k: v for k, v in doc.items() if k != "candidates"})
-    assert _sensitivity_documents(lws) == [path.relative_to(lws.root)]
+    assert _sensitivity_documents(tiny_cnn_ws) == [path.relative_to(tiny_cnn_ws.root)]
     take_notes()
-    loaded = results.load_search(lws, p, str(result.budget), False)
+    loaded = results.load_search(tiny_cnn_ws, p, str(result.budget), False)
     pd.testing.assert_frame_equal(loaded.sensitivity.table, listed.table)  # read from rankings/
     assert loaded.sensitivity.baseline == first.baseline and loaded.sensitivity_ref == path.stem
     assert take_notes() == []
     # the rankings/ document gone, then damaged: the search still loads, without its table, with a note
     for damage in (path.unlink, lambda: path.write_text("{not json")):
         damage()
-        gone = results.load_search(lws, p, str(result.budget), False)
+        gone = results.load_search(tiny_cnn_ws, p, str(result.budget), False)
         assert gone is not None and gone.sensitivity is None and gone.message == result.message
         assert any("isolated sensitivity the stored search" in n and path.name in n for n in take_notes())
         assert stored.is_file()  # the search is kept
 
 
-def test_an_older_workspace_copy_is_read_and_other_inputs_are_measured_again(lws):
-    p = open_project("sample:tiny-cnn", ws=lws)
+def test_an_older_workspace_copy_is_read_and_other_inputs_are_measured_again(tiny_cnn_ws):
+    p = open_project("sample:tiny-cnn", ws=tiny_cnn_ws)
     first = sensitivity(p, "isolated", workers=1)
     path = sensitivity_file(p, "isolated")
     key = json.loads(path.read_text())["inputs"]
-    legacy = lws.legacy_sensitivity_file(p.model.sha256, "isolated", key)  # where an older version kept it
+    legacy = tiny_cnn_ws.legacy_sensitivity_file(p.model.sha256, "isolated", key)  # where an older version kept it
     legacy.parent.mkdir(parents=True, exist_ok=True)
     legacy.write_text(json.dumps(first.to_json()))
     path.unlink()
@@ -204,23 +194,23 @@ def test_an_older_workspace_copy_is_read_and_other_inputs_are_measured_again(lws
     assert path.is_file() and not legacy.exists()  # moved: one copy
     assert json.loads(path.read_text())["inputs"] == key
     # a table stored without its inputs (by hand, or by an older version's job) is shown, but measured again
-    save_sensitivity(lws, p, first)
-    assert "inputs" not in json.loads(path.read_text()) and load_sensitivity(lws, p) is not None
+    save_sensitivity(tiny_cnn_ws, p, first)
+    assert "inputs" not in json.loads(path.read_text()) and load_sensitivity(tiny_cnn_ws, p) is not None
     measured = sensitivity(p, "isolated", workers=1)
     assert not measured.cache_hit and json.loads(path.read_text())["inputs"] == key
     # another dev set has a file of its own: the project's table is left as it is
     dev = p.eval_data.slice(0, 4)
     other = sensitivity(p, "isolated", data=dev, workers=1)
     assert not other.cache_hit and sensitivity_file(p, "isolated", data=dev) != path
-    assert json.loads(path.read_text())["inputs"] == key and len(_sensitivity_documents(lws)) == 2
+    assert json.loads(path.read_text())["inputs"] == key and len(_sensitivity_documents(tiny_cnn_ws)) == 2
 
 
-def test_a_corrupt_older_copy_is_measured_again_with_a_note(lws):
-    p = open_project("sample:tiny-cnn", ws=lws)
+def test_a_corrupt_older_copy_is_measured_again_with_a_note(tiny_cnn_ws):
+    p = open_project("sample:tiny-cnn", ws=tiny_cnn_ws)
     first = sensitivity(p, "isolated", workers=1)
     path = sensitivity_file(p, "isolated")
     key = json.loads(path.read_text())["inputs"]
-    legacy = lws.legacy_sensitivity_file(p.model.sha256, "isolated", key)
+    legacy = tiny_cnn_ws.legacy_sensitivity_file(p.model.sha256, "isolated", key)
     legacy.parent.mkdir(parents=True, exist_ok=True)
     legacy.write_text("{not json")
     path.unlink()
