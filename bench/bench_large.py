@@ -122,10 +122,6 @@ def _project(out: Path, eval_samples: int | None = None):
     return p
 
 
-def _children_peak() -> int:
-    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-
-
 def stage_inspect(out: Path, args) -> dict:
     """What ``python -m core inspect`` does: load (hash by streaming, check and infer by path), inventory."""
     t0 = time.perf_counter()
@@ -171,9 +167,10 @@ def stage_sensitivity(out: Path, args) -> dict:
     p = _project(out)
     dev = split_eval(p.eval_data)[0].slice(0, SENS_EVAL)
     t0 = time.perf_counter()
-    s = sensitivity(p, mode="isolated", data=dev, workers=SENS_WORKERS)
+    with TreePeak() as tree:  # the trial workers are children of the pool's forkserver: RUSAGE_CHILDREN misses them
+        s = sensitivity(p, mode="isolated", data=dev, workers=SENS_WORKERS)
     return {"sensitivity_s": time.perf_counter() - t0, "trials": len(s.table), "eval_sequences": SENS_EVAL,
-            "workers": SENS_WORKERS, "cache_hit": s.cache_hit, "worker_peak_rss_bytes": _children_peak(),
+            "workers": SENS_WORKERS, "cache_hit": s.cache_hit, "worker_peak_rss_bytes": tree.peak,
             "matmuls": int((s.table["op_type"] == "MatMul").sum())}
 
 

@@ -88,14 +88,14 @@ def gpu_picker(where=st, key: str = GPU_WIDGET) -> str:
 
 
 def _added(key: str) -> None:
-    """A GPU saved on the "Add a GPU" form: the session's GPU from now on (and the project's), then the page again."""
+    """A GPU saved on the "Add a GPU" form (its button's callback, before the page is drawn): the session's GPU
+    from now on (and the project's)."""
     st.session_state[GPU_PENDING] = key
     st.session_state[GPU_STATE] = key
     saved = saved_project.saved()
     old = dict(saved.settings) if saved is not None else {}
     if old.get(GPU_SETTING) != key:
         saved_project.save(settings={**old, GPU_SETTING: key})
-    st.rerun()
 
 
 # --- the prediction, cached per model, policy, shapes, GPU and cost-model parameters ----------
@@ -180,9 +180,8 @@ def _on_demand(p: Project) -> bool:
     if st.session_state.get(key):
         return True
     st.caption(f"The model has {len(p.model.proto.graph.node)} nodes: the estimate is computed on demand.")
-    if st.button("Estimate the TensorRT time", key="estimate_now", icon=":material/speed:"):
-        st.session_state[key] = True
-        return True
+    st.button("Estimate the TensorRT time", key="estimate_now", icon=":material/speed:",
+              on_click=st.session_state.__setitem__, args=(key, True))  # kept even if this run is interrupted
     return False
 
 

@@ -69,18 +69,10 @@ def section(ws: Workspace, on_saved) -> None:
                              help=FIELD_HELP["halved"])
             c[1].multiselect("Derived (not in the datasheet)", FIGURES, key=PREFIX + "derived",
                              help=FIELD_HELP["derived"])
-            submitted = st.form_submit_button("Save the GPU", icon=":material/save:", key=PREFIX + "save")
-        if submitted:
-            st.session_state[EXPANDED] = True
-            try:
-                g = save_gpu_spec(ws, _doc())
-            except MixprecError as e:
-                st.error(md(e), icon=":material/error:")
-            except OSError as e:
-                st.error(md(f"the GPU could not be saved: {e.strerror or e}"), icon=":material/error:")
-            else:
-                st.session_state["add_gpu:saved"] = g.key
-                on_saved(g.key)
+            st.form_submit_button("Save the GPU", icon=":material/save:", key=PREFIX + "save", on_click=_save,
+                                  args=(ws, on_saved))
+        if st.session_state.get(ERROR):
+            st.error(st.session_state.pop(ERROR), icon=":material/error:")
         if st.session_state.get("add_gpu:saved") in saved:
             st.success(f"Saved {md(saved[st.session_state['add_gpu:saved']].name)}: it is in the GPU picker.",
                        icon=":material/check:")
@@ -88,11 +80,34 @@ def section(ws: Workspace, on_saved) -> None:
             row = st.columns([4, 1])
             row[0].caption(f"{md(g.name)} ({code(key)}, {md(g.arch)}, {g.sm_count} SMs, FP16 "
                            f"{g.fp16_acc16_tflops:g} TFLOPS, INT8 {g.int8_tops:g} TOPS, {g.bandwidth_gbs:g} GB/s)")
-            if row[1].button("Remove", key=f"gpu_form_remove:{key}", icon=":material/delete:"):
-                try:
-                    delete_gpu_spec(ws, key)
-                except MixprecError as e:
-                    st.error(md(e))
-                else:
-                    st.session_state.pop("add_gpu:saved", None)
-                    st.rerun()
+            row[1].button("Remove", key=f"gpu_form_remove:{key}", icon=":material/delete:", on_click=_remove,
+                          args=(ws, key))
+
+
+ERROR = PREFIX + "error"  # why the last save or removal failed, for the next drawing of the form
+
+
+# The buttons act in their on_click callbacks: at the start of the run that carries the click, so the click is
+# kept even if that run is interrupted; what went wrong is shown in the next drawing (ERROR).
+def _save(ws: Workspace, on_saved) -> None:
+    st.session_state[EXPANDED] = True
+    try:
+        g = save_gpu_spec(ws, _doc())
+    except MixprecError as e:
+        st.session_state[ERROR] = md(e)
+    except OSError as e:
+        st.session_state[ERROR] = md(f"the GPU could not be saved: {e.strerror or e}")
+    else:
+        st.session_state.pop(ERROR, None)
+        st.session_state["add_gpu:saved"] = g.key
+        on_saved(g.key)
+
+
+def _remove(ws: Workspace, key: str) -> None:
+    try:
+        delete_gpu_spec(ws, key)
+    except MixprecError as e:
+        st.session_state[ERROR] = md(e)
+    else:
+        st.session_state.pop(ERROR, None)
+        st.session_state.pop("add_gpu:saved", None)

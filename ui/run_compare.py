@@ -12,7 +12,31 @@ from core.errors import MixprecError
 from core.project import Project
 from core.store.runs import load_run_per_layer, run_dir, run_policy
 from ui import run_notes
-from ui.session import md
+from ui.session import fragment_rerun, md
+
+
+PICKED, NEWEST = "cmp:picked", "cmp:newest"  # the (A, B) the user picked (None: follow the newest two runs)
+
+
+def _follow_the_newest(ids: list[str]) -> None:
+    """When a new run lands, A and B become the one before the newest and the newest, unless the user picked
+    a pair (whose runs still exist); a picked run that was deleted since falls back to the newest two."""
+    s = st.session_state
+    picked = s.get(PICKED)
+    if picked is not None and not all(r in ids for r in picked):
+        picked = s[PICKED] = None
+    if s.get(NEWEST) != ids[0] or any(s.get(k) not in ids for k in ("cmp_a", "cmp_b")):
+        s[NEWEST] = ids[0]
+        s["cmp_a"], s["cmp_b"] = picked or (ids[1], ids[0])
+
+
+def _picked(ids: list[str]) -> None:
+    s = st.session_state
+    if fragment_rerun():  # a job list's poll carries the pickers' values as the browser had them: stale
+        s["cmp_a"], s["cmp_b"] = s.get(PICKED) or (ids[1], ids[0])
+        return
+    pair = (s.get("cmp_a"), s.get("cmp_b"))
+    s[PICKED] = None if pair == (ids[1], ids[0]) else pair
 
 
 def section(p: Project, runs: pd.DataFrame) -> None:
@@ -21,8 +45,11 @@ def section(p: Project, runs: pd.DataFrame) -> None:
     st.subheader("Compare two runs")
     a_col, b_col = st.columns(2)
     title = {r: run_title(runs, r) for r in ids}
-    a = a_col.selectbox("Run A", ids, index=1, format_func=title.get, key="cmp_a")
-    b = b_col.selectbox("Run B", ids, index=0, format_func=title.get, key="cmp_b")
+    _follow_the_newest(ids)
+    a = a_col.selectbox("Run A", ids, format_func=title.get, key="cmp_a", on_change=_picked, args=(ids,),
+                        persist_state="session")
+    b = b_col.selectbox("Run B", ids, format_func=title.get, key="cmp_b", on_change=_picked, args=(ids,),
+                        persist_state="session")
     st.dataframe(run_comparison_table(runs, a, b))
     run_notes.comparison(runs, a, b)
     col_a, col_b = run_columns(runs, a, b)

@@ -89,6 +89,20 @@ def set_shapes(shapes: dict | None) -> None:
     set_source(replace(source(), shapes=shapes))
 
 
+def set_data(data: str | None, eval_data: str | None) -> None:
+    """Keep the model and shapes, use this calibration and evaluation data (None: the default data)."""
+    set_source(replace(source(), data=data, eval_data=eval_data))
+
+
+def load_typed_path(widget: str) -> None:
+    """A button's ``on_click``: load the model whose server path is typed in the text input ``widget`` (a new
+    model keeps only the deployment target); nothing if it is empty or already loaded. As a callback it runs
+    at the start of the run that carries the click, so the click is kept even if that run is interrupted."""
+    typed = (st.session_state.get(widget) or "").strip()
+    if typed and typed != source().model:
+        set_source(ProjectSource(typed, target=source().target))
+
+
 def project_id() -> str:
     """The id of the session's saved project: the URL's ``?project=`` if well-formed, else a new one."""
     if "project_id" not in st.session_state:

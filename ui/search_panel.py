@@ -37,7 +37,8 @@ def search_gpu(where=st) -> GPU:
     own = st.session_state.get(GPU_OWN)
     if own not in choices:  # nothing picked here (or that GPU was removed since): follow the estimate panel
         st.session_state.pop(GPU_OWN, None)
-        st.session_state[GPU_WIDGET] = estimate_panel.gpu_key()
+        if st.session_state.get(GPU_WIDGET) != estimate_panel.gpu_key():  # written only when it changes
+            st.session_state[GPU_WIDGET] = estimate_panel.gpu_key()
     elif st.session_state.get(GPU_WIDGET) not in choices:
         st.session_state[GPU_WIDGET] = own
     where.selectbox("GPU of the estimate", list(choices), key=GPU_WIDGET,

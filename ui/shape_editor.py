@@ -41,22 +41,34 @@ def section(p: Project) -> None:
     st.caption("Every dynamic dimension needs a value for calibration, evaluation, timing and the exported "
                "trtexec shapes. Defaults and guesses are marked: set the size your model really runs at, then Apply.")
     version = st.session_state.get("shapes_version", 0)
-    values = {}
+    keys = {}
     with st.form("shapes_form"):
         for name in dict.fromkeys(c.input for c in dynamic):
             dims = [c for c in choices if c.input == name]
             st.markdown(f"**{md(name)}** · now {code(shape_text(c.value for c in dims))}")
             cols = st.columns(min(4, max(1, sum(c.source != "fixed" for c in dims))))
             for k, c in enumerate(d for d in dims if d.source != "fixed"):
-                values[(c.input, c.axis)] = cols[k % len(cols)].number_input(
-                    md(_label(c)), min_value=1, value=int(c.value), step=1, help=md(c.note) or None,
-                    key=f"shape:{p.model.sha256[:12]}:{version}:{c.input}:{c.axis}")
+                keys[(c.input, c.axis)] = key = f"shape:{p.model.sha256[:12]}:{version}:{c.input}:{c.axis}"
+                cols[k % len(cols)].number_input(md(_label(c)), min_value=1, value=int(c.value), step=1,
+                                                 help=md(c.note) or None, key=key)
                 cols[k % len(cols)].caption(md(status(c)))
-        apply = st.form_submit_button("Apply shapes", type="primary", key="apply_shapes")
-    if given and st.button("Back to the default shapes", key="reset_shapes"):
-        _apply(None)
-    if apply:
-        _apply(_shapes(choices, values, given))
+        # on_click: the shapes are applied at the start of the run that carries the click (kept even if that
+        # run is interrupted); what went wrong is shown here, in the next drawing
+        st.form_submit_button("Apply shapes", type="primary", key="apply_shapes", on_click=_apply_typed,
+                              args=(choices, keys, given))
+    if given:
+        st.button("Back to the default shapes", key="reset_shapes", on_click=_apply, args=(None,))
+    if st.session_state.get(SHAPES_ERROR):
+        st.error(st.session_state.pop(SHAPES_ERROR))
+
+
+SHAPES_ERROR = "shapes_error"  # why the last Apply was refused, for the next drawing
+
+
+def _apply_typed(choices, keys: dict, given: dict | None) -> None:
+    """The Apply button's callback: the shapes typed in the form's inputs (``keys``: their widget keys)."""
+    values = {k: st.session_state[w] for k, w in keys.items() if st.session_state.get(w) is not None}
+    _apply(_shapes(choices, values, given))
 
 
 def _shapes(choices, values: dict, given: dict | None) -> dict[str, list[int]] | None:
@@ -81,11 +93,11 @@ def _shapes(choices, values: dict, given: dict | None) -> dict[str, list[int]] |
 def _apply(shapes: dict | None) -> None:
     """Open the project at ``shapes`` first (an error is shown and nothing changes), then use them."""
     try:
-        with st.spinner("Opening the model at these shapes…"):
-            saved_project.open_source(replace(saved_project.source(), shapes=shapes))
+        saved_project.open_source(replace(saved_project.source(), shapes=shapes))
     except MixprecError as e:
-        st.error(md(e))
+        st.session_state[SHAPES_ERROR] = md(e)
         return
+    st.session_state.pop(SHAPES_ERROR, None)
     saved_project.set_shapes(shapes)
     st.session_state["shapes_version"] = st.session_state.get("shapes_version", 0) + 1
     text = ", ".join(f"{n}={shape_text(s)}" for n, s in shapes.items()) if shapes else "the default shapes"

@@ -34,9 +34,7 @@ else:
     with st.form("path_form"):
         typed = st.text_input("Path of an .onnx file on the server", value="" if src.model.startswith("sample:")
                               else src.model, key="model_path")
-        if st.form_submit_button("Load", key="load_path") and typed.strip() and typed.strip() != src.model:
-            saved_project.set_source(ProjectSource(typed.strip(), target=src.target))
-            st.rerun()
+        st.form_submit_button("Load", key="load_path", on_click=saved_project.load_typed_path, args=("model_path",))
 
 with st.expander("Calibration and evaluation data (.npz, optional)", expanded=bool(src.data or src.eval_data)):
     st.caption(f"One array per model input, keyed by input name (numpy.savez). Up to {limit} MB. Without them, "
@@ -52,18 +50,15 @@ with st.expander("Calibration and evaluation data (.npz, optional)", expanded=bo
     if (calib or evald) and (calib, evald) != (src.data, src.eval_data):
         saved_project.set_source(replace(src, data=calib or src.data, eval_data=evald or src.eval_data))
         st.rerun()
-    if (src.data or src.eval_data) and st.button("Use the default data", key="clear_data"):
-        saved_project.set_source(replace(src, data=None, eval_data=None))
-        st.rerun()
+    if src.data or src.eval_data:
+        st.button("Use the default data", key="clear_data", on_click=saved_project.set_data, args=(None, None))
 
 if saved_project.source().shapes:  # shapes that no longer fit (e.g. new data): say so, and offer the way back
     try:
         saved_project.open_source(saved_project.source())
     except MixprecError as e:
         st.error(f"At the input shapes you set: {md(e)}")
-        if st.button("Back to the default shapes", key="reset_bad_shapes"):
-            saved_project.set_shapes(None)
-            st.rerun()
+        st.button("Back to the default shapes", key="reset_bad_shapes", on_click=saved_project.set_shapes, args=(None,))
         st.stop()
 session.show_flash()
 p = saved_project.project()

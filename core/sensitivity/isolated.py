@@ -102,6 +102,18 @@ class Switchable:
     switches: dict[str, str]  # layer -> input name
 
 
+def worker_context():
+    """How trial workers start: forked from a forkserver that imported this module once (the first pool of a
+    process starts it; later pools' workers start in milliseconds instead of an interpreter start and ~1.5 s of
+    imports each, as with ``spawn``). The server is a fresh single-threaded interpreter, so no thread or ONNX
+    Runtime session of the caller is forked. ``spawn`` where there is no forkserver (Windows)."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
+    return ctx
+
+
 class TrialPool:
     """Worker processes that each hold one session of the switchable model (the default; trials on a
     Ray cluster: ``core.sensitivity.distributed.RayTrialPool``, see :func:`open_trial_pool`)."""
@@ -114,7 +126,7 @@ class TrialPool:
         self._tmp = tempfile.TemporaryDirectory(prefix="mixprec-trials-")
         data_path = Path(self._tmp.name) / "trial-data.npz"
         _save_trial_data(data_path, TrialData(batches, ref, out_name, labels))
-        self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
+        self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=worker_context(),
                                         initializer=_worker_init,
                                         initargs=(str(model_path), str(data_path), list(switch_inputs.values()),
                                                   out_name, threads))
