@@ -14,6 +14,7 @@ from core.display.precision_edit import (RANKING_LABELS, RANKING_MODES, layer_la
                                          plot_layer_latency, plot_layer_scores, ranked_layers)
 from core.project import Project
 from core.quant.policy import CALIB_METHODS, Policy
+from core.sensitivity.runners import resolve_runner
 from core.store.results import project_ranking_key, ranking_path
 from core.store.runs import list_runs, load_run_per_layer, run_dir
 from ui import draft, results
@@ -49,7 +50,7 @@ def _stored(p: Project) -> list[str]:
     first = draft.policy(p).calibration.method
     methods = sorted(CALIB_METHODS, key=lambda m: (m != first, CALIB_METHODS.index(m)))
     return [f"{mode}:{m}" for mode in RANKING_MODES for m in methods
-            if ranking_path(p.ws, project_ranking_key(p, m, mode)).is_file()]
+            if ranking_path(p.ws, project_ranking_key(p, m, mode, runner=resolve_runner("auto"))).is_file()]
 
 
 def pick_ranking(p: Project) -> RankingChoice | None:

@@ -9,6 +9,7 @@ import streamlit as st
 
 from core.errors import MixprecError
 from core.project import Project
+from core.sensitivity.runners import resolve_runner
 from core.store import results as store
 from ui.session import md
 
@@ -47,7 +48,8 @@ def _stored_file(kind: str, path: Path, p: Project, *args):
 
 def ranking(p: Project, method: str = "minmax"):
     """The stored cumulative ``Ranking`` of this model, data and method, or None."""
-    return _stored_file("ranking", store.ranking_path(p.ws, store.project_ranking_key(p, method)), p, method)
+    path = store.ranking_path(p.ws, store.project_ranking_key(p, method, runner=resolve_runner("auto")))
+    return _stored_file("ranking", path, p, method)
 
 
 def sensitivity(p: Project, method: str = "minmax", mode: str = "isolated"):

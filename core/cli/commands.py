@@ -29,6 +29,7 @@ from core.quant.policy import CALIB_METHODS, NETWORK_DEFAULTS, load_policy
 from core.records import json_safe
 from core.search import SearchConfig, search
 from core.sensitivity import MODES, RANK_METRICS, rank_layers, sensitivity
+from core.sensitivity.runners import RUNNERS
 from core.sensitivity.distributed import RAY_ENV, connect
 from core.store.results import cached_ranking, load_gpu_calibration
 from core.store.runs import load_run
@@ -154,15 +155,16 @@ def cmd_rank(args):
     bar = Progress("rank")
     p = _project(args, bar)
     r = rank_layers(p, method=args.calibration, metric=args.metric, max_samples=args.samples, progress=bar,
-                    max_memory=args.max_memory)
+                    max_memory=args.max_memory, runner=args.runner)
     bar.done()
     table = r.table
-    doc = {"metric": r.metric, "samples": r.samples, "seconds": r.seconds,
+    doc = {"metric": r.metric, "samples": r.samples, "seconds": r.seconds, "runner": r.runner,
            "calibration_cache_hit": r.calibration_cache_hit, "layers": table.to_dict(orient="records"),
            "memory": {"peak_bytes": r.peak_bytes, "added_bytes": r.added_bytes, "budget_bytes": r.budget_bytes,
                       "chunks": r.chunks}}
     shown = table[table.eligible] if not args.all else table
-    _emit(args, doc, shown.head(args.top).to_string(index=False) + f"\ncompared in {r.chunks} chunk(s) under a "
+    _emit(args, doc, shown.head(args.top).to_string(index=False) + f"\nthe candidate ran on {r.runner}; "
+          f"compared in {r.chunks} chunk(s) under a "
           f"{human_bytes(r.budget_bytes)} budget; peak memory {human_bytes(r.peak_bytes)} "
           f"(+{human_bytes(r.added_bytes)} for the ranking)")
 
@@ -267,6 +269,9 @@ def _rank_args(sp):
     sp.add_argument("--samples", type=int, default=16, help="evaluation samples to compare (default 16)")
     sp.add_argument("--top", type=int, default=20)
     sp.add_argument("--all", action="store_true", help="show all layers, not only INT8-eligible ones")
+    sp.add_argument("--runner", default="auto", choices=RUNNERS, help="where the INT8 candidate runs: Polygraphy's "
+                    "TrtRunner on its TensorRT engine (tensorrt: TensorRT 10.12+ and an NVIDIA GPU; marking a layer's "
+                    "outputs changes what TensorRT fuses), OnnxrtRunner (onnxruntime), or auto (TensorRT where it runs)")
     sp.add_argument("--max-memory", metavar="SIZE", help="memory the layer-wise comparison may use, e.g. 4G, 512M "
                     "or 40%% (default: half of the memory budget, 80%% of free RAM); outputs are compared in chunks")
 

@@ -41,7 +41,7 @@ def run_rank(params: dict, ws: Workspace, progress) -> str:
     p = RankParams.from_params(params)
     project = _open(p, ws, progress)
     ranking = rank_layers(project, method=p.method, max_samples=int(p.max_samples), progress=progress,
-                          max_memory=p.max_memory)
+                          max_memory=p.max_memory, runner=p.runner)
     return str(save_ranking(ws, project, ranking))
 
 

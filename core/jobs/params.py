@@ -60,6 +60,7 @@ class RankParams(_Params):
     method: str = "minmax"
     max_samples: int = 16
     max_memory: str | None = None  # the comparison's budget (rank --max-memory: 2G, 512M, 40%); None: the default
+    runner: str = "auto"  # where the candidate runs (rank --runner): auto, onnxruntime, tensorrt
 
 
 @dataclass(frozen=True)

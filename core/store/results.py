@@ -34,6 +34,7 @@ from core.model.load import model_from_bytes
 from core.project import Project
 from core.search import SearchResult
 from core.sensitivity import Ranking, Sensitivity, write_sensitivity
+from core.sensitivity.runners import resolve_runner
 from core.workspace import (Workspace, analysis_key, atomic_write_bytes, atomic_write_json, cache_note, discard_corrupt,
                             sha256_bytes, write_error)
 
@@ -49,9 +50,16 @@ def ranking_key(model_sha256: str, calib_sha256: str, eval_sha256: str, method: 
     return analysis_key(model_sha256, calib_sha256, eval_sha256, method)
 
 
-def project_ranking_key(project: Project, method: str = "minmax", mode: str = "cumulative") -> str:
+def project_ranking_key(project: Project, method: str = "minmax", mode: str = "cumulative",
+                        runner: str = "onnxruntime") -> str:
     """Key of a stored analysis of ``project``: the cumulative (Polygraphy) ranking, an
-    ``isolated`` / ``leave-one-out`` sensitivity, or any other analysis named by ``mode``."""
+    ``isolated`` / ``leave-one-out`` sensitivity, or any other analysis named by ``mode``. A cumulative
+    ranking is also keyed by its ``runner``: the one of the candidate's TensorRT engine (``tensorrt``) is
+    another table than ONNX Runtime's (whose key is that of the rankings stored before runners existed)."""
+    if mode == "cumulative" and runner != "onnxruntime":
+        if runner not in ("tensorrt",):
+            raise MixprecError(f"unknown ranking runner {runner!r}", "use onnxruntime or tensorrt")
+        mode = f"cumulative@{runner}"
     return analysis_key(project.model.sha256, project.calib_data.sha256, project.eval_data.sha256, method, mode)
 
 
@@ -134,16 +142,19 @@ def _legacy_csv(path: Path, what: str) -> None:
 
 # --- rankings and sensitivity tables ---------------------------------------------------------------
 def save_ranking(ws: Workspace, project: Project, ranking: Ranking) -> Path:
-    path = ranking_path(ws, project_ranking_key(project, ranking.method))
+    path = ranking_path(ws, project_ranking_key(project, ranking.method, runner=ranking.runner))
     atomic_write_json(path, ranking.to_json())
     path.with_suffix(".csv").unlink(missing_ok=True)
     return path
 
 
-def load_ranking(ws: Workspace, project: Project, method: str = "minmax") -> Ranking | None:
-    """The stored cumulative ranking of ``project`` and ``method``, or None if it was never computed
-    or cannot be used (a note says why)."""
-    path = ranking_path(ws, project_ranking_key(project, method))
+def load_ranking(ws: Workspace, project: Project, method: str = "minmax", runner: str = "auto") -> Ranking | None:
+    """The stored cumulative ranking of ``project`` and ``method`` measured on ``runner`` (``auto``: the one
+    a ranking computed now would use, :func:`core.sensitivity.runners.resolve_runner`; a ranking measured on
+    TensorRT elsewhere reads without TensorRT), or None if it was never computed or cannot be used (a note says
+    why)."""
+    runner = resolve_runner(runner) if runner == "auto" else runner
+    path = ranking_path(ws, project_ranking_key(project, method, runner=runner))
     doc = _read(path, "ranking")
     if doc is None:
         _legacy_csv(path, "ranking")

@@ -31,7 +31,7 @@ class Cli:
     def __call__(self, *args, env=None, timeout=300, process=False) -> CliRun:
         env = {"MIXPREC_WORKSPACE": str(self.ws.root), **(env or {})}
         if process:
-            return cli_process(args, env, timeout)
+            return cli_process(args, env, timeout, peak=True)
         return cli_in_process(self.capfd, self.monkeypatch, args, env)
 
 
@@ -168,12 +168,12 @@ def test_memory_estimate_scales_with_the_batch_and_the_budget_refuses_before_all
 
 
 def test_cli_batch_100000(cli, minilm_sample, tiny_cnn_sample):
-    # in children: their peak memory is what the test checks (each child's own, os.wait4), and an allocation of 11 GB must
+    # in children: their peak memory is what the test checks (each child's own, VmHWM), and an allocation of 11 GB must
     # not happen in pytest's process
     env = {"MIXPREC_MEMORY_BUDGET": "16G"}
     last, p = refused(cli, "build", "sample:minilm", "--batch", "100000", env=env, process=True,
                       needles=("input_ids=100000x", "more than the budget of 16.0 GiB", "--batch"))
-    assert "activations about" in last and p.seconds < 120
+    assert "activations about" in last  # refused before allocating: the peak below (no timing assertion)
     env = {"MIXPREC_MEMORY_BUDGET": "8G"}  # tiny-cnn at batch 100000: about 12 GiB of activations for two sessions
     _, q = refused(cli, "inspect", "sample:tiny-cnn", "--batch", "100000", env=env, needles=("image=100000x3x32x32",),
                    process=True)

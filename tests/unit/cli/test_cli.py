@@ -161,6 +161,17 @@ def test_rank_json_is_clean_stdout(cli, tiny_cnn):
     doc = json.loads(cli("rank", "sample:tiny-cnn", "--json", "--samples", "4").stdout)
     assert doc["samples"] == 4 and len(doc["layers"]) == len(tiny_cnn.layers)
     assert doc["layers"][0]["rank"] == 1
+    assert doc["runner"] == "onnxruntime"  # --runner auto, where TensorRT does not run
+
+
+def test_rank_on_tensorrt_where_it_does_not_run_says_so(cli):
+    from core.backends.tensorrt import tensorrt_available
+
+    if tensorrt_available()[0]:
+        pytest.skip("TensorRT runs here: tests/gpu rank on it")
+    p = cli("rank", "sample:tiny-cnn", "--runner", "tensorrt", "--samples", "2", check=False)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "the ranking cannot run on TensorRT here" in p.stderr and "on onnxruntime" in p.stderr
 
 
 def test_trt_profile_flag_parses_and_reaches_the_backend(cli, ws, tmp_path):

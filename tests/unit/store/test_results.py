@@ -36,6 +36,20 @@ def test_ranking_is_stored_as_json_and_keeps_booleans(store_ws, tiny_cnn):
     assert load_ranking(store_ws, tiny_cnn, "minmax") is None
 
 
+def test_a_ranking_on_the_tensorrt_engine_is_stored_beside_the_onnx_runtime_one(store_ws, tiny_cnn):
+    from dataclasses import replace
+
+    ort = save_ranking(store_ws, tiny_cnn, _ranking())
+    trt = save_ranking(store_ws, tiny_cnn, replace(_ranking(), runner="tensorrt", samples=4))
+    assert ort != trt and ort.is_file() and trt.is_file()  # neither replaces the other
+    assert ort == ranking_path(store_ws, project_ranking_key(tiny_cnn, "minmax"))  # the key before runners existed
+    assert load_ranking(store_ws, tiny_cnn, runner="tensorrt").samples == 4
+    assert load_ranking(store_ws, tiny_cnn, runner="onnxruntime").samples == 8
+    assert load_ranking(store_ws, tiny_cnn).runner == "onnxruntime"  # auto, where TensorRT does not run
+    with pytest.raises(Exception, match="runner"):
+        project_ranking_key(tiny_cnn, "minmax", runner="cuda")
+
+
 def test_sensitivity_is_keyed_by_mode_and_method(store_ws, tiny_cnn):
     t = pd.DataFrame([(1, "/a/MatMul", "MatMul", 100, "leave-one-out", "minmax", 0.97, 0.02, 31.5)],
                      columns=SENSITIVITY_COLUMNS)
