@@ -8,6 +8,7 @@ from dataclasses import replace
 import streamlit as st
 
 from core.errors import MixprecError
+from core.model.kv_cache import describe as describe_kv, kv_cache
 from core.model.shapes import shape_text
 from core.project import Project
 from ui import saved_project, session
@@ -40,6 +41,11 @@ def section(p: Project) -> None:
         return
     st.caption("Every dynamic dimension needs a value for calibration, evaluation, timing and the exported "
                "trtexec shapes. Defaults and guesses are marked: set the size your model really runs at, then Apply.")
+    kv = kv_cache(p.model)
+    if kv is not None:  # a decoder with its KV cache: set past and seq; the mask follows them
+        st.info(md(describe_kv(kv, p.input_shapes).replace("; set them with", "; set") + " here (the mask "
+                   f"follows them), and the generated data's cache holds the model's own keys and values of a prompt"),
+                icon=":material/memory:")
     version = st.session_state.get("shapes_version", 0)
     keys = {}
     with st.form("shapes_form"):

@@ -20,6 +20,7 @@ import pandas as pd
 
 from core.backends.base import Backend, Engine, Latency, ProfileRow, Runner, latency_from_pairs, per_layer_frame
 from core.errors import MixprecError
+from core.model.data_errors import ort_feed_errors
 from core.quant.compile import CONVERSION_OPS, compile_policy
 from core.workspace import atomic_write_bytes
 
@@ -72,7 +73,8 @@ class OnnxrtRunner(Runner):
         if self.session is None:
             raise MixprecError("the runner is not active", "call activate() or use it as a context manager")
         names = [o.name for o in self.session.get_outputs()]
-        return dict(zip(names, self.session.run(names, feed)))
+        with ort_feed_errors(feed, "running the model"):
+            return dict(zip(names, self.session.run(names, feed)))
 
     def deactivate(self):
         self.session = None
@@ -124,9 +126,10 @@ class OnnxRuntimeBackend(Backend):
 
     def time_interleaved(self, candidate, reference, feed, warmup=10, iterations=100) -> Latency:
         sc, sr = make_session(candidate.compiled_path, spinning=False), make_session(reference.compiled_path, spinning=False)
-        for _ in range(warmup):
-            sc.run(None, feed)
-            sr.run(None, feed)
+        with ort_feed_errors(feed, "timing the model"):  # the first runs: the inputs' shapes are checked there
+            for _ in range(max(warmup, 1)):
+                sc.run(None, feed)
+                sr.run(None, feed)
         tc, tr = [], []
         for i in range(iterations):  # A B, B A, A B, …: interleaved, and neither always goes first
             first, second = (sc, sr) if i % 2 == 0 else (sr, sc)

@@ -30,6 +30,8 @@ from core.records import json_safe
 from core.search import SearchConfig, search
 from core.sensitivity import MODES, RANK_METRICS, rank_layers, sensitivity
 from core.sensitivity.runners import RUNNERS
+from core.model.data_errors import feed_error, is_ort_run_error
+from core.model.kv_cache import describe as describe_kv, kv_cache
 from core.sensitivity.distributed import RAY_ENV, connect
 from core.store.results import cached_ranking, load_gpu_calibration
 from core.store.runs import load_run
@@ -88,10 +90,14 @@ def _shape_lines(p) -> str:
     lines = [f"input {name}: {shape_text(shape)}" for name, shape in p.input_shapes.items()]
     lines += [f"  {c.input} axis {c.axis}{f' ({c.symbol})' if c.symbol and c.symbol != '?' else ''}: {c.note}"
               for c in p.shape_choices if c.source != "fixed"]
+    kv = kv_cache(p.model)
+    if kv is not None:
+        lines.append(describe_kv(kv, p.input_shapes))
     if p.data_problem is not None:
         lines.append(f"data: needed before a build — {p.data_problem}")
     elif p.data_generated:
-        lines.append("data: generated (give --data/--eval .npz files for real quality numbers)")
+        lines.append("data: generated (give --data/--eval .npz files for real quality numbers)"
+                     + (f"; {p.calib_data.source.split('; ', 1)[1]}" if "; " in p.calib_data.source else ""))
     return "\n" + "\n".join(lines)
 
 
@@ -139,7 +145,8 @@ def cmd_inspect(args):
                   "input_shapes": {k: list(v) for k, v in p.input_shapes.items()},
                   "shape_choices": [c.to_dict() for c in p.shape_choices], "data_generated": p.data_generated,
                   "data_problem": None if p.data_problem is None else str(p.data_problem),
-                  "generated_names": m.generated_names},
+                  "generated_names": m.generated_names,
+                  "kv_cache": None if kv_cache(m) is None else kv_cache(m).to_json()},
         "target": p.target,
         "normalization": [s.to_dict() for s in m.normalization],
         "layers": inv.drop(columns=["inputs", "outputs"]).to_dict(orient="records"),
@@ -445,5 +452,11 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # noqa: BLE001 - ONNX Runtime refusing inputs where no caller named them: one line too
+        if not is_ort_run_error(e):
+            raise
+        _print_notes()
+        print(f"error: {feed_error(e, None, 'running the model')}", file=sys.stderr)
+        return 2
     _print_notes()
     return rc or 0

@@ -36,6 +36,7 @@ from core.errors import MixprecError
 from core.jobs.kinds import ANALYSIS_KINDS, KINDS
 from core.jobs.params import BuildParams, job_label
 from core.jobs.record import Job
+from core.model.data_errors import feed_error, is_ort_run_error
 from core.workspace import REPO_ROOT, Workspace, atomic_write_json, clean_temp_runs, sweep_stale_temp, take_notes
 
 POLL_SECONDS = 0.1
@@ -92,6 +93,10 @@ def child_main(record_path: str) -> None:
         atomic_write_json(outcome_path, {"error": str(e), "notes": take_notes()})
         sys.exit(3)
     except BaseException as e:  # noqa: BLE001 - report anything, the server stays up
+        if isinstance(e, Exception) and is_ort_run_error(e):  # inputs ONNX Runtime refused: the user's to fix
+            atomic_write_json(outcome_path, {"error": str(feed_error(e, None, "running the model")),
+                                             "notes": take_notes()})
+            sys.exit(3)
         traceback.print_exc()
         atomic_write_json(outcome_path, {"error": f"internal error: {type(e).__name__}: {e}", "notes": take_notes()})
         sys.exit(1)

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from core.errors import MixprecError
+from core.model.kv_cache import decoding_positions, fill_cache, kv_cache
 from core.model.load import LoadedModel
 from core.model.shapes import batch_axes, fixed_batch, resolve_input_shapes
 from core.workspace import env_bytes, read_user_file
@@ -272,8 +273,9 @@ def generate_dataset(model: LoadedModel, num_samples: int = 32, seed: int = 0,
     axis (rounded up to a multiple of a fixed batch); inputs without one keep their shape. Token ids
     within the embedding's vocabulary, masks of ones (a square [.., seq, seq] mask: causal, lower
     triangular), position ids 0..seq-1 (``position_ids``, ``cache_position``), token types zero,
-    floats ~ N(0, 1) clipped to [-3, 3]. Any other integer or bool input is refused (MixprecError):
-    give an .npz."""
+    floats ~ N(0, 1) clipped to [-3, 3]. A KV-cache decoder (:mod:`core.model.kv_cache`): positions past …
+    past + seq − 1 and a cache holding the model's own keys and values of a prompt. Any other integer or bool
+    input is refused (MixprecError): give an .npz."""
     rng = np.random.default_rng(seed)
     shapes = shapes or resolve_input_shapes(model)
     axes, fb = batch_axes(model), fixed_batch(model)
@@ -296,4 +298,10 @@ def generate_dataset(model: LoadedModel, num_samples: int = 32, seed: int = 0,
             "(not token ids, a mask or token types)",
             f"give an .npz with {names} and the other inputs, keyed by input name "
             "(python -m core build MODEL --data data.npz, or upload it on the Model page)")
-    return Dataset(arrays, "generated", generated=True, batch_axes=axes, fixed_batch=fb)
+    source = "generated"
+    kv = kv_cache(model)
+    if kv is not None:  # a decoder with its KV cache: the new tokens follow a prompt whose keys and values it holds
+        past = arrays[kv.cache_inputs[0]].shape[kv.past_axis]
+        decoding_positions(kv, arrays, past)
+        source = f"generated; {fill_cache(model, kv, arrays, _vocab_size(model, kv.ids) if kv.ids else None, rng)}"
+    return Dataset(arrays, source, generated=True, batch_axes=axes, fixed_batch=fb)

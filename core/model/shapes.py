@@ -31,6 +31,7 @@ from onnx import helper, numpy_helper
 
 from core.errors import MixprecError
 from core.model.graph import with_input_dims
+from core.model.kv_cache import KV_PAST, KV_SEQ, kv_cache
 from core.model.load import LoadedModel, TensorSpec
 from core.workspace import env_bytes, human_bytes
 
@@ -278,6 +279,46 @@ def _unify(raw: list[list]) -> None:
             c[3], c[4], c[5] = b[3], b[4], f"{b[5]} ({b[0]} axis {b[1]})"
 
 
+def _kv_relation(model: LoadedModel, raw: list[list]) -> None:
+    """A KV-cache decoder (:func:`core.model.kv_cache.kv_cache`): the mask's length is past + seq (in place).
+    Guessed sizes become the decoder's defaults (:data:`KV_PAST` cached, :data:`KV_SEQ` new tokens); a mask
+    length that is given or in the data sets the past when only the past is guessed; a mask that contradicts
+    the given past and seq is refused, naming the relation and the ``--dim`` that fixes it."""
+    kv = kv_cache(model)
+    if kv is None:
+        return
+    cache = set(kv.cache_inputs)
+    pasts = [c for c in raw if c[0] in cache and c[1] == kv.past_axis]
+    seqs = [c for c in raw if c[0] in (kv.ids, kv.positions) and c[1] == 1 and c[4] != "fixed"]
+    totals = [c for c in raw if c[0] == kv.mask and c[1] == 1 and c[4] != "fixed"]
+    for group, default, what in ((pasts, KV_PAST, "cached tokens"), (seqs, KV_SEQ, "new tokens")):
+        for c in group:
+            if c[4] == "guessed":
+                c[3], c[4], c[5] = default, "default", f"the KV-cache decoder's default ({what})"
+                if c[2] not in (None, "?"):
+                    c.append(f" — set it with --dim {c[2]}=N")
+    if not (pasts and seqs and totals):
+        return
+    past, seq, total = pasts[0], seqs[0], totals[0]
+    psym, ssym, tsym = (c[2] if c[2] not in (None, "?") else f"{c[0]} axis {c[1]}" for c in (past, seq, total))
+    if total[4] in ("given", "data") and past[4] == "default" and total[3] - seq[3] >= 0:
+        for c in pasts:  # the mask's length and the new tokens say how many are cached
+            c[3], c[4], c[5] = total[3] - seq[3], "default", f"{tsym} − {ssym} ({kv.relation()})"
+            c[6:] = [""]
+    elif total[4] in ("given", "data") and total[3] != past[3] + seq[3]:
+        fix = (f"give data whose {kv.mask} has {past[3]} + {seq[3]} = {past[3] + seq[3]} positions ({kv.relation()}), "
+               f"or whose cache inputs hold {total[3] - seq[3]} positions" if total[4] == "data" else
+               f"give consistent sizes, e.g. --dim {psym}={past[3]} --dim {ssym}={seq[3]} and leave {tsym} out "
+               f"(it follows {kv.relation()}), or --dim {tsym}={past[3] + seq[3]}")
+        raise MixprecError(
+            f"{kv.mask} has {total[3]} positions ({tsym}, {total[5]}), but the KV cache holds {past[3]} ({psym}) "
+            f"and there are {seq[3]} new tokens ({ssym}): {kv.relation()} = {past[3] + seq[3]}", fix)
+    for c in totals:
+        if c[4] not in ("given", "data"):
+            c[3], c[4], c[5] = pasts[0][3] + seqs[0][3], "default", kv.relation()
+            c[6:] = [f" — it follows {psym} and {ssym}"]
+
+
 def shape_choices(model: LoadedModel, data: dict[str, np.ndarray] | None = None, batch: int = DEFAULT_BATCH,
                   overrides: dict[str, int] | None = None, shapes: dict | None = None) -> list[DimChoice]:
     """Every dimension of every input, with its value and source (see the module docstring)."""
@@ -288,13 +329,16 @@ def shape_choices(model: LoadedModel, data: dict[str, np.ndarray] | None = None,
     raw = [[spec.name, axis, _symbol(d), *_choose(model, spec, axis, d, ctx)]
            for spec in model.inputs for axis, d in enumerate(spec.shape)]
     _unify(raw)
+    _kv_relation(model, raw)
     final = {}
-    for name, axis, _sym, value, _src, _why in raw:
+    for name, axis, _sym, value, *_ in raw:
         final.setdefault(name, []).append(value)
     out = []
-    for name, axis, sym, value, src, why in raw:
+    for name, axis, sym, value, src, why, *how in raw:  # how: a KV-cache dim's own way to set it
         note = "" if src == "fixed" else f"{why}: {value}"
-        if src in ("default", "guessed"):
+        if how:
+            note += how[0]
+        elif src in ("default", "guessed"):
             note += f" — set it with --shape {name}={shape_text(final[name])}"
         out.append(DimChoice(name, axis, sym, int(value), src, note))
     return out

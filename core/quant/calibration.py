@@ -19,6 +19,8 @@ import onnx
 
 from core.errors import MixprecError
 from core.model.data import Dataset
+from core.model.data_errors import ort_feed_errors
+from core.model.kv_cache import kv_relation
 from core.model.inventory import INT8_ELIGIBLE
 from core.model.load import LoadedModel
 from core.model.placement import placement_tensors
@@ -146,7 +148,8 @@ def _run_calibrator(model: LoadedModel, ds: Dataset, method: str, percentile: fl
         cal = _make_calibrator(src, Path(tmp) / "augmented.onnx", method, extra,
                                placement_tensors(model.proto, model.tensor_types()), model.external)
         try:
-            cal.collect_data(_Reader(ds, progress, fixed_batch(model) or 1))
+            with ort_feed_errors(lambda: next(iter(ds.batches(fixed_batch(model) or 1)), {}), f"calibrating ({method})", kv_relation(model)):
+                cal.collect_data(_Reader(ds, progress, fixed_batch(model) or 1))
             data = cal.compute_data()
         except ValueError as e:
             if "bins" not in str(e):
@@ -273,7 +276,9 @@ def channel_amax(model: LoadedModel, ds: Dataset, tensors: list[str], ws: Worksp
     with model.scratch("mixprec-channels-") as tmp:  # a session from a file (external weights: links)
         sess = ort.InferenceSession(str(model.save(Path(tmp) / "model.onnx", m)), so, providers=["CPUExecutionProvider"])
         for feed in ds.batches(fixed_batch(model) or 1):
-            for t, v in zip(tensors, sess.run(tensors, feed)):
+            with ort_feed_errors(feed, "measuring per-channel activation ranges", kv_relation(model)):
+                got = sess.run(tensors, feed)
+            for t, v in zip(tensors, got):
                 cur = np.abs(v).reshape(-1, v.shape[-1]).max(axis=0)
                 amax[t] = cur if amax[t] is None else np.maximum(amax[t], cur)
         del sess

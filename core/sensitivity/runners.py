@@ -41,6 +41,7 @@ from polygraphy.logger import G_LOGGER
 from core.backends.tensorrt import build_mode, tensorrt_available
 from core.backends.tensorrt.profiles import trt_profile
 from core.errors import MixprecError
+from core.model.data_errors import ort_feed_errors
 from core.measure.metrics import StreamingError
 
 RUNNERS = ("auto", "onnxruntime", "tensorrt")
@@ -171,7 +172,8 @@ class NumpyOnnxrtRunner(OnnxrtRunner):
 
     def infer_impl(self, feed_dict):
         start = time.time()
-        outputs = self.sess.run(None, feed_dict)
+        with ort_feed_errors(feed_dict, "comparing layer outputs"):
+            outputs = self.sess.run(None, feed_dict)
         self.inference_time = time.time() - start
         return OrderedDict(zip((o.name for o in self.sess.get_outputs()), outputs))
 

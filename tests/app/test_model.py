@@ -102,3 +102,25 @@ def test_model_page_shows_normalisation_steps(ws, tmp_path):
     steps = next(d.value for d in at.dataframe if list(d.value.columns) == ["step", "detail"])
     assert len(steps) >= 1 and steps["detail"].str.contains("13").any()
     assert any("step(s) made the model fit" in c.value and "Opset 11 → 13" in c.value for c in at.caption)
+
+
+def test_a_kv_cache_decoder_shows_the_relation_and_setting_past_and_seq_keeps_the_mask(ws, tmp_path):
+    """Issue 21 §1 on the Model page: the relation is shown, past and seq are set in the shape editor, and the
+    mask follows them (the with-past export of a 2-layer Qwen2, built in code)."""
+    from tests.fixtures.decoders import kv_decoder
+
+    model = str(kv_decoder(tmp_path / "with_past.onnx"))
+    at = ok(page("model", model=model))
+    assert any("attention_mask axis 1 = past + seq = 48 + 16 = 64" in shown(i) for i in at.info)
+    import re
+
+    keys = {re.sub(r"\\(.)", r"\1", n.label): n.key for n in at.number_input}  # labels are escaped Markdown
+    past = next(k for label, k in keys.items() if label.startswith("past_key_values.0.key") and label.endswith("past"))
+    seq = next(k for label, k in keys.items() if label.startswith("input_ids") and label.endswith("seq"))
+    at.number_input(key=past).set_value(8)
+    at.number_input(key=seq).set_value(4)
+    at.button(key="apply_shapes").click().run()
+    ok(at)
+    io = next(d.value for d in at.dataframe if "resolved shape" in d.value.columns).set_index("name")
+    assert io.loc["attention_mask", "resolved shape"] == "(1, 12)" and io.loc["position_ids", "resolved shape"] == "(1, 4)"
+    assert any("= 8 + 4 = 12" in shown(i) for i in at.info)

@@ -34,8 +34,9 @@ def test_the_runners_pass_the_address_and_the_budget_on(monkeypatch, tmp_path):
         seen["sensitivity"] = (project, mode, ray)
         return "sens"
 
-    def fake_rank(project, method, max_samples, progress, max_memory):
+    def fake_rank(project, method, max_samples, progress, max_memory, runner):
         seen["rank"] = max_memory
+        seen["runner"] = runner
         return "ranking"
 
     monkeypatch.setattr(kinds, "sensitivity", fake_sensitivity)
@@ -47,6 +48,7 @@ def test_the_runners_pass_the_address_and_the_budget_on(monkeypatch, tmp_path):
     kinds.run_isolated(isolated_params("m", mode="leave-one-out", ray="h:6379"), ws, lambda f, t: None)
     kinds.run_search(search_params("m", ray="local"), ws, lambda f, t: None)
     kinds.run_rank(rank_params("m", max_memory="2G"), ws, lambda f, t: None)
-    assert seen == {"sensitivity": ("project", "leave-one-out", "h:6379"), "search": "local", "rank": "2G"}
+    assert seen == {"sensitivity": ("project", "leave-one-out", "h:6379"), "search": "local", "rank": "2G",
+                    "runner": "auto"}
     kinds.run_isolated({"model": "m"}, ws, lambda f, t: None)  # a record from before the field: no address
     assert seen["sensitivity"][2] is None
