@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-mkdir -p /tmp/ci4
+mkdir -p /tmp/ci4 && ln -sfn /work/shared /tmp/ci4/shared  # the clone finds the shared fixtures beside it
 # usage: scripts/ci_fresh_clone.sh COMMIT [N_RUNS] [HOG_RUN]: .ci/run on a fresh clone of /work/main, N_RUNS times in a row
 # (stops at the first failure), the HOG_RUN-th with a busy loop on one core; logs and summary.txt in /tmp/ci4
-# (needs /tmp/ci4/shared -> the shared fixtures: ln -sfn /work/shared /tmp/ci4/shared)
 rev=$1; n_runs=${2:-4}; hog_run=${3:-4}
 for n in $(seq 1 $n_runs); do
   rm -rf /tmp/ci4/c
