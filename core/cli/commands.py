@@ -146,7 +146,7 @@ def cmd_inspect(args):
                   "shape_choices": [c.to_dict() for c in p.shape_choices], "data_generated": p.data_generated,
                   "data_problem": None if p.data_problem is None else str(p.data_problem),
                   "generated_names": m.generated_names,
-                  "kv_cache": None if kv_cache(m) is None else kv_cache(m).to_json()},
+                  "kv_cache": kv.to_json() if (kv := kv_cache(m)) is not None else None},
         "target": p.target,
         "normalization": [s.to_dict() for s in m.normalization],
         "layers": inv.drop(columns=["inputs", "outputs"]).to_dict(orient="records"),
