@@ -92,13 +92,17 @@ class ProjectSource:
     dims: dict[str, int] | None = None
     batch: int = 1
     target: str | None = None
+    branches: dict[str, bool] | None = None  # a merged decoder's If branches fixed on load (core.model.branches)
 
     def __post_init__(self):
         shapes = {str(k): tuple(int(d) for d in v) for k, v in self.shapes.items()} if self.shapes else None
         dims = {str(k): int(v) for k, v in self.dims.items()} if self.dims else None
+        if self.branches is not None and not isinstance(self.branches, dict):
+            raise TypeError("the branches of a project source are an object or null")
+        branches = {str(k): bool(v) for k, v in self.branches.items()} if self.branches else None
         normal = {"model": str(self.model), "data": None if self.data is None else str(self.data),
                   "eval_data": None if self.eval_data is None else str(self.eval_data), "shapes": shapes,
-                  "dims": dims, "batch": int(self.batch)}
+                  "dims": dims, "batch": int(self.batch), "branches": branches}
         for name, value in normal.items():
             object.__setattr__(self, name, value)  # frozen: set once, here
 
@@ -114,7 +118,8 @@ class ProjectSource:
         """JSON-serialisable, every field written out (shapes as lists of ints)."""
         return {"model": self.model, "data": self.data, "eval_data": self.eval_data,
                 "shapes": {k: list(v) for k, v in self.shapes.items()} if self.shapes else None,
-                "dims": dict(self.dims) if self.dims else None, "batch": self.batch, "target": self.target}
+                "dims": dict(self.dims) if self.dims else None, "batch": self.batch, "target": self.target,
+                "branches": dict(self.branches) if self.branches else None}
 
     @classmethod
     def from_json(cls, doc: dict) -> "ProjectSource":
@@ -127,12 +132,14 @@ class ProjectSource:
         if not isinstance(shapes, (dict, type(None))) or not isinstance(dims, (dict, type(None))):
             raise TypeError("the shapes and dims of a project source are objects or null")
         return cls(doc["model"], _opt_text(doc.get("data"), "data"), _opt_text(doc.get("eval_data"), "eval_data"),
-                   shapes, dims, int(doc.get("batch") or 1), _opt_text(doc.get("target"), "target"))
+                   shapes, dims, int(doc.get("batch") or 1), _opt_text(doc.get("target"), "target"),
+                   doc.get("branches"))
 
     def open(self, ws: Workspace | None = None, progress=None, sample_data: bool = True) -> "Project":
         """The project of this source (:func:`open_project`)."""
         return open_project(self.model, self.data, self.eval_data, ws=ws, batch=self.batch, shape_overrides=self.dims,
-                            shapes=self.shapes, progress=progress, target=self.deploy_target, sample_data=sample_data)
+                            shapes=self.shapes, progress=progress, target=self.deploy_target, sample_data=sample_data,
+                            branches=self.branches)
 
 
 def _as_dataset(source, model: LoadedModel, ws: Workspace | None = None) -> Dataset:
@@ -187,7 +194,8 @@ def _generated(model: LoadedModel, n: int, seed: int, shapes: dict[str, tuple[in
 
 def open_project(model_spec, data=None, eval_data=None, ws: Workspace | None = None, batch: int = 1,
                  shape_overrides: dict[str, int] | None = None, shapes: dict | None = None,
-                 progress=None, target: str = DEFAULT_TARGET, sample_data: bool = True) -> Project:
+                 progress=None, target: str = DEFAULT_TARGET, sample_data: bool = True,
+                 branches: dict[str, bool] | None = None) -> Project:
     """Load a model (path or ``sample:NAME``) with its data, at the input shapes given
     (``shapes``: whole inputs, ``shape_overrides``: named dims, ``batch``; see ``core.model.shapes``).
 
@@ -196,10 +204,11 @@ def open_project(model_spec, data=None, eval_data=None, ws: Workspace | None = N
     last quarter of ``data`` (which is then not used for calibration), else generated data
     with another seed. Evaluation never sees calibration samples. ``target``: where the model is
     deployed (``DEPLOY_TARGETS``; default TensorRT, where mixprec's users deploy). ``sample_data=False``:
-    a sample's own data is not used (generated data at the shapes given instead)."""
+    a sample's own data is not used (generated data at the shapes given instead). ``branches``: a merged
+    decoder's If branches to fix (``core.model.branches``; default: the cache branch)."""
     check_target(target)
     ws = ws or Workspace.default()
-    model = load_model(model_spec, ws, progress=progress)
+    model = load_model(model_spec, ws, progress=progress, branches=branches)
     if model.sample and sample_data:  # sample_data=False: generated data at the shapes given (estimates need none)
         paths = materialize_sample(model.sample, ws)
         data = data if data is not None else paths.calib

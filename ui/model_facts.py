@@ -25,6 +25,31 @@ def normalization(p: Project) -> None:
                  key="normalization_table")
 
 
+def branches(p: Project) -> None:
+    """A merged decoder (an If on a boolean input, optimum's ``use_cache_branch``): which branch was fixed
+    on load, and the choice of the other one (the model is then loaded again with it)."""
+    from core.model.branches import is_cache_branch
+    from ui import saved_project
+
+    m = p.model
+    if not m.branch_inputs:
+        return
+    st.subheader("Merged decoder: the branch to quantize")
+    st.caption("The compute inside an If stays FP32 (no Q/DQ goes into a subgraph), so the If is folded on load to "
+               "the branch picked: with the cache (then) for the generation steps, or without it (else) for the "
+               "first step. Each branch is a model of its own: its runs, rankings and drafts are kept apart.")
+    for name in m.branch_inputs:
+        fixed = m.branches.get(name)
+        options = [saved_project.BRANCH_TRUE, saved_project.BRANCH_FALSE]
+        options += [] if is_cache_branch(name) else [saved_project.BRANCH_OPEN]  # a cache branch is always fixed
+        if fixed is None:
+            st.warning(f"{name} picks the branch at run time: the If's compute stays FP32 until a branch is fixed.",
+                       icon=":material/warning:")
+        key = f"branch_pick:{name}"
+        st.session_state.setdefault(key, options[2] if fixed is None else options[0] if fixed else options[1])
+        st.radio(name, options, key=key, horizontal=True, on_change=saved_project.set_branch, args=(name, key))
+
+
 def data_origin(p: Project) -> None:
     """Where the calibration and evaluation data come from; generated data is said as such."""
     calib, evald = is_generated(p.calib_data), is_generated(p.eval_data)

@@ -41,6 +41,20 @@ def _shapes_from_text(text: str | None) -> dict[str, list[int]] | None:
         return None
 
 
+def _branches_text(branches: dict | None) -> str:
+    """``{"use_cache_branch": False}`` → ``use_cache_branch:0`` (the URL's ``branch`` parameter)."""
+    return ",".join(f"{k}:{int(v)}" for k, v in sorted((branches or {}).items()))
+
+
+def _branches_from_text(text: str | None) -> dict[str, bool] | None:
+    out = {}
+    for part in (text or "").split(","):
+        name, sep, value = part.rpartition(":")
+        if sep and name and value in ("0", "1"):
+            out[name] = value == "1"
+    return out or None
+
+
 def _keep(src: ProjectSource) -> None:
     """Make ``src`` the session's source (a target that is not a deployment target: none chosen). The
     session holds its JSON (``ProjectSource.to_json``): plain data, as Streamlit's session state keeps best."""
@@ -53,7 +67,8 @@ def source() -> ProjectSource:
     if "source" not in st.session_state:
         qp = st.query_params
         src = ProjectSource(qp.get("model") or DEFAULT_MODEL, qp.get("data"), qp.get("eval_data"),
-                            _shapes_from_text(qp.get("shapes")), target=qp.get("target"))
+                            _shapes_from_text(qp.get("shapes")), target=qp.get("target"),
+                            branches=_branches_from_text(qp.get("branch")))
         kept = saved()
         if kept is not None:
             src = kept.source
@@ -87,6 +102,21 @@ def set_source(src: ProjectSource) -> None:
 def set_shapes(shapes: dict | None) -> None:
     """Keep the model and data, use these input shapes (None: back to the defaults)."""
     set_source(replace(source(), shapes=shapes))
+
+
+def set_branch(name: str, widget: str) -> None:
+    """A widget's ``on_change``: fix the merged decoder's branch input ``name`` at the value picked in
+    ``widget`` (True: the then-branch); the model is loaded again with it (its data and shapes stay)."""
+    src, picked = source(), st.session_state.get(widget)
+    branches = {k: v for k, v in (src.branches or {}).items() if k != name}
+    if picked in (BRANCH_TRUE, BRANCH_FALSE):
+        branches[name] = picked == BRANCH_TRUE
+    set_source(replace(src, branches=branches or None))
+
+
+BRANCH_TRUE = "true: the then-branch"
+BRANCH_FALSE = "false: the else-branch"
+BRANCH_OPEN = "not fixed (the If stays, FP32)"
 
 
 def set_data(data: str | None, eval_data: str | None) -> None:
@@ -152,7 +182,7 @@ def save(**changes) -> None:
 def _url_params() -> dict[str, str]:
     src = source()
     out = {"model": src.model, "data": src.data, "eval_data": src.eval_data, "shapes": _shapes_text(src.shapes),
-           "target": src.target, "project": project_id()}
+           "target": src.target, "branch": _branches_text(src.branches), "project": project_id()}
     return {k: str(v) for k, v in out.items() if v}
 
 
@@ -160,7 +190,7 @@ def sync_url() -> None:
     """Keep the project id and the source in the URL (``?project=…&model=…``), which switching
     pages drops: a reload or a copied link then finds them. ``?job=`` is left as it is."""
     want, qp = _url_params(), st.query_params
-    for k in (*SOURCE_KEYS, "shapes", "target", "project"):
+    for k in (*SOURCE_KEYS, "shapes", "target", "branch", "project"):
         if k in want and qp.get(k) != want[k]:
             qp[k] = want[k]
         elif k not in want and k in qp:

@@ -76,6 +76,7 @@ io = pd.DataFrame([("input", s.name, s.dtype, str(s.shape), str(p.input_shapes.g
                   + [("output", s.name, s.dtype, str(s.shape), "") for s in m.outputs],
                   columns=["kind", "name", "dtype", "shape", "resolved shape"])
 st.dataframe(io, hide_index=True)
+model_facts.branches(p)
 shape_editor.section(p)
 model_facts.normalization(p)
 

@@ -146,12 +146,17 @@ def cmd_inspect(args):
                   "shape_choices": [c.to_dict() for c in p.shape_choices], "data_generated": p.data_generated,
                   "data_problem": None if p.data_problem is None else str(p.data_problem),
                   "generated_names": m.generated_names,
-                  "kv_cache": kv.to_json() if (kv := kv_cache(m)) is not None else None},
+                  "kv_cache": kv.to_json() if (kv := kv_cache(m)) is not None else None,
+                  "branch_inputs": list(m.branch_inputs), "branches": dict(m.branches)},
         "target": p.target,
         "normalization": [s.to_dict() for s in m.normalization],
         "layers": inv.drop(columns=["inputs", "outputs"]).to_dict(orient="records"),
     }
     norm = "".join(f"\nnormalised ({s.step}): {s.detail}" for s in m.normalization)
+    unfixed = [b for b in m.branch_inputs if b not in m.branches]
+    if unfixed:
+        norm += (f"\n{', '.join(unfixed)} pick(s) an If branch at run time: the compute inside the If stays FP32; "
+                 "fix it with --branch INPUT=true|false to quantize that branch")
     counts = inv.groupby(["op_type", "default_precision"]).size().to_string()
     _emit(args, doc, f"{m.name}  sha256 {m.sha256[:12]}…  opset {m.opset}  {len(inv)} layers "
                      f"({int(inv.eligible.sum())} INT8-eligible)  target {TARGET_LABELS[p.target]}{norm}\n{counts}"
@@ -385,6 +390,9 @@ def build_parser() -> argparse.ArgumentParser:
             sp.add_argument("--dim", action="append", metavar="NAME=VALUE", help="value of a named dynamic dim")
             sp.add_argument("--shape", action="append", metavar="INPUT=1x3x320x320",
                             help="the full shape of an input (every dim, named or not; repeatable)")
+            sp.add_argument("--branch", action="append", metavar="INPUT=true|false",
+                            help="a merged decoder's If branch, fixed on load (default: use_cache_branch=true, "
+                                 "the decoder with past; see inspect)")
         if data and name != "export":  # export's --target is the compile target (trt/ort)
             sp.add_argument("--target", dest="deploy_target", default=DEFAULT_TARGET, choices=DEPLOY_TARGETS,
                             help="where the model is deployed: tensorrt (GPU, default) or onnxruntime (CPU); "

@@ -38,6 +38,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     sp.add_argument("--dim", action="append", metavar="NAME=VALUE", help="value of a named dynamic dim")
     sp.add_argument("--shape", action="append", metavar="INPUT=1x3x224x224",
                     help="the full shape of an input (every dim, named or not; repeatable)")
+    sp.add_argument("--branch", action="append", metavar="INPUT=true|false",
+                    help="a merged decoder's If branch, fixed on load (default: use_cache_branch=true)")
     sp.add_argument("--no-tf32", action="store_true", help="FP32 layers without TF32 (trtexec --noTF32)")
     sp.add_argument("--fixture-fit", action="store_true",
                     help="use the shipped fit on the fixture engines even when a calibration for this GPU is stored")

@@ -23,10 +23,26 @@ def parse_shapes(items: list[str] | None) -> dict[str, tuple[int, ...]]:
     return dict(parse_shape(item) for item in items or [])
 
 
+def parse_branches(items: list[str] | None) -> dict[str, bool] | None:
+    """``--branch INPUT=true|false`` (repeatable) → ``{INPUT: bool}`` (None when not given)."""
+    out = {}
+    for item in items or []:
+        name, _, value = item.partition("=")
+        if not name or value.lower() not in _BOOL:
+            raise MixprecError(f"bad --branch {item!r}",
+                               "write --branch INPUT=true|false, e.g. --branch use_cache_branch=false")
+        out[name] = _BOOL[value.lower()]
+    return out or None
+
+
+_BOOL = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
 def source_from_args(args) -> ProjectSource:
     """The project a command runs on: its model, ``--data``, ``--eval``, ``--shape``, ``--dim``,
-    ``--batch`` and ``--target`` (a bad ``--shape`` or ``--dim`` is a MixprecError); a flag the command
+    ``--batch``, ``--target`` and ``--branch`` (a bad ``--shape`` or ``--dim`` is a MixprecError); a flag the command
     does not have is left at its default."""
     return ProjectSource(args.model, getattr(args, "data", None), getattr(args, "eval", None),
                          parse_shapes(getattr(args, "shape", None)), parse_dims(getattr(args, "dim", None)),
-                         getattr(args, "batch", 1), getattr(args, "deploy_target", DEFAULT_TARGET))
+                         getattr(args, "batch", 1), getattr(args, "deploy_target", DEFAULT_TARGET),
+                         parse_branches(getattr(args, "branch", None)))

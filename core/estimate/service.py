@@ -39,9 +39,10 @@ MODELS_KEPT = 2  # models the child keeps loaded (a session usually works on one
 _HEADER = struct.Struct("!Q")
 
 
-def model_source(model: LoadedModel) -> str:
-    """What :func:`core.model.load.load_model` loads ``model`` from again: its sample or its file."""
-    return f"sample:{model.sample}" if model.sample else str(model.path)
+def model_source(model: LoadedModel) -> tuple[str, tuple]:
+    """What :func:`core.model.load.load_model` loads ``model`` from again: its sample or its file, and
+    the branches fixed on load (a merged decoder's)."""
+    return (f"sample:{model.sample}" if model.sample else str(model.path)), tuple(sorted(model.branches.items()))
 
 
 def _send(stream, obj) -> None:
@@ -114,7 +115,7 @@ def _answer(models: OrderedDict, ws: Workspace, req):
     source, sha, policy, shapes, gpu, params = req
     model = models.get((source, sha))
     if model is None:
-        model = load_model(source, ws)
+        model = load_model(source[0], ws, branches=dict(source[1]) or None)
         if model.sha256 != sha:
             raise MixprecError(f"{model.name} changed on disk since it was loaded",
                                "load the model again on the Model page")

@@ -32,6 +32,7 @@ from core.model.external import (EXTERNAL_FROM, HASH_CACHE_FROM, ExternalWeights
                                  files_bytes, folder_lock, inline_small, model_sha256, rename_location, save_with_data,
                                  sweep_tmp)
 from core.model.graph import without_weights
+from core.model.branches import branch_inputs, branch_sha256, default_branches, fold_branches
 from core.model.normalize import NormStep, default_opset, normalize_model
 from core.model.samples import SAMPLES, materialize_sample
 from core.workspace import Workspace, atomic_write_bytes, check_confined, env_bytes, read_user_file
@@ -84,6 +85,8 @@ class LoadedModel:
     normalization: list[NormStep] = field(default_factory=list)
     original_opset: int = 0
     weights: ExternalWeights | None = None
+    branches: dict = field(default_factory=dict)  # branch input -> the branch fixed on load (core.model.branches)
+    branch_inputs: list[str] = field(default_factory=list)  # the model's inputs that pick an If branch
 
     @property
     def external(self) -> bool:
@@ -300,7 +303,8 @@ def _infer_path(graph: Path, path: Path) -> onnx.ModelProto:
 
 
 def _finish(inferred: onnx.ModelProto, path: Path, name: str | None, sample: str | None, sha: str, size: int,
-            steps: list[NormStep], original_opset: int, weights: ExternalWeights | None = None) -> LoadedModel:
+            steps: list[NormStep], original_opset: int, weights: ExternalWeights | None = None,
+            branches: tuple[dict, list] = ({}, [])) -> LoadedModel:
     generated = assign_stable_names(inferred)
     outputs = [_spec(o) for o in inferred.graph.output]
     if not any(o.is_float for o in outputs):
@@ -316,10 +320,10 @@ def _finish(inferred: onnx.ModelProto, path: Path, name: str | None, sample: str
     return LoadedModel(path=path, name=name or (sample if sample else path.stem), sha256=sha, proto=inferred,
                        inputs=inputs, outputs=outputs, opset=default_opset(inferred), size_bytes=size, sample=sample,
                        generated_names=generated, normalization=steps, original_opset=original_opset,
-                       weights=weights)
+                       weights=weights, branches=dict(branches[0]), branch_inputs=list(branches[1]))
 
 
-def _load_external(model: onnx.ModelProto, path: Path, sha: str, ws: Workspace):
+def _load_external(model: onnx.ModelProto, path: Path, sha: str, ws: Workspace, checked: bool = True):
     """Normalise a model whose weights stay external: checked by path where it is (its data files are
     never read, nor linked), normalised (weights it folds go to its own data file), its graph written
     to ``external/<sha>/`` of the workspace and shape-inferred by path there. Returns (inferred graph,
@@ -341,15 +345,26 @@ def _load_external(model: onnx.ModelProto, path: Path, sha: str, ws: Workspace):
             rename_location(model, spill.location, OWN_DATA)
             os.replace(spill.path, folder / OWN_DATA)
             sources[OWN_DATA] = folder / OWN_DATA
-        if steps:
-            _check(model, path, " after normalisation (" + ", ".join(s.step for s in steps) + ")")
+        if steps or not checked:
+            _check(model, path, " after normalisation (" + ", ".join(["fold_branch"] * (not checked) + [s.step for s in steps]) + ")")
         graph = atomic_write_bytes(folder / GRAPH_FILE, model.SerializeToString())
         return _infer_path(graph, path), steps, original_opset, ExternalWeights(folder, sources)
 
 
+def _fold_branches(model: onnx.ModelProto, branches: dict[str, bool] | None) -> tuple[list[NormStep], tuple]:
+    """Merged decoders: the If branches fixed (``core.model.branches``) as a normalisation step, and
+    (branches fixed, branch inputs) for the LoadedModel."""
+    found = branch_inputs(model)
+    chosen = default_branches(model, branches)
+    done = fold_branches(model, chosen)
+    return ([NormStep("fold_branch", done)] if done else []), (chosen, found)
+
+
 def model_from_bytes(data: bytes, path: Path, name: str | None = None, sample: str | None = None,
-                     ws: Workspace | None = None) -> LoadedModel:
-    """The model of the bytes of ``path`` (external data files are found beside ``path``)."""
+                     ws: Workspace | None = None, branches: dict[str, bool] | None = None) -> LoadedModel:
+    """The model of the bytes of ``path`` (external data files are found beside ``path``). ``branches``:
+    the If branch to fix for a merged decoder's branch inputs (``core.model.branches``; default: the
+    cache branch taken)."""
     model = _parse(data, path)
     _check_external_data(model, path.parent)  # before anything reads external data
     files = data_files(model)
@@ -358,23 +373,28 @@ def model_from_bytes(data: bytes, path: Path, name: str | None = None, sample: s
         ws = Workspace.default()
     sha, size = model_sha256(data, path.parent, files, ws), len(data) + extra
     del data  # parsed and hashed: a caller that passed it without keeping it frees its bytes here
+    folded, chosen = _fold_branches(model, branches)
+    sha = branch_sha256(sha, chosen[0])
     if files and (extra >= env_bytes("MIXPREC_EXTERNAL_WEIGHTS_FROM", EXTERNAL_FROM) or size >= MAX_MODEL_BYTES):
-        inferred, steps, original_opset, weights = _load_external(model, path, sha, ws or Workspace.default())
-        return _finish(inferred, path, name, sample, sha, size, steps, original_opset, weights)
+        inferred, steps, original_opset, weights = _load_external(model, path, sha, ws or Workspace.default(),
+                                                                  checked=not folded)
+        return _finish(inferred, path, name, sample, sha, size, folded + steps, original_opset, weights, chosen)
     if files:
         load_external_data_for_model(model, str(path.parent))
     _check(model, path, "")
     original_opset = default_opset(model)
     model, steps = normalize_model(model, path.parent, name=path.name)
+    steps = folded + steps
     if steps:
         _check(model, path, " after normalisation (" + ", ".join(s.step for s in steps) + ")")
     inferred = _infer_light(model, path)
     del model  # the inferred graph holds the only copy of the weights from here
-    return _finish(inferred, path, name, sample, sha, size, steps, original_opset)
+    return _finish(inferred, path, name, sample, sha, size, steps, original_opset, branches=chosen)
 
 
-def load_model(spec: str | os.PathLike, ws: Workspace | None = None, progress=None) -> LoadedModel:
-    """Load a model from a path or ``sample:NAME`` and validate it."""
+def load_model(spec: str | os.PathLike, ws: Workspace | None = None, progress=None,
+               branches: dict[str, bool] | None = None) -> LoadedModel:
+    """Load a model from a path or ``sample:NAME`` and validate it (``branches``: see :func:`model_from_bytes`)."""
     spec_s = str(spec)
     sample = None
     ws = ws or Workspace.default()
@@ -396,4 +416,4 @@ def load_model(spec: str | os.PathLike, ws: Workspace | None = None, progress=No
                 "give the .onnx file itself" + (f", e.g. {path / onnx_files[0]}" if onnx_files else ""),
             )
     return model_from_bytes(read_user_file(path, "model", env_bytes("MIXPREC_MAX_MODEL_BYTES", MAX_MODEL_BYTES), ws.root),
-                            path, name=f"sample:{sample}" if sample else None, sample=sample, ws=ws)
+                            path, name=f"sample:{sample}" if sample else None, sample=sample, ws=ws, branches=branches)

@@ -124,3 +124,32 @@ def test_a_kv_cache_decoder_shows_the_relation_and_setting_past_and_seq_keeps_th
     io = next(d.value for d in at.dataframe if "resolved shape" in d.value.columns).set_index("name")
     assert io.loc["attention_mask", "resolved shape"] == "(1, 12)" and io.loc["position_ids", "resolved shape"] == "(1, 4)"
     assert any("= 8 + 4 = 12" in shown(i) for i in at.info)
+
+
+def test_a_merged_decoder_says_which_branch_it_folded_and_picks_the_other(ws, tmp_path):
+    """Issue 21 §1: a merged decoder (If on use_cache_branch) is folded to the branch with the cache and
+    says so; picking the other branch loads the model again without the past inputs (kept in the URL)."""
+    from tests.fixtures.decoders import merged_decoder
+
+    model = str(merged_decoder(tmp_path / "decoder_model_merged.onnx"))
+    at = ok(page("model", model=model))
+    assert any("Merged decoder" in h.value for h in at.subheader)
+    steps = next(d.value for d in at.dataframe if list(d.value.columns) == ["step", "detail"])
+    assert steps["detail"].str.contains("use_cache_branch = true").any()
+    io = next(d.value for d in at.dataframe if "resolved shape" in d.value.columns)
+    assert "past_key_values.0.key" in set(io["name"])
+    pick = at.radio(key="branch_pick:use_cache_branch")
+    assert pick.value.startswith("true")
+    pick.set_value(next(o for o in pick.options if o.startswith("false"))).run()
+    ok(at)
+    io = next(d.value for d in at.dataframe if "resolved shape" in d.value.columns)
+    assert "past_key_values.0.key" not in set(io["name"])
+    assert at.session_state["source"]["branches"] == {"use_cache_branch": False}
+    assert at.query_params["branch"] == "use_cache_branch:0"
+    steps = next(d.value for d in at.dataframe if list(d.value.columns) == ["step", "detail"])
+    assert steps["detail"].str.contains("use_cache_branch = false").any()
+    link = AppTest.from_file(APP, default_timeout=120)  # a shared link opens the branch it names
+    link.query_params.update(model=model, branch="use_cache_branch:0")
+    link.run()
+    ok(link.switch_page("views/model.py").run())
+    assert link.radio(key="branch_pick:use_cache_branch").value.startswith("false")

@@ -17,7 +17,7 @@ from core.store.drafts import SavedProject, load_project, new_project_id, projec
 from core.workspace import Workspace
 
 FULL = ProjectSource("/srv/m.onnx", "/d/calib.npz", "/d/eval.npz", shapes={"images": [1, 3, 320, 320]},
-                     dims={"seq": 128}, batch=2, target="onnxruntime")
+                     dims={"seq": 128}, batch=2, target="onnxruntime", branches={"use_cache_branch": False})
 
 
 def _through_json(doc: dict) -> dict:
@@ -29,7 +29,7 @@ def test_a_source_is_frozen_normalised_and_hashable():
     with pytest.raises(dataclasses.FrozenInstanceError):
         FULL.model = "other.onnx"
     same = ProjectSource("/srv/m.onnx", "/d/calib.npz", "/d/eval.npz", shapes={"images": (1, 3, 320, 320)},
-                         dims={"seq": "128"}, batch="2", target="onnxruntime")
+                         dims={"seq": "128"}, batch="2", target="onnxruntime", branches={"use_cache_branch": 0})
     assert same == FULL and hash(same) == hash(FULL) and len({same, FULL}) == 1
     assert ProjectSource("m", shapes={}, dims={}) == ProjectSource("m")  # empty shapes/dims: none given
     assert ProjectSource("m").deploy_target == DEFAULT_TARGET and FULL.deploy_target == "onnxruntime"
@@ -60,7 +60,7 @@ def test_a_job_record_of_the_old_flat_form_reads():
            "dims": None, "batch": 1, "target": "onnxruntime", "policy": "{}", "backend": "auto", "label": ""}
     p = BuildParams.from_params(old)
     assert p.source == ProjectSource("sample:tiny-cnn", shapes={"image": (4, 3, 32, 32)}, target="onnxruntime")
-    assert p.to_params() == old  # and is written back the same
+    assert p.to_params() == old | {"branches": None}  # and is written back the same (a field added since: null)
     assert RankParams.from_params({"model": "m"}).source == ProjectSource("m", target=DEFAULT_TARGET)
 
 
@@ -96,7 +96,7 @@ def test_a_saved_project_of_format_1_still_opens(tmp_path):
 def test_the_cli_builds_the_source_from_its_args(tmp_path):
     args = build_parser().parse_args(["rank", "/srv/m.onnx", "--data", "/d/calib.npz", "--eval", "/d/eval.npz",
                                       "--shape", "images=1x3x320x320", "--dim", "seq=128", "--batch", "2",
-                                      "--target", "onnxruntime"])
+                                      "--target", "onnxruntime", "--branch", "use_cache_branch=false"])
     src = source_from_args(args)
     assert src == FULL
     assert RankParams.from_params(_through_json(rank_params(src))).source == src  # CLI -> job -> back
@@ -105,6 +105,8 @@ def test_the_cli_builds_the_source_from_its_args(tmp_path):
     assert load_project(ws, pid).source == src  # CLI -> saved project -> back
     plain = source_from_args(build_parser().parse_args(["export", "sample:tiny-cnn", "--format", "json", "--out", "x"]))
     assert plain == ProjectSource("sample:tiny-cnn", target=DEFAULT_TARGET)  # export has no --target (deploy)
+    with pytest.raises(MixprecError, match="bad --branch"):
+        source_from_args(build_parser().parse_args(["inspect", "m.onnx", "--branch", "use_cache_branch"]))
     with pytest.raises(MixprecError, match="bad --dim"):
         source_from_args(build_parser().parse_args(["inspect", "m.onnx", "--dim", "seq"]))
 

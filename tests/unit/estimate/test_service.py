@@ -64,5 +64,6 @@ def test_a_killed_child_is_restarted(cnn, service):
 
 
 def test_model_source_is_what_load_model_reads(cnn):
-    assert model_source(cnn.model) == "sample:tiny-cnn"
-    assert model_source(replace(cnn.model, sample=None)) == str(cnn.model.path)
+    assert model_source(cnn.model) == ("sample:tiny-cnn", ())
+    assert model_source(replace(cnn.model, sample=None)) == (str(cnn.model.path), ())
+    assert model_source(replace(cnn.model, branches={"use_cache_branch": False}))[1] == (("use_cache_branch", False),)
