@@ -115,6 +115,7 @@ def looks_like_embeddings(ref: np.ndarray, k: int = 5) -> bool:
     return ref.ndim == 2 and ref.shape[0] > k and ref.shape[1] >= 8
 
 
+CHUNK_BYTES = 64 << 20  # float64 working set of one step of the metrics (a few samples or positions)
 VOCAB_MIN = 1000  # a [batch, seq, N] output not named like logits counts as vocabulary logits from this N
 
 
@@ -158,13 +159,22 @@ class TokenMetrics:
         self.nll_ref, self.nll_cand, self.right_ref, self.right_cand, self.scored = 0.0, 0.0, 0, 0, 0
 
     def add(self, ref: np.ndarray, cand: np.ndarray, labels: np.ndarray | None = None):
+        """One batch ``[batch, seq, vocab]`` (labels ``[batch, seq]``), a few positions at a time: the
+        float64 softmax of a whole batch of a 151,936-wide vocabulary would be gigabytes."""
+        v = ref.shape[-1]
+        r2, c2 = np.asarray(ref).reshape(-1, v), np.asarray(cand).reshape(-1, v)
+        l2 = None if labels is None else np.asarray(labels, np.int64).reshape(-1)
+        step = max(1, CHUNK_BYTES // (8 * v))
+        for i in range(0, len(r2), step):
+            self._add(r2[i:i + step], c2[i:i + step], None if l2 is None else l2[i:i + step])
+
+    def _add(self, ref: np.ndarray, cand: np.ndarray, labels: np.ndarray | None):
         lp, lq = log_softmax(ref), log_softmax(cand)
         self.kl += float(np.sum(np.exp(lp) * (lp - lq)))
         top_ref, top_cand = lp.argmax(-1), lq.argmax(-1)
         self.agree += int(np.sum(top_ref == top_cand))
         self.tokens += int(top_ref.size)
         if labels is not None:
-            labels = np.asarray(labels, np.int64)
             scored = (labels >= 0) & (labels < lp.shape[-1])
             self.nll_ref += float(_nll(lp, labels, scored).sum())
             self.nll_cand += float(_nll(lq, labels, scored).sum())
@@ -195,27 +205,93 @@ def token_metrics(ref_outputs: list[np.ndarray], cand_outputs: list[np.ndarray],
     return acc.fields()
 
 
+class _RowStats:
+    """Per-row sums of a batch of flattened outputs (dot product, squared norms, argmax) and the
+    batch's signal, noise and max abs error, taken in float64 blocks of at most CHUNK_BYTES: rows of
+    a few samples, or column blocks of one sample's row when a row alone is larger."""
+
+    def __init__(self, r: np.ndarray, c: np.ndarray):
+        n, width = r.shape
+        self.dot, self.nr2, self.nc2 = np.zeros(n), np.zeros(n), np.zeros(n)
+        self.top_r, self.top_c = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        best_r, best_c = np.full(n, -np.inf), np.full(n, -np.inf)
+        self.signal = self.noise = self.max_abs = 0.0
+        items = max(1, CHUNK_BYTES // 8)
+        rows = max(1, items // max(width, 1))
+        cols = width if rows > 1 else min(width, items)
+        for i in range(0, n, rows):
+            for k in range(0, width, max(cols, 1)):
+                a = r[i:i + rows, k:k + cols].astype(np.float64)
+                b = c[i:i + rows, k:k + cols].astype(np.float64)
+                d = a - b
+                self.dot[i:i + rows] += np.einsum("ij,ij->i", a, b)
+                self.nr2[i:i + rows] += np.einsum("ij,ij->i", a, a)
+                self.nc2[i:i + rows] += np.einsum("ij,ij->i", b, b)
+                self.signal += float(np.einsum("ij,ij->", a, a))
+                self.noise += float(np.einsum("ij,ij->", d, d))
+                if d.size:
+                    self.max_abs = max(self.max_abs, float(np.max(np.abs(d))))
+                    for x, best, top in ((a, best_r, self.top_r), (b, best_c, self.top_c)):
+                        j = x.argmax(1)
+                        v = x[np.arange(len(x)), j]
+                        better = v > best[i:i + rows]
+                        best[i:i + rows][better] = v[better]
+                        top[i:i + rows][better] = j[better] + k
+
+    def cosine(self) -> np.ndarray:
+        """:func:`cosine_rows` of the rows."""
+        na, nb = np.sqrt(self.nr2), np.sqrt(self.nc2)
+        both_zero = (na == 0) & (nb == 0)
+        return np.where(both_zero, 1.0, self.dot / np.maximum(na * nb, 1e-30))
+
+
 def quality(ref_outputs: list[np.ndarray], cand_outputs: list[np.ndarray], output_name: str = "",
             labels: np.ndarray | None = None) -> Quality:
     """Compare the primary output batch by batch (lists of arrays with the sample axis first);
     with ``labels`` (one class index per sample; for vocabulary logits, next-token ids per
-    position) also top-1 accuracy of both, and perplexity of both for vocabulary logits."""
-    ref, cand = _rows(ref_outputs), _rows(cand_outputs)
-    cos = cosine_rows(ref, cand)
+    position) also top-1 accuracy of both, and perplexity of both for vocabulary logits.
+    Computed a few samples at a time (float64 chunks of at most CHUNK_BYTES), never on float64
+    copies of every output at once."""
+    first = np.asarray(ref_outputs[0]) if ref_outputs else np.zeros((0, 0), np.float32)
+    vocab = bool(ref_outputs) and looks_like_vocab_logits(first, output_name)
+    raw2d = first.ndim == 2
+    cos, norms, top_ref, top_cand, kl = [], [], [], [], []
+    signal = noise = max_abs = 0.0
+    width = 0
+    for r_b, c_b in zip(ref_outputs, cand_outputs):
+        r_b, c_b = np.asarray(r_b), np.asarray(c_b)
+        flat_r, flat_c = r_b.reshape(len(r_b), -1), c_b.reshape(len(r_b), -1)
+        width = flat_r.shape[1]
+        st = _RowStats(flat_r, flat_c)
+        cos.append(st.cosine())
+        norms.append(np.sqrt(st.nr2))
+        signal, noise, max_abs = signal + st.signal, noise + st.noise, max(max_abs, st.max_abs)
+        top_ref.append(st.top_r)
+        top_cand.append(st.top_c)
+        if raw2d and width >= 2:
+            step = max(1, CHUNK_BYTES // (8 * width))
+            kl += [kl_rows(flat_r[i:i + step], flat_c[i:i + step]) for i in range(0, len(flat_r), step)]
+    cos_all = np.concatenate(cos) if cos else np.zeros(0)
+    rows = len(cos_all)
+    lname = output_name.lower()
+    logits = width >= 2 and "embed" not in lname and (
+        "logit" in lname or not np.allclose(np.concatenate(norms), 1.0, atol=1e-3))
+    agree = np.concatenate(top_ref) == np.concatenate(top_cand) if top_ref else np.zeros(0, bool)
+    top1 = float(np.mean(agree)) if logits else None
+    knn = None
+    if rows > 5 and width >= 8 and not (logits or vocab):  # unit-norm rows: embeddings of a retrieval set
+        knn = knn_overlap(_rows(ref_outputs), _rows(cand_outputs))
     extra: dict = {}
-    vocab = bool(ref_outputs) and looks_like_vocab_logits(np.asarray(ref_outputs[0]), output_name)
-    logits = looks_like_logits(ref, output_name)
-    top1 = float(np.mean(ref.argmax(1) == cand.argmax(1))) if logits else None
-    knn = knn_overlap(ref, cand) if looks_like_embeddings(ref) and not (logits or vocab) else None
     acc = ref_acc = None
     if vocab:
         extra = token_metrics(ref_outputs, cand_outputs, labels)
         top1, acc, ref_acc = extra.pop("top1_agreement"), extra.pop("top1_accuracy", None), \
             extra.pop("fp32_top1_accuracy", None)
-    elif logits and np.ndim(ref_outputs[0]) == 2:  # classifier logits [batch, classes]
-        extra = {"kl_div": float(kl_rows(ref, cand).mean())}
-    if labels is not None and not vocab and ref.ndim == 2 and ref.shape[1] >= 2 and np.ndim(labels) == 1:
-        labels = np.asarray(labels)[: ref.shape[0]]
-        acc, ref_acc = float(np.mean(cand.argmax(1) == labels)), float(np.mean(ref.argmax(1) == labels))
-    return Quality(float(cos.mean()), float(cos.min()), snr_db(ref, cand), float(np.max(np.abs(ref - cand))),
-                   top1, knn, int(ref.shape[0]), acc, ref_acc, **extra)
+    elif logits and raw2d:  # classifier logits [batch, classes]
+        extra = {"kl_div": float(np.concatenate(kl).mean())}
+    if labels is not None and not vocab and width >= 2 and np.ndim(labels) == 1:
+        labels = np.asarray(labels)[:rows]
+        ref_top, cand_top = np.concatenate(top_ref), np.concatenate(top_cand)
+        acc, ref_acc = float(np.mean(cand_top == labels)), float(np.mean(ref_top == labels))
+    return Quality(float(cos_all.mean()), float(cos_all.min()), snr_from_sums(signal, noise), max_abs,
+                   top1, knn, rows, acc, ref_acc, **extra)

@@ -89,3 +89,55 @@ def test_quality_with_llm_fields_round_trips_through_json():
     doc = json.loads(json.dumps(q.to_dict(), allow_nan=False))
     assert Quality.from_dict(doc) == q
     assert Quality.from_dict({k: v for k, v in doc.items() if k not in ("kl_div", "perplexity")}).kl_div is None
+
+
+def _one_shot(ref_outputs, cand_outputs, labels=None):
+    """quality()'s fields as the one-shot formulas give them (float64 copies of every output at once)."""
+    r = np.concatenate([np.asarray(o, np.float64).reshape(len(o), -1) for o in ref_outputs])
+    c = np.concatenate([np.asarray(o, np.float64).reshape(len(o), -1) for o in cand_outputs])
+    cos = cosine_rows(r, c)
+    out = {"cosine_mean": cos.mean(), "cosine_min": cos.min(), "snr_db": snr_db(r, c),
+           "max_abs": float(np.max(np.abs(r - c))), "samples": len(r)}
+    if np.ndim(ref_outputs[0]) == 2:
+        out.update(top1_agreement=float(np.mean(r.argmax(1) == c.argmax(1))), kl_div=float(kl_rows(r, c).mean()))
+        if labels is not None:
+            out.update(top1_accuracy=float(np.mean(c.argmax(1) == labels)),
+                       fp32_top1_accuracy=float(np.mean(r.argmax(1) == labels)))
+    return out
+
+
+@pytest.mark.parametrize("shape, chunk", [((7, 10), 64), ((5, 3, 40), 200), ((9, 2, 4, 4), 100)])
+def test_quality_in_chunks_is_the_one_shot_quality(monkeypatch, shape, chunk):
+    import core.measure.metrics as metrics
+
+    rng = np.random.default_rng(1)
+    ref = [rng.normal(size=shape).astype(np.float32) for _ in range(3)]
+    cand = [(r + 0.05 * rng.normal(size=r.shape)).astype(np.float32) for r in ref]
+    labels = rng.integers(0, shape[-1], 3 * shape[0]) if len(shape) == 2 else None
+    want = _one_shot(ref, cand, labels)
+    monkeypatch.setattr(metrics, "CHUNK_BYTES", chunk)  # a few samples (or one) per step
+    got = quality(ref, cand, labels=labels).to_dict()
+    for k, v in want.items():
+        assert got[k] == pytest.approx(v, rel=1e-9, abs=1e-12), k
+
+
+def test_vocabulary_quality_takes_chunks_not_float64_copies_of_the_batch(monkeypatch):
+    """Issue 21 §2: quality() on a batch of 151,936-wide logits allocated several float64 copies of it
+    (9 GB on the 0.5B decoder's 16 × 64 positions); now a few positions at a time."""
+    import tracemalloc
+
+    import core.measure.metrics as metrics
+
+    monkeypatch.setattr(metrics, "CHUNK_BYTES", 1 << 20)
+    rng = np.random.default_rng(2)
+    ref = rng.normal(size=(4, 16, 32000)).astype(np.float32)  # 8.2 MB; float64 copies of it: 16 MB each
+    cand = ref + np.float32(0.01)
+    labels = rng.integers(0, 32000, (4, 16))
+    tracemalloc.start()
+    q = quality([ref], [cand], "logits", labels)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert q.kl_div is not None and q.perplexity is not None and q.top1_agreement == 1.0
+    assert peak < 2 * ref.nbytes  # less than one float64 copy of the batch: bounded by the chunk (1 MiB)
+    per_position = np.asarray(token_metrics([ref], [cand], labels)["kl_div"])
+    assert q.kl_div == pytest.approx(float(per_position), rel=1e-12)
