@@ -33,7 +33,8 @@ from core.model.external import (EXTERNAL_FROM, HASH_CACHE_FROM, ExternalWeights
                                  sweep_tmp)
 from core.model.graph import without_weights
 from core.model.branches import branch_inputs, branch_sha256, default_branches, fold_branches
-from core.model.normalize import NormStep, default_opset, normalize_model
+from core.model.ms_ops import unfuse_ms_ops
+from core.model.normalize import NormStep, default_opset, normalize_model, refuse_quantized
 from core.model.samples import SAMPLES, materialize_sample
 from core.workspace import Workspace, atomic_write_bytes, check_confined, env_bytes, read_user_file
 
@@ -328,7 +329,8 @@ def _load_external(model: onnx.ModelProto, path: Path, sha: str, ws: Workspace, 
     never read, nor linked), normalised (weights it folds go to its own data file), its graph written
     to ``external/<sha>/`` of the workspace and shape-inferred by path there. Returns (inferred graph,
     steps, original opset, ExternalWeights)."""
-    _check(path, path, "")
+    if checked:  # else the graph was changed before (the folded branch): it is checked after normalisation
+        _check(path, path, "")
     folder = ws.external_dir(sha)
     with folder_lock(folder):
         sweep_tmp(folder)  # temp files of killed processes
@@ -351,13 +353,20 @@ def _load_external(model: onnx.ModelProto, path: Path, sha: str, ws: Workspace, 
         return _infer_path(graph, path), steps, original_opset, ExternalWeights(folder, sources)
 
 
-def _fold_branches(model: onnx.ModelProto, branches: dict[str, bool] | None) -> tuple[list[NormStep], tuple]:
-    """Merged decoders: the If branches fixed (``core.model.branches``) as a normalisation step, and
+def _fold_branches(model: onnx.ModelProto, branches: dict[str, bool] | None, path_name: str
+                   ) -> tuple[list[NormStep], tuple]:
+    """The changes made before the model is checked, as normalisation steps: a merged decoder's If branches
+    fixed (``core.model.branches``) and ONNX Runtime's fused ops taken apart (``core.model.ms_ops``); and
     (branches fixed, branch inputs) for the LoadedModel."""
     found = branch_inputs(model)
     chosen = default_branches(model, branches)
     done = fold_branches(model, chosen)
-    return ([NormStep("fold_branch", done)] if done else []), (chosen, found)
+    steps = [NormStep("fold_branch", done)] if done else []
+    refuse_quantized(model, path_name)
+    unfused = unfuse_ms_ops(model, path_name)  # before onnx's checker, which knows no com.microsoft op
+    if unfused:
+        steps.append(NormStep("unfuse_ms_ops", unfused))
+    return steps, (chosen, found)
 
 
 def model_from_bytes(data: bytes, path: Path, name: str | None = None, sample: str | None = None,
@@ -373,7 +382,7 @@ def model_from_bytes(data: bytes, path: Path, name: str | None = None, sample: s
         ws = Workspace.default()
     sha, size = model_sha256(data, path.parent, files, ws), len(data) + extra
     del data  # parsed and hashed: a caller that passed it without keeping it frees its bytes here
-    folded, chosen = _fold_branches(model, branches)
+    folded, chosen = _fold_branches(model, branches, path.name)
     sha = branch_sha256(sha, chosen[0])
     if files and (extra >= env_bytes("MIXPREC_EXTERNAL_WEIGHTS_FROM", EXTERNAL_FROM) or size >= MAX_MODEL_BYTES):
         inferred, steps, original_opset, weights = _load_external(model, path, sha, ws or Workspace.default(),
@@ -381,7 +390,7 @@ def model_from_bytes(data: bytes, path: Path, name: str | None = None, sample: s
         return _finish(inferred, path, name, sample, sha, size, folded + steps, original_opset, weights, chosen)
     if files:
         load_external_data_for_model(model, str(path.parent))
-    _check(model, path, "")
+    _check(model, path, "" if not folded else " after " + ", ".join(s.step for s in folded))
     original_opset = default_opset(model)
     model, steps = normalize_model(model, path.parent, name=path.name)
     steps = folded + steps
