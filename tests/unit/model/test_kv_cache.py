@@ -128,15 +128,34 @@ def test_inspect_shows_the_relation_and_build_rank_run_on_generated_data(cli, kv
     assert len(json.loads(r.stdout)["layers"]) > 0
 
 
-def test_build_and_search_with_an_npz(kv_path, kv_model, tmp_path, ws):
+def test_build_rank_and_search_with_an_npz_score_the_new_tokens(kv_path, kv_model, tmp_path, ws):
+    from core.measure.runs import build_and_measure
     from core.project import open_project
     from core.search import SearchConfig, search
+    from core.sensitivity import rank_layers
 
     calib, ev = (kv_feeds(n, 8, 4, seed) for n, seed in ((8, 1), (8, 2)))
     np.savez(tmp_path / "calib.npz", **calib)
-    np.savez(tmp_path / "eval.npz", **ev)
+    labels = np.random.default_rng(3).integers(0, VOCAB, (8, 4))  # the next token after each of the 4 new ones
+    np.savez(tmp_path / "eval.npz", **ev, labels=labels)
     p = open_project(str(kv_path), data=tmp_path / "calib.npz", eval_data=tmp_path / "eval.npz", ws=ws)
     assert p.input_shapes["attention_mask"] == (1, 12) and not p.data_generated
+    run = build_and_measure(p, p.default_policy(), backend="onnxruntime", iterations=2, warmup=1, profile_iterations=1)
+    q = run.quality
+    # the metrics are on the logits of the 4 new tokens, with the 8 cached ones in place: 8 samples × 4 positions
+    assert q.top1_agreement is not None and q.kl_div is not None and q.perplexity is not None
+    assert q.fp32_perplexity is not None and q.samples == 8
+    assert len(rank_layers(p, max_samples=4).table) > 0
+    r = search(p, SearchConfig("kl_div<=0.01", methods=("minmax",), workers=1))
+    assert r.met_on_dev and r.holdout is not None and r.holdout.kl_div is not None
+
+
+def test_search_on_generated_data(kv_path, ws):
+    from core.project import open_project
+    from core.search import SearchConfig, search
+
+    p = open_project(str(kv_path), ws=ws, shape_overrides={"past": 8, "seq": 4})
+    assert p.data_generated and p.input_shapes["attention_mask"] == (1, 12)
     r = search(p, SearchConfig("kl_div<=0.01", methods=("minmax",), workers=1))
     assert r.met_on_dev and r.holdout is not None and r.holdout.kl_div is not None
 

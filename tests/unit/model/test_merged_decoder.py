@@ -145,6 +145,7 @@ def test_inspect_build_and_rank_on_generated_data(cli, merged_path):
 def test_build_and_search_with_an_npz_on_either_branch(merged_path, tmp_path, ws):
     from core.measure.runs import build_and_measure
     from core.search import SearchConfig, search
+    from core.sensitivity import rank_layers
 
     calib, ev = (merged_feeds(8, 8, 4, True, seed) for seed in (1, 2))
     np.savez(tmp_path / "calib.npz", **{k: v for k, v in calib.items() if k != "use_cache_branch"})
@@ -153,12 +154,25 @@ def test_build_and_search_with_an_npz_on_either_branch(merged_path, tmp_path, ws
     assert p.input_shapes["attention_mask"] == (1, 12) and not p.data_generated
     r = search(p, SearchConfig("kl_div<=0.01", methods=("minmax",), workers=1))
     assert r.met_on_dev and r.holdout is not None and r.holdout.kl_div is not None
+    assert len(rank_layers(p, max_samples=4).table) > 0
+    run = build_and_measure(p, p.default_policy(), backend="onnxruntime", iterations=2, warmup=1, profile_iterations=1)
+    assert run.quality.kl_div is not None and run.quality.samples == 8
     first = {k: v for k, v in merged_feeds(8, 0, 6, False, 3).items() if k in ("input_ids", "attention_mask", "position_ids")}
     np.savez(tmp_path / "first.npz", **first)
     q = open_project(str(merged_path), data=tmp_path / "first.npz", ws=ws, branches={"use_cache_branch": False})
     assert q.input_shapes["attention_mask"] == (1, 6)
     run = build_and_measure(q, q.default_policy(), backend="onnxruntime", iterations=2, warmup=1, profile_iterations=1)
     assert run.quality.cosine_mean > 0.99 and run.model_sha256 == q.model.sha256 != p.model.sha256
+
+
+def test_search_on_generated_data_on_either_branch(merged_path, ws):
+    from core.search import SearchConfig, search
+
+    for branches, dims in ((None, {"past": 8, "seq": 4}), ({"use_cache_branch": False}, {"seq": 6})):
+        p = open_project(str(merged_path), ws=ws, shape_overrides=dims, branches=branches)
+        assert p.data_generated
+        r = search(p, SearchConfig("kl_div<=0.01", methods=("minmax",), workers=1))
+        assert r.met_on_dev and r.holdout is not None and r.holdout.kl_div is not None
 
 
 def test_a_mask_shorter_than_past_plus_seq_is_one_clear_error(cli, merged_path, tmp_path):
