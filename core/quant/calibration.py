@@ -64,10 +64,10 @@ def cache_key(model_sha: str, data_sha: str, method: str, percentile: float) -> 
 
 class _Reader:
     """``CalibrationDataReader`` over a dataset's feeds: one sample each along every input's batch
-    axis (the model's fixed batch when it has one)."""
+    axis (the model's fixed batch when it has one); ``feeds``: those feeds already cut (a part of them)."""
 
-    def __init__(self, ds: Dataset, progress=None, batch: int = 1):
-        self.feeds = ds.batches(batch)
+    def __init__(self, ds: Dataset | None, progress=None, batch: int = 1, feeds: list | None = None):
+        self.feeds = feeds if feeds is not None else ds.batches(batch)
         self.i = 0
         self.progress = progress
 
@@ -148,8 +148,13 @@ def _run_calibrator(model: LoadedModel, ds: Dataset, method: str, percentile: fl
         cal = _make_calibrator(src, Path(tmp) / "augmented.onnx", method, extra,
                                placement_tensors(model.proto, model.tensor_types()), model.external)
         try:
-            with ort_feed_errors(lambda: next(iter(ds.batches(fixed_batch(model) or 1)), {}), f"calibrating ({method})", kv_relation(model)):
-                cal.collect_data(_Reader(ds, progress, fixed_batch(model) or 1))
+            feeds = ds.batches(fixed_batch(model) or 1)
+            with ort_feed_errors(lambda: next(iter(feeds), {}), f"calibrating ({method})", kv_relation(model)):
+                if method == "minmax":  # keeps a running min and max: nothing grows with the samples
+                    cal.collect_data(_Reader(None, progress, feeds=feeds))
+                else:
+                    for part in _histogram_parts(cal, feeds, model):
+                        cal.collect_data(_Reader(None, progress, feeds=part))
             data = cal.compute_data()
         except ValueError as e:
             if "bins" not in str(e):
@@ -163,6 +168,31 @@ def _run_calibrator(model: LoadedModel, ds: Dataset, method: str, percentile: fl
         lo, hi = td.range_value
         ranges[name] = (float(np.asarray(lo).min()), float(np.asarray(hi).max()))
     return ranges
+
+
+def histogram_budget(model: LoadedModel) -> int:
+    """The bytes of activations ORT's histogram calibrators may hold at once: they keep every calibrated
+    tensor of every sample until the histograms are made (gigabytes on an LLM). Half the model's size (at
+    least HIST_MIN_BYTES), within a quarter of the memory budget."""
+    from core.model.shapes import memory_budget
+
+    return int(min(max(HIST_MIN_BYTES, model.size_bytes // 2), memory_budget()[0] // 4))
+
+
+HIST_MIN_BYTES = 256 << 20
+
+
+def _histogram_parts(cal, feeds: list, model: LoadedModel) -> list[list]:
+    """``feeds`` cut into parts whose calibrated tensors fit :func:`histogram_budget` (all of them at once
+    when they fit: the histograms are then ORT's own one-shot ones; else ORT's collector merges each
+    part's histograms into the ones before, widening their range as it needs). The size of one sample's
+    outputs is measured by running the augmented model on the first feed."""
+    if len(feeds) <= 1:
+        return [feeds]
+    per = sum(np.asarray(v).nbytes for v in cal.infer_session.run(None, feeds[0]))  # ORT keeps every output
+    budget = histogram_budget(model)
+    step = len(feeds) if per * len(feeds) <= budget else max(1, budget // max(per, 1))
+    return [feeds[i:i + step] for i in range(0, len(feeds), step)]
 
 
 def _cached_ranges(path: Path, model_sha: str, data_sha: str, method: str) -> dict | None:
