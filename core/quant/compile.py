@@ -60,7 +60,9 @@ CONVERSION_OPS = ("QuantizeLinear", "DequantizeLinear", "Cast")
 # Ops for which ONNX Runtime's CPU provider runs a real float16 kernel (checked by
 # tests/unit/quant/test_compile.py::test_ort_fp16_kernel_table against the installed ORT). Every other op
 # set to FP16 is simulated on the ORT target: ORT would only insert casts and compute in float32.
-ORT_CPU_FP16_KERNELS = frozenset({"LayerNormalization"})
+# Gather (data movement, any type): an FP16 embedding table is then stored as float16 (2 bytes a value, not a
+# float16-rounded float32 copy: 0.27 GB less on a 151,936 × 896 table) and gathered rows are exact either way.
+ORT_CPU_FP16_KERNELS = frozenset({"LayerNormalization", "Gather"})
 
 
 @dataclass

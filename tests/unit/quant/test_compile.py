@@ -116,18 +116,23 @@ def _probe_native_fp16(op):
     inits = [numpy_helper.from_array(a, f"c{i}") for i, a in enumerate(extra)]
     attrs = {"axis": -1} if op in ("LayerNormalization", "Softmax") else {}
     node = helper.make_node(op, ["x", *[i.name for i in inits]], ["y"], name="n", **attrs)
-    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", T.FLOAT16, shape)],
+    x_type, feed = T.FLOAT16, np.ones(shape, np.float16)
+    if op == "Gather":  # a float16 table indexed by int64 ids (an embedding)
+        inits = [numpy_helper.from_array(np.ones((32, 16), np.float16), "table")]
+        node = helper.make_node("Gather", ["table", "x"], ["y"], name="n")
+        x_type, feed = T.INT64, np.ones((1, 8), np.int64)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", x_type, None)],
                           [helper.make_tensor_value_info("y", T.FLOAT16, None)], inits)
     so = ort.SessionOptions()
     so.enable_profiling, so.log_severity_level = True, 3
     s = ort.InferenceSession(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString(),
                              so, providers=["CPUExecutionProvider"])
-    s.run(None, {"x": np.ones(shape, np.float16)})
+    s.run(None, {"x": feed})
     events = json.loads(open(s.end_profiling()).read())
     return not any("InsertedPrecisionFreeCast" in e.get("name", "") for e in events)
 
 
-@pytest.mark.parametrize("op", ["LayerNormalization", "Softmax", "MatMul", "Add", "Mul", "Div", "Erf", "Relu"])
+@pytest.mark.parametrize("op", ["LayerNormalization", "Softmax", "MatMul", "Add", "Mul", "Div", "Erf", "Relu", "Gather"])
 def test_ort_fp16_kernel_table(op, tmp_path, monkeypatch):
     from core.quant.compile import ORT_CPU_FP16_KERNELS
 
@@ -186,3 +191,22 @@ def test_int8_outputs_option_quantizes_layer_outputs(tiny_cnn):
     zp = next(i for i in out.proto.graph.initializer if i.name == "/conv1/Conv/y_zero_point")
     assert zp.data_type == onnx.TensorProto.INT8
     assert [o.name for o in out.proto.graph.output] == [o.name for o in tiny_cnn.model.proto.graph.output]
+
+
+def test_an_fp16_embedding_is_stored_as_float16_on_the_ort_target(minilm, monkeypatch):
+    """Issue 21 §2: ORT's CPU Gather has a float16 kernel, so an FP16 embedding table is stored as float16
+    (not as a float16-rounded float32 copy: half the bytes) and the gathered rows are the same values."""
+    import core.quant.compile as compile_mod
+
+    policy = minilm.default_policy()  # embeddings FP16
+    gathers = [l.name for l in minilm.layers if l.op_type == "Gather" and policy.layers.get(l.name) == "fp16"]
+    assert gathers
+    ref, out, compiled = _outputs(minilm, policy, n=4)
+    inits = {i.name: i for i in compiled.proto.graph.initializer}
+    node = next(n for n in compiled.proto.graph.node if n.name == gathers[0])
+    assert inits[node.input[0]].data_type == onnx.TensorProto.FLOAT16
+    monkeypatch.setattr(compile_mod, "ORT_CPU_FP16_KERNELS", frozenset({"LayerNormalization"}))
+    _, simulated, before = _outputs(minilm, policy, n=4)  # the former encoding: a rounded float32 table
+    node = next(n for n in before.proto.graph.node if n.name == gathers[0])
+    assert {i.name: i for i in before.proto.graph.initializer}[node.input[0]].data_type == onnx.TensorProto.FLOAT
+    np.testing.assert_array_equal(out, simulated)
