@@ -183,3 +183,20 @@ def test_a_mask_shorter_than_past_plus_seq_is_one_clear_error(cli, merged_path, 
     assert p.returncode == 2 and "Traceback" not in p.stderr
     last = p.stderr.strip().splitlines()[-1]
     assert "attention_mask has 10 positions" in last and "Fix:" in last
+
+
+def test_a_merged_decoder_whose_weights_stay_external_folds_and_builds(merged_path, tmp_path, ws, monkeypatch):
+    """Merged decoders of real LLMs are over 2 GB: their weights stay in the data file (core.model.external)."""
+    from core.measure.runs import build_and_measure
+
+    monkeypatch.setenv("MIXPREC_EXTERNAL_WEIGHTS_FROM", "1")
+    path = tmp_path / "ext" / "decoder_model_merged.onnx"
+    path.parent.mkdir()
+    onnx.save_model(onnx.load(str(merged_path)), str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="decoder_model_merged.onnx.data", size_threshold=1024)
+    for branches, dims in ((None, {"past": 8, "seq": 4}), ({"use_cache_branch": False}, {"seq": 4})):
+        p = open_project(str(path), ws=ws, branches=branches, shape_overrides=dims)
+        assert p.model.external and not _ifs(p.model.proto)
+        assert any(s.step == "fold_branch" for s in p.model.normalization)
+        run = build_and_measure(p, p.default_policy(), backend="onnxruntime", iterations=2, warmup=1, profile_iterations=1)
+        assert run.quality.cosine_mean > 0.99
