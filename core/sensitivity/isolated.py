@@ -41,7 +41,7 @@ from core.quant.calibration import calibrate_policy
 from core.quant.compile import compile_policy
 from core.quant.policy import Policy
 from core.records import check_format, frame_from_json, frame_to_json
-from core.sensitivity.distributed import RayTrialPool, from_trial_arrays, ray_address, run_trial, trial_arrays, trial_session
+from core.sensitivity.distributed import RayTrialPool, ray_address, run_trial, trial_arrays, trial_session
 from core.workspace import analysis_key, atomic_write_json, discard_corrupt, file_stamp, sha256_bytes
 
 # in the cache keys of switchable models; 2: one shared QuantizeLinear per tensor; 3: a weight's switch is an
@@ -55,15 +55,28 @@ SENSITIVITY_COLUMNS = ["rank", "name", "op_type", "macs", "mode", "method", "cos
 _W: dict = {}
 
 
+def _ref_file(path: Path, i: int) -> Path:
+    return path.with_name(f"{path.stem}-ref{i}.npy")
+
+
 def _save_trial_data(path: Path, data: "TrialData") -> None:
-    """The trial data as one .npz the workers load: the pickled start-up message of a spawned
-    worker stays small (a worker that dies while the parent writes a large one hangs the parent)."""
-    np.savez(path, **trial_arrays(data.batches, data.ref, data.labels))
+    """The trial data as files the workers load: the pickled start-up message of a spawned worker stays
+    small (a worker that dies while the parent writes a large one hangs the parent). The FP32 reference
+    outputs are .npy files of their own, which every worker maps (one copy in the page cache for all of
+    them: a 151,936-wide vocabulary's logits are hundreds of MB); the batches and labels are one .npz."""
+    arrays = trial_arrays(data.batches, [], data.labels)
+    for i, r in enumerate(data.ref):
+        np.save(_ref_file(path, i), np.ascontiguousarray(r))
+    np.savez(path, refs=np.array(len(data.ref)), **arrays)
 
 
 def _load_trial_data(path: str, out_name: str) -> "TrialData":
     with np.load(path, allow_pickle=False) as z:
-        batches, ref, labels = from_trial_arrays(z)
+        n = int(z["refs"])
+        ref = [np.load(_ref_file(Path(path), i), mmap_mode="r") for i in range(n)]
+        files = list(z.keys())
+        batches = [{k.split("/", 1)[1]: z[k] for k in files if k.startswith(f"b{i}/")} for i in range(n)]
+        labels = z["labels"] if "labels" in files else None
     return TrialData(batches, ref, out_name, labels)
 
 

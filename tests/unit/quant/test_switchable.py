@@ -192,3 +192,21 @@ def test_trial_session_keeps_the_float16_copies(tiny_transformer, tmp_path):
     assert kept["FLOAT"] <= given["FLOAT"] and kept["FLOAT16"] == given["FLOAT16"] >= 2 * n_values
     folded = _bytes_by_dtype(_optimized(tmp_path, sw.proto, []))
     assert folded["FLOAT"] == kept["FLOAT"] + 4 * n_values and folded["FLOAT16"] == kept["FLOAT16"] - 2 * n_values
+
+
+def test_trial_workers_map_the_reference_outputs_from_one_file(tmp_path):
+    """Issue 21 §2: every trial worker held its own copy of the FP32 reference outputs (hundreds of MB for a
+    151,936-wide vocabulary); they are now .npy files the workers map, one copy in the page cache for all."""
+    from core.sensitivity.isolated import TrialData, _load_trial_data, _save_trial_data
+
+    rng = np.random.default_rng(0)
+    batches = [{"x": rng.normal(size=(2, 3)).astype(np.float32)} for _ in range(3)]
+    ref = [rng.normal(size=(2, 4, 50)).astype(np.float32) for _ in range(3)]
+    labels = rng.integers(0, 50, (6, 4))
+    path = tmp_path / "trial-data.npz"
+    _save_trial_data(path, TrialData(batches, ref, "logits", labels))
+    back = _load_trial_data(str(path), "logits")
+    assert all(isinstance(r, np.memmap) for r in back.ref) and len(back.ref) == 3
+    assert all(np.array_equal(a, b) for a, b in zip(back.ref, ref))
+    assert all(np.array_equal(a["x"], b["x"]) for a, b in zip(back.batches, batches))
+    assert np.array_equal(back.labels, labels) and back.out_name == "logits"
