@@ -191,14 +191,8 @@ def _einsum_macs(node, ins) -> int:
 
 
 def _attention_macs(node, ins, outs) -> int:
-    """QKᵀ and attention·V (plus the packed QKV projection of com.microsoft Attention)."""
-    if node.domain == "com.microsoft" and node.op_type == "Attention":  # input [B,S,D], weights [D, Hq+Hk+Hv]
-        x, w = ins[0], ins[1]
-        b, s, d = int(x[0]), int(x[1]), int(x[2])
-        sizes = attr(node, "qkv_hidden_sizes") or [int(w[1]) // 3] * 3
-        present = outs[1] if len(outs) > 1 and outs[1] else None
-        total = int(present[3]) if present else s
-        return b * s * d * int(w[1]) + b * s * total * (int(sizes[0]) + int(sizes[2]))
+    """QKᵀ and attention·V (ai.onnx Attention; ONNX Runtime's fused com.microsoft attention ops are refused on
+    load, core.model.ms_ops)."""
     q, k, v = ins[0], ins[1], ins[2]  # ai.onnx Attention / MultiHeadAttention
     if len(q) == 4:  # [B, heads, S, head]
         b, heads, s_q, hq = (int(d) for d in q)
@@ -231,8 +225,7 @@ def _macs(node: onnx.NodeProto, shapes: dict[str, tuple[int, ...]]) -> int:
             return _rnn_macs(node, ins)
         if op == "Einsum":
             return _einsum_macs(node, ins)
-        packed = op == "Attention" and node.domain == "com.microsoft"  # input and packed QKV weights
-        if op in ("Attention", "MultiHeadAttention") and all(ins[:2] if packed else ins[:3]):
+        if op in ("Attention", "MultiHeadAttention") and all(ins[:3]):
             return _attention_macs(node, ins, outs)
     except (IndexError, TypeError, ValueError, ZeroDivisionError):
         return 0

@@ -24,7 +24,7 @@ from core.model.kv_cache import kv_relation
 from core.model.inventory import INT8_ELIGIBLE
 from core.model.load import LoadedModel
 from core.model.placement import placement_tensors
-from core.model.shapes import fixed_batch
+from core.model.shapes import fixed_batch, memory_budget
 from core.quant.policy import CALIB_METHODS, CalibrationSettings
 from core.workspace import Workspace, atomic_save_npz, atomic_write_json, discard_corrupt, sha256_bytes
 
@@ -174,8 +174,6 @@ def histogram_budget(model: LoadedModel) -> int:
     """The bytes of activations ORT's histogram calibrators may hold at once: they keep every calibrated
     tensor of every sample until the histograms are made (gigabytes on an LLM). Half the model's size (at
     least HIST_MIN_BYTES), within a quarter of the memory budget."""
-    from core.model.shapes import memory_budget
-
     return int(min(max(HIST_MIN_BYTES, model.size_bytes // 2), memory_budget()[0] // 4))
 
 

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from core.errors import MixprecError
 from core.model.inventory import build_inventory
 from core.model.load import model_from_bytes
 
@@ -178,12 +179,14 @@ def test_attention_macs(tmp_path):
     assert layer.macs == b * heads * s_q * s_kv * 2 * d and not layer.eligible
 
 
-def test_contrib_attention_macs(tmp_path):
-    """com.microsoft Attention: the packed QKV projection, QKᵀ and attention·V."""
+def test_contrib_attention_is_refused_on_load(tmp_path):
+    """com.microsoft Attention (ONNX Runtime's transformer optimizer): TensorRT's ONNX parser cannot import
+    it, so the model is refused with the way to export without it (core.model.ms_ops; a test per op in
+    tests/unit/model/test_ms_ops.py)."""
     b, s, d = 1, 5, 8
     nodes = [helper.make_node("Attention", ["x", "w", "bias"], ["y"], name="attn", domain="com.microsoft", num_heads=2)]
     g = helper.make_graph(nodes, "attn", [helper.make_tensor_value_info("x", F, ["N", s, d])],
                           [helper.make_tensor_value_info("y", F, ["N", s, d])], [_w("w", d, 3 * d), _w("bias", 3 * d)])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
-    layer = build_inventory(model_from_bytes(m.SerializeToString(), tmp_path / "a.onnx"))[0]
-    assert layer.macs == b * s * d * 3 * d + b * s * s * (d + d) and not layer.eligible
+    with pytest.raises(MixprecError, match=r"Attention ×1"):
+        model_from_bytes(m.SerializeToString(), tmp_path / "a.onnx")
