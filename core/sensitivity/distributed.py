@@ -33,6 +33,7 @@ import onnxruntime as ort
 
 from core.errors import MixprecError
 from core.measure.metrics import Quality, quality
+from core.sensitivity.memory import release_memory
 
 RAY_ENV = "MIXPREC_RAY_ADDRESS"
 SHARE_ENV = "MIXPREC_RAY_SHARE"  # "object-store" (default) or "path"
@@ -322,6 +323,7 @@ class RayTrialPool:
                    address, workers, **kwargs)
 
     def evaluate(self, int8_sets: list[set[str]], progress=None, should_stop=None) -> list[Quality]:
+        release_memory()  # as TrialPool.evaluate: this process only waits from here
         refs = [self._task.remote(self.id, self._shared, frozenset(self.names[l] for l in s), self._kill_once)
                 for s in int8_sets]
         return gather(self.ray, refs, progress, should_stop, "trial", self._retries)
