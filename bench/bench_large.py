@@ -174,6 +174,23 @@ def stage_sensitivity(out: Path, args) -> dict:
             "matmuls": int((s.table["op_type"] == "MatMul").sum())}
 
 
+def process_tree(root: int) -> set[int]:
+    """``root`` and every process under it (from /proc's parent links)."""
+    parent = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    mine, grew = {root}, True
+    while grew:
+        new = {pid for pid, pp in parent.items() if pp in mine and pid not in mine}
+        mine |= new
+        grew = bool(new)
+    return mine
+
+
 class TreePeak:
     """The highest VmHWM (the kernel's per-process peak RSS) of any descendant of this process, sampled
     every second: Ray's workers are children of its raylet, so RUSAGE_CHILDREN does not see them."""
@@ -185,19 +202,7 @@ class TreePeak:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _descendants(self) -> list[int]:
-        parent = {}
-        for d in Path("/proc").iterdir():
-            if d.name.isdigit():
-                try:
-                    parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                except (OSError, IndexError, ValueError):
-                    pass
-        mine, grew = {os.getpid()}, True
-        while grew:
-            new = {pid for pid, pp in parent.items() if pp in mine and pid not in mine}
-            mine |= new
-            grew = bool(new)
-        return sorted(mine - {os.getpid()})
+        return sorted(process_tree(os.getpid()) - {os.getpid()})
 
     def _run(self):
         while not self._stop.wait(1.0):

@@ -24,6 +24,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.bench_large import process_tree  # noqa: E402
 STEPS = {
     "inspect": ["inspect"],
     "build": ["build"],
@@ -31,22 +34,6 @@ STEPS = {
     "isolated": ["sensitivity", "--mode", "isolated"],
     "search": ["search", "--budget", "cosine_mean>=0.99"],
 }
-
-
-def _tree(root: int) -> set[int]:
-    parent = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                pass
-    mine, grew = {root}, True
-    while grew:
-        new = {p for p, pp in parent.items() if pp in mine and p not in mine}
-        mine |= new
-        grew = bool(new)
-    return mine
 
 
 def _status(pid: int) -> dict[str, int]:
@@ -77,7 +64,7 @@ class Sampler:
     def _run(self):
         while not self._stop.wait(0.5):
             total = 0
-            for p in _tree(self.pid):
+            for p in process_tree(self.pid):
                 s = _status(p)
                 total += s.get("Pss", 0)
                 if s.get("VmHWM", 0) > self.hwm.get(p, 0):

@@ -18,17 +18,10 @@ import onnx
 from onnx import TensorProto
 
 from core.errors import MixprecError
+from core.model.graph import all_nodes, subgraphs
 
 BRANCH_DEFAULT = True  # a cache branch input not given: the decoder with past (every generated token but the first)
 _CACHE_BRANCH = re.compile(r"use_?cache|cache_?branch", re.IGNORECASE)
-
-
-def _subgraphs(node: onnx.NodeProto):
-    for a in node.attribute:
-        if a.type == onnx.AttributeProto.GRAPH:
-            yield a.g
-        elif a.type == onnx.AttributeProto.GRAPHS:
-            yield from a.graphs
 
 
 def branch_inputs(proto: onnx.ModelProto) -> list[str]:
@@ -40,8 +33,8 @@ def branch_inputs(proto: onnx.ModelProto) -> list[str]:
     for n in g.node:
         for k, t in enumerate(n.input):
             readers.setdefault(t, []).append((n, k))
-        for sub in _subgraphs(n):
-            for inner in _all_nodes(sub):
+        for sub in subgraphs(n):
+            for inner in all_nodes(sub):
                 for t in inner.input:
                     readers.setdefault(t, []).append((inner, -1))
     out = []
@@ -55,13 +48,6 @@ def branch_inputs(proto: onnx.ModelProto) -> list[str]:
         if uses and all(n.op_type == "If" and k == 0 for n, k in uses):
             out.append(i.name)
     return out
-
-
-def _all_nodes(graph: onnx.GraphProto):
-    for n in graph.node:
-        yield n
-        for sub in _subgraphs(n):
-            yield from _all_nodes(sub)
 
 
 def default_branches(proto: onnx.ModelProto, given: dict[str, bool] | None) -> dict[str, bool]:
@@ -97,7 +83,7 @@ def _rename_all(graph: onnx.GraphProto, ren: dict[str, str]) -> None:
     for n in graph.node:
         n.input[:] = [ren.get(t, t) for t in n.input]
         n.output[:] = [ren.get(t, t) for t in n.output]
-        for sub in _subgraphs(n):  # a nested subgraph may read the renamed tensors from its outer scope
+        for sub in subgraphs(n):  # a nested subgraph may read the renamed tensors from its outer scope
             _rename_all(sub, ren)
     for vi in graph.value_info:
         vi.name = ren.get(vi.name, vi.name)
@@ -133,7 +119,7 @@ def _inline(g: onnx.GraphProto, index: int, branch: onnx.GraphProto) -> int:
 
 def _used(g: onnx.GraphProto) -> set[str]:
     names = {o.name for o in g.output}
-    for n in _all_nodes(g):
+    for n in all_nodes(g):
         names.update(n.input)
     return names
 

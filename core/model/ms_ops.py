@@ -26,6 +26,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from core.errors import MixprecError
+from core.model.graph import attr
 
 MS_DOMAIN = "com.microsoft"
 UNFUSED = ("SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization", "Gelu",
@@ -37,13 +38,6 @@ EXPORT_FIX = ("export the model without ONNX Runtime's transformer optimizer: th
               "`optimum-cli export onnx` writes without --optimize (not the output of "
               "onnxruntime.transformers.optimizer.optimize_model), at opset 17 or later; TensorRT fuses attention, "
               "normalisation and GELU itself")
-
-
-def _attr(node, name, default):
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
 
 
 class _Builder:
@@ -110,7 +104,7 @@ def _gelu_erf(b: _Builder, x: str, out: str) -> str:
 def _unfuse(node: onnx.NodeProto, dtype: np.dtype, opset: int) -> _Builder:
     b = _Builder(node, dtype, opset)
     op, ins, outs = node.op_type, list(node.input), list(node.output) + [""] * 4
-    eps = float(_attr(node, "epsilon", 1e-12 if op.startswith("Skip") else 1e-5))
+    eps = float(attr(node, "epsilon", 1e-12 if op.startswith("Skip") else 1e-5))
     if op in ("SkipLayerNormalization", "SkipSimplifiedLayerNormalization"):
         # inputs: input, skip, gamma, [beta,] bias; outputs: output, mean, inv_std_var, input_skip_bias_sum
         at = 4 if op == "SkipLayerNormalization" else 3
@@ -127,7 +121,7 @@ def _unfuse(node: onnx.NodeProto, dtype: np.dtype, opset: int) -> _Builder:
                                    "have no ai.onnx form", EXPORT_FIX)
             _rms(b, x, ins[2], eps, outs[0])
     elif op == "SimplifiedLayerNormalization":
-        _rms(b, ins[0], ins[1], eps, outs[0], int(_attr(node, "axis", -1)))
+        _rms(b, ins[0], ins[1], eps, outs[0], int(attr(node, "axis", -1)))
     elif op in ("Gelu", "BiasGelu"):
         x = b.op("Add", ins[:2]) if op == "BiasGelu" else ins[0]
         _gelu_erf(b, x, outs[0])
@@ -138,7 +132,7 @@ def _unfuse(node: onnx.NodeProto, dtype: np.dtype, opset: int) -> _Builder:
         half = b.op("Mul", [x, b.const(0.5, "half")])
         b.op("Mul", [half, b.op("Add", [b.op("Tanh", [inner]), b.const(1.0, "one")])], outs[0])
     elif op == "QuickGelu":  # x · sigmoid(alpha · x)
-        alpha = float(_attr(node, "alpha", 1.702))
+        alpha = float(attr(node, "alpha", 1.702))
         b.op("Mul", [ins[0], b.op("Sigmoid", [b.op("Mul", [ins[0], b.const(alpha, "alpha")])])], outs[0])
     return b
 
@@ -148,7 +142,7 @@ def _is_ms(node: onnx.NodeProto) -> bool:
     return node.domain == MS_DOMAIN or (node.domain in ("", "ai.onnx") and node.op_type == "SimplifiedLayerNormalization")
 
 
-def unfuse_ms_ops(proto: onnx.ModelProto, name: str, elem_types: dict[str, int] | None = None) -> str | None:
+def unfuse_ms_ops(proto: onnx.ModelProto, name: str) -> str | None:
     """Take the fused normalisation / GELU ops apart in ``proto``'s main graph (in place); refuse the
     other ``com.microsoft`` ops. What was done, or None."""
     g = proto.graph
@@ -164,7 +158,7 @@ def unfuse_ms_ops(proto: onnx.ModelProto, name: str, elem_types: dict[str, int] 
                (f"{name} holds com.microsoft ops ({listed}) that TensorRT's ONNX parser cannot import "
                 "(it runs ai.onnx operators only)")
         raise MixprecError(what, EXPORT_FIX)
-    types = dict(elem_types or {})
+    types = {}
     for t in g.initializer:
         types.setdefault(t.name, t.data_type)
     for vi in list(g.input) + list(g.value_info):

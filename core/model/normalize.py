@@ -17,10 +17,10 @@ each change as a ``NormStep`` (shown by ``inspect`` and on the Model page):
   normalisation parameters) are replaced — other constants (shape tensors, scalars) stay as they
   are. gs never computes a tensor over ``FOLD_CAP_BYTES`` that feeds no weight.
 
-* ``unfuse_ms_ops`` — ONNX Runtime's fused normalisation / GELU ops (``com.microsoft``) are taken apart into the
-  ai.onnx ops TensorRT imports; its attention fusions are refused (``core.model.ms_ops``).
-
-``quantized_ops`` lists the ops that make a model already quantized; such a model is refused.
+``quantized_ops`` lists the ops that make a model already quantized; such a model is refused. That refusal, a
+merged decoder's branch (``core.model.branches``) and ONNX Runtime's fused ops (``unfuse_ms_ops``,
+``core.model.ms_ops``) come before this, in ``core.model.load``: before onnx's checker, which knows no
+``com.microsoft`` op.
 External data may stay unloaded (a model whose weights stay external, ``core.model.external``): folding
 then reads only the external initializers its constant nodes take, from ``base_dir`` (after
 ``core.model.load``'s location check), and nothing else here reads weights.
@@ -40,7 +40,6 @@ from onnx.external_data_helper import load_external_data_for_tensor, uses_extern
 
 from core.errors import MixprecError
 from core.model.graph import GraphIndex, all_nodes, default_opset, subgraphs, without_weights
-from core.model.ms_ops import unfuse_ms_ops
 
 MIN_OPSET = 13  # TensorRT's explicit quantization: per-channel DequantizeLinear (``axis``) needs opset 13
 TARGET_OPSET = MIN_OPSET  # models below it are converted up on load (core.quant.trt_rules checks it)
@@ -443,11 +442,7 @@ def normalize_model(proto: onnx.ModelProto, base_dir: Path, name: str = "the mod
     """The normalised model and the steps taken (empty when nothing changed). ``proto`` is changed
     in place where possible. External data may be unloaded: folding reads what it needs from
     ``base_dir`` (the model's folder, whose locations ``core.model.load`` has checked)."""
-    refuse_quantized(proto, name)
-    unfused = unfuse_ms_ops(proto, name)  # ONNX Runtime's fused ops: taken apart, or refused (core.model.ms_ops)
     steps = _fix_initializer_inputs(proto)
-    if unfused:
-        steps.append(NormStep("unfuse_ms_ops", unfused))
     proto, upgraded = _upgrade_opset(proto, name)
     steps += upgraded
     steps += _fold_constants(proto, base_dir)
