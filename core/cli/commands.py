@@ -13,7 +13,7 @@ from pathlib import Path
 
 from core.backends import BACKENDS
 from core.backends.reports import load_engine_report
-from core.cli import estimate as estimate_command
+from core.cli import data as data_command, estimate as estimate_command
 from core.cli.source import source_from_args
 from core.errors import MixprecError
 from core.estimate.gpus import GPUS
@@ -372,6 +372,12 @@ def cmd_report(args):
     _emit(args, doc, f"{doc['layers']} layers; reformat {rf['count']} layers{timing}")
 
 
+def _add_module_commands(sub) -> None:
+    """The commands whose parser lives in their own module: ``estimate`` and ``data``."""
+    estimate_command.add_parser(sub)
+    data_command.add_parser(sub)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m core", description="mixprec: sensitivity-guided mixed precision "
                                  "for ONNX models headed to TensorRT")
@@ -441,7 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("profile", nargs="?")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=cmd_report)
-    estimate_command.add_parser(sub)
+    _add_module_commands(sub)
     return ap
 
 

@@ -193,12 +193,17 @@ def _minilm_dir() -> Path:
     return get_model_path()
 
 
+def minilm_tokenizer() -> Path:
+    """The bundled MiniLM's ``tokenizer.json`` (the minilm sample's text is encoded with it)."""
+    return _minilm_dir() / "tokenizer.json"
+
+
 def tokenize_sentences(sentences: list[str], max_length: int = MINILM_MAX_LENGTH) -> dict[str, np.ndarray]:
     """MiniLM inputs (int64) for ``sentences``: lower-cased WordPiece with [CLS]/[SEP], truncated to
     ``max_length`` and right-padded to the longest sentence of the set."""
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(str(_minilm_dir() / "tokenizer.json"))
+    tok = Tokenizer.from_file(str(minilm_tokenizer()))
     tok.enable_truncation(max_length)
     tok.no_padding()
     encs = tok.encode_batch(sentences)

@@ -192,3 +192,39 @@ def test_trt_profile_flag_parses_and_reaches_the_backend(cli, ws, tmp_path):
     p = cli("search", "sample:tiny-cnn", "--budget", "cosine_mean>=0.99", "--backend", "tensorrt", check=False)
     assert p.returncode == 2 and "TensorRT backend cannot run here" in p.stderr and "Traceback" not in p.stderr
     assert not (ws.root / "search").exists() or not any((ws.root / "search").rglob("isolated*"))
+
+
+def test_data_command_writes_the_npz_of_an_image_folder(cli, tmp_path):
+    """``python -m core data MODEL --images DIR --recipe … --out``: the arrays core.model.data_import makes, the recipe
+    beside them, one JSON document; a folder without images is one line and exit 2."""
+    import numpy as np
+    from PIL import Image
+
+    from core.model.data_import import import_images, parse_recipe
+    from core.model.load import load_model
+    from core.model.shapes import resolve_input_shapes
+    from core.workspace import Workspace
+    from tests.fixtures.models import dynamic_cnn
+
+    model_path = dynamic_cnn(tmp_path / "cnn.onnx")
+    (tmp_path / "imgs").mkdir()
+    for i in range(3):
+        Image.fromarray(np.random.default_rng(i).integers(0, 256, (12 + i, 20, 3), dtype=np.uint8)).save(
+            tmp_path / "imgs" / f"{i}.png")
+    recipe = "resize=letterbox,pad=114,channels=BGR,mean=0.485:0.456:0.406,std=0.229:0.224:0.225"
+    p = cli("data", model_path, "--images", tmp_path / "imgs", "--recipe", recipe, "--shape", "images=1x3x16x24",
+            "--out", tmp_path / "calib.npz", "--json")
+    doc = json.loads(p.stdout)
+    assert doc["num_samples"] == 3 and doc["shapes"] == {"images": [3, 3, 16, 24]} and doc["kind"] == "images"
+    assert any("200–500" in n for n in doc["notes"]) and doc["recipe"]["channels"] == "BGR"
+    model = load_model(str(model_path), Workspace(tmp_path / "ws"))
+    want = import_images(tmp_path / "imgs", model, resolve_input_shapes(model, shapes={"images": (1, 3, 16, 24)}),
+                         parse_recipe(recipe)).arrays["images"]
+    with np.load(tmp_path / "calib.npz") as z:
+        np.testing.assert_array_equal(z["images"], want)
+    assert json.loads((tmp_path / "calib.recipe.json").read_text())["recipe"]["pad"] == 114
+    (tmp_path / "empty").mkdir()
+    bad = cli("data", model_path, "--images", tmp_path / "empty", "--out", tmp_path / "x.npz", check=False)
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "Fix:" in bad.stderr
+    assert "Traceback" not in bad.stderr and not (tmp_path / "x.npz").exists()
+    assert "key=value" in cli("data", "--help", check=False).stdout
