@@ -9,8 +9,9 @@ from core.errors import MixprecError
 from core.model.data import Dataset, MissingData, check_dataset, generate_dataset, generated_bytes, load_npz
 from core.model.inventory import Layer, build_inventory, inventory_frame
 from core.model.load import LoadedModel, load_model
+from core.model.profiles import check_profiles, shapes_with_profiles
 from core.model.samples import materialize_sample
-from core.model.shapes import DimChoice, check_memory, model_batch, shape_choices, shape_text, shapes_of
+from core.model.shapes import DimChoice, check_memory, with_no_batch, model_batch, shape_choices, shape_text, shapes_of
 from core.quant.policy import CalibrationSettings, Policy, default_policy
 from core.workspace import Workspace
 
@@ -37,6 +38,7 @@ class Project:
     ws: Workspace = field(default_factory=Workspace.default)
     shape_choices: list[DimChoice] = field(default_factory=list)  # every input dim: value and source
     target: str = DEFAULT_TARGET  # the deployment target (DEPLOY_TARGETS): TensorRT on a GPU, or ONNX Runtime's CPU
+    profiles: dict = field(default_factory=dict)  # input -> (min, opt, max) of the engine (core.model.profiles)
 
     @property
     def data_generated(self) -> bool:
@@ -93,6 +95,8 @@ class ProjectSource:
     batch: int = 1
     target: str | None = None
     branches: dict[str, bool] | None = None  # a merged decoder's If branches fixed on load (core.model.branches)
+    no_batch: tuple[str, ...] | None = None  # inputs the user marked "no batch axis" (fed whole, one sample per array)
+    profiles: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] | None = None  # input -> min, opt, max
 
     def __post_init__(self):
         shapes = {str(k): tuple(int(d) for d in v) for k, v in self.shapes.items()} if self.shapes else None
@@ -100,9 +104,19 @@ class ProjectSource:
         if self.branches is not None and not isinstance(self.branches, dict):
             raise TypeError("the branches of a project source are an object or null")
         branches = {str(k): bool(v) for k, v in self.branches.items()} if self.branches else None
+        if self.no_batch is not None and isinstance(self.no_batch, (str, bytes, dict)):
+            raise TypeError("the no_batch of a project source is a list of input names or null")
+        no_batch = tuple(sorted({str(n) for n in self.no_batch})) if self.no_batch else None
+        if self.profiles is not None and not isinstance(self.profiles, dict):
+            raise TypeError("the profiles of a project source are an object or null")
+        profiles = {str(k): tuple(tuple(int(d) for d in shape) for shape in v) for k, v in self.profiles.items()} \
+            if self.profiles else None
+        if profiles and any(len(v) != 3 for v in profiles.values()):
+            raise ValueError("a profile of a project source is [min, opt, max]")
         normal = {"model": str(self.model), "data": None if self.data is None else str(self.data),
                   "eval_data": None if self.eval_data is None else str(self.eval_data), "shapes": shapes,
-                  "dims": dims, "batch": int(self.batch), "branches": branches}
+                  "dims": dims, "batch": int(self.batch), "branches": branches,
+                  "no_batch": no_batch, "profiles": profiles}
         for name, value in normal.items():
             object.__setattr__(self, name, value)  # frozen: set once, here
 
@@ -119,7 +133,9 @@ class ProjectSource:
         return {"model": self.model, "data": self.data, "eval_data": self.eval_data,
                 "shapes": {k: list(v) for k, v in self.shapes.items()} if self.shapes else None,
                 "dims": dict(self.dims) if self.dims else None, "batch": self.batch, "target": self.target,
-                "branches": dict(self.branches) if self.branches else None}
+                "branches": dict(self.branches) if self.branches else None,
+                "no_batch": list(self.no_batch) if self.no_batch else None,
+                "profiles": {k: [list(s) for s in v] for k, v in self.profiles.items()} if self.profiles else None}
 
     @classmethod
     def from_json(cls, doc: dict) -> "ProjectSource":
@@ -133,13 +149,14 @@ class ProjectSource:
             raise TypeError("the shapes and dims of a project source are objects or null")
         return cls(doc["model"], _opt_text(doc.get("data"), "data"), _opt_text(doc.get("eval_data"), "eval_data"),
                    shapes, dims, int(doc.get("batch") or 1), _opt_text(doc.get("target"), "target"),
-                   doc.get("branches"))
+                   doc.get("branches"), doc.get("no_batch"), doc.get("profiles"))
 
     def open(self, ws: Workspace | None = None, progress=None, sample_data: bool = True) -> "Project":
         """The project of this source (:func:`open_project`)."""
         return open_project(self.model, self.data, self.eval_data, ws=ws, batch=self.batch, shape_overrides=self.dims,
                             shapes=self.shapes, progress=progress, target=self.deploy_target, sample_data=sample_data,
-                            branches=self.branches)
+                            branches=self.branches, no_batch=self.no_batch,
+                            profiles=self.profiles)
 
 
 def _as_dataset(source, model: LoadedModel, ws: Workspace | None = None) -> Dataset:
@@ -175,9 +192,13 @@ def _holdout(calib: Dataset) -> tuple[Dataset, Dataset]:
 def _check_fits(ds: Dataset, choices: list[DimChoice], shapes: dict[str, tuple[int, ...]]) -> None:
     """The data must have the user's given dims (other dims may vary between data sets, e.g. the
     sequence length of the calibration and the evaluation data)."""
-    bad = [f"{c.input}: axis {c.axis} is {ds.arrays[c.input].shape[c.axis]}, the shape is {shape_text(shapes[c.input])}"
+    def sample_shape(name):  # a stacked input's arrays hold whole samples along a new axis 0
+        a = ds.arrays[name]
+        return a.shape[1:] if name in ds.stacked else a.shape
+
+    bad = [f"{c.input}: axis {c.axis} is {sample_shape(c.input)[c.axis]}, the shape is {shape_text(shapes[c.input])}"
            for c in choices if c.source == "given" and c.input in ds.arrays and c.axis != ds.axis(c.input)
-           and ds.arrays[c.input].ndim == len(shapes[c.input]) and ds.arrays[c.input].shape[c.axis] != c.value]
+           and len(sample_shape(c.input)) == len(shapes[c.input]) and sample_shape(c.input)[c.axis] != c.value]
     if bad:
         raise MixprecError(f"the data in {ds.source} does not have the input shapes given",
                            "give --shape/--dim values that match the data, or data of that shape", details=bad)
@@ -195,7 +216,7 @@ def _generated(model: LoadedModel, n: int, seed: int, shapes: dict[str, tuple[in
 def open_project(model_spec, data=None, eval_data=None, ws: Workspace | None = None, batch: int = 1,
                  shape_overrides: dict[str, int] | None = None, shapes: dict | None = None,
                  progress=None, target: str = DEFAULT_TARGET, sample_data: bool = True,
-                 branches: dict[str, bool] | None = None) -> Project:
+                 branches: dict[str, bool] | None = None, no_batch=None, profiles: dict | None = None) -> Project:
     """Load a model (path or ``sample:NAME``) with its data, at the input shapes given
     (``shapes``: whole inputs, ``shape_overrides``: named dims, ``batch``; see ``core.model.shapes``).
 
@@ -205,10 +226,13 @@ def open_project(model_spec, data=None, eval_data=None, ws: Workspace | None = N
     with another seed. Evaluation never sees calibration samples. ``target``: where the model is
     deployed (``DEPLOY_TARGETS``; default TensorRT, where mixprec's users deploy). ``sample_data=False``:
     a sample's own data is not used (generated data at the shapes given instead). ``branches``: a merged
-    decoder's If branches to fix (``core.model.branches``; default: the cache branch)."""
+    decoder's If branches to fix (``core.model.branches``; default: the cache branch). ``profiles``: the
+    dynamic-shape profiles ``{input: (min, opt, max)}`` (``core.model.profiles``): the project runs at their opt."""
     check_target(target)
     ws = ws or Workspace.default()
-    model = load_model(model_spec, ws, progress=progress, branches=branches)
+    model = with_no_batch(load_model(model_spec, ws, progress=progress, branches=branches), no_batch)
+    profiles = check_profiles(model, profiles)
+    shapes = shapes_with_profiles(shapes, profiles)  # the project runs at each profile's opt
     if model.sample and sample_data:  # sample_data=False: generated data at the shapes given (estimates need none)
         paths = materialize_sample(model.sample, ws)
         data = data if data is not None else paths.calib
@@ -230,4 +254,4 @@ def open_project(model_spec, data=None, eval_data=None, ws: Workspace | None = N
     if evald is None:
         evald = _generated(model, max(EVAL_GENERATED, 2 * b), 1, input_shapes)  # two batches: dev + held-out
     layers = build_inventory(model, calib.arrays, input_shapes)
-    return Project(model, layers, calib, evald, input_shapes, ws, choices, target)
+    return Project(model, layers, calib, evald, input_shapes, ws, choices, target, profiles=profiles)

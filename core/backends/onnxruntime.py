@@ -38,7 +38,7 @@ def session_options(optimized_path: Path | None = None, profile_prefix: str | No
     if not spinning:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.log_severity_level = 3
+    so.log_severity_level = 4  # fatal only: errors are raised, and translated (core.model.data_errors)
     threads = int(os.environ.get("MIXPREC_THREADS", "0"))
     if threads:
         so.intra_op_num_threads = threads

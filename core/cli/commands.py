@@ -20,9 +20,12 @@ from core.estimate.gpus import GPUS
 from core.export import DEFAULT_TRT_VERSION, EXPORT_FORMATS, export_policy
 from core.jobs.distributed_builds import build_policies
 from core.jobs.params import RAY_FORMS, ray_param
+from core.measure.evaluation import BOX_FORMATS, DEFAULT_THRESHOLD, DEFAULT_TOP_K, METRIC_OUTPUT_FORM, TASKS, \
+    MetricSpec, headline_text, per_output_lines
 from core.measure.runs import GENERATED_NOTE, WARN_BELOW, build_and_measure, speedup_text
+from core.model.profiles import range_text
 from core.model.samples import SAMPLES, write_sample
-from core.model.shapes import shape_text
+from core.model.shapes import batch_axes, shape_text, stacked_inputs
 from core.project import DEFAULT_TARGET, DEPLOY_TARGETS, TARGET_LABELS
 from core.quant.compile import TARGETS
 from core.quant.policy import CALIB_METHODS, NETWORK_DEFAULTS, load_policy
@@ -87,9 +90,17 @@ def _print_notes(notes: list[str] | None = None) -> None:
 
 def _shape_lines(p) -> str:
     """The input shapes, each dim's source, and every default or guess with how to set it."""
-    lines = [f"input {name}: {shape_text(shape)}" for name, shape in p.input_shapes.items()]
+    axes, stacked = batch_axes(p.model), stacked_inputs(p.model)
+
+    def batch_of(name):
+        if name in stacked:
+            return " (no batch axis: fed whole, one sample per array along a new axis 0 of the .npz)"
+        return "" if axes.get(name) is None else f" (batch axis {axes[name]})"
+
+    lines = [f"input {name}: {shape_text(shape)}{batch_of(name)}" for name, shape in p.input_shapes.items()]
     lines += [f"  {c.input} axis {c.axis}{f' ({c.symbol})' if c.symbol and c.symbol != '?' else ''}: {c.note}"
               for c in p.shape_choices if c.source != "fixed"]
+    lines += [f"profile {name}: {range_text(r)} (min:opt:max of the exported engine)" for name, r in p.profiles.items()]
     kv = kv_cache(p.model)
     if kv is not None:
         lines.append(describe_kv(kv, p.input_shapes))
@@ -143,6 +154,8 @@ def cmd_inspect(args):
                   "inputs": [{"name": s.name, "dtype": s.dtype, "shape": list(s.shape)} for s in m.inputs],
                   "outputs": [{"name": s.name, "dtype": s.dtype, "shape": list(s.shape)} for s in m.outputs],
                   "input_shapes": {k: list(v) for k, v in p.input_shapes.items()},
+                  "batch_axes": batch_axes(m), "no_batch": sorted(stacked_inputs(m)),
+                  "profiles": {k: [list(s) for s in r] for k, r in p.profiles.items()},
                   "shape_choices": [c.to_dict() for c in p.shape_choices], "data_generated": p.data_generated,
                   "data_problem": None if p.data_problem is None else str(p.data_problem),
                   "generated_names": m.generated_names,
@@ -185,6 +198,18 @@ def _on_generated(run) -> str:
     return f" ({GENERATED_NOTE})" if run.data_generated else ""
 
 
+def metric_spec(args) -> MetricSpec:
+    """What quality is measured on, from ``--metric-output``, ``--task``, ``--map-threshold``, ``--box-format``,
+    ``--top-boxes`` and ``--metric-file`` (``core.measure.evaluation``)."""
+    return MetricSpec(tuple(args.metric_output or ()), args.task, args.map_threshold, args.box_format, args.top_boxes,
+                      args.metric_file)
+
+
+def _quality_lines(q) -> str:
+    """The headline of the run's quality (its task's numbers first) and one line per metric output."""
+    return f"quality headline: {headline_text(q)}" + "".join(f"\n  {line}" for line in per_output_lines(q))
+
+
 def cmd_build(args):
     address = ray_param(args.ray) if args.ray is not None else ""  # a bad address: MixprecError
     if address:
@@ -198,9 +223,10 @@ def cmd_build(args):
     policy = _policy(args, p)
     r = build_and_measure(p, policy, backend=args.backend, progress=bar, iterations=args.iterations,
                           trt_options=trt_options(args), warn_below=args.warn_below,
-                          ranking=cached_ranking(p, policy.calibration.method))
+                          ranking=cached_ranking(p, policy.calibration.method), metrics=metric_spec(args))
     bar.done()
-    doc = r.to_json() | {"speedup_text": speedup_text(r.latency.speedup)[0], "latency_note": r.latency_note}
+    doc = r.to_json() | {"speedup_text": speedup_text(r.latency.speedup)[0], "latency_note": r.latency_note,
+                         "headline": headline_text(r.quality)}
     q = r.quality
     text = (f"run {r.run_id} on {r.backend} ({r.backend_reason})\n"
             f"latency median {r.latency.median_ms:.3f} ms  p95 {r.latency.p95_ms:.3f} ms  "
@@ -212,6 +238,7 @@ def cmd_build(args):
             + (f"  KL {q.kl_div:.3g}" if q.kl_div is not None else "")
             + (f"  perplexity {q.perplexity:.3f} (FP32 {q.fp32_perplexity:.3f})" if q.perplexity is not None else "")
             + (f"  knn5 {q.knn5_overlap:.3f}" if q.knn5_overlap is not None else "") + _on_generated(r) + "\n"
+            + _quality_lines(q) + _on_generated(r) + "\n"
             f"precision {r.precision_counts}  INT8 MAC share {100 * r.int8_mac_fraction:.1f}%\n"
             f"run dir {r.run_dir}" + "".join(f"\nwarning: {w}" for w in r.warnings))
     _emit(args, doc, text)
@@ -222,7 +249,9 @@ def _cluster_build(args, address: str):
     the cluster (``core.jobs.distributed_builds``), each as a build job runs (its defaults)."""
     local = [flag for flag, given in (("--iterations", args.iterations != 30), ("--trt-profile", bool(args.trt_profile)),
                                       ("--trt-workspace-gb", args.trt_workspace_gb != 4.0),
-                                      ("--warn-below", args.warn_below != WARN_BELOW)) if given]
+                                      ("--warn-below", args.warn_below != WARN_BELOW),
+                                      ("--metric-output/--task/--metric-file", not metric_spec(args).is_default))
+             if given]
     if local:
         raise MixprecError(f"only a local build takes {', '.join(local)} (the builds on a Ray cluster are build jobs, "
                            "with their defaults)", "leave them out, or build without --ray")
@@ -263,7 +292,8 @@ def cmd_sample(args):
 def cmd_sensitivity(args):
     bar = Progress("sensitivity")
     p = _project(args, bar)
-    r = sensitivity(p, args.mode, args.calibration, workers=args.workers, progress=bar, ray=args.ray)
+    r = sensitivity(p, args.mode, args.calibration, workers=args.workers, progress=bar, ray=args.ray,
+                    metrics=metric_spec(args))
     bar.done()
     doc = {"mode": r.mode, "method": r.method, "seconds": r.seconds, "cache_hit": r.cache_hit,
            "trials_on": r.trials_on, "baseline_cosine": r.baseline.cosine_mean,
@@ -296,6 +326,7 @@ def _build_args(sp):
     sp.add_argument("--network-default", default="fp32", choices=NETWORK_DEFAULTS)
     sp.add_argument("--iterations", type=int, default=30, help="interleaved timing pairs (default 30)")
     _warn_arg(sp)
+    _metric_args(sp)
     _trt_args(sp)
     sp.add_argument("--ray", metavar="ADDRESS",
                     help=f"build every --policy as a Ray task holding one GPU of the cluster at ADDRESS ({RAY_FORMS}); "
@@ -314,7 +345,31 @@ def _trial_args(sp):
 
 def _warn_arg(sp):
     sp.add_argument("--warn-below", type=float, default=WARN_BELOW, metavar="COSINE",
-                    help=f"warn when the build's cosine_mean falls below this (default {WARN_BELOW})")
+                    help=f"warn when the build's cosine_mean (of the first --metric-output, else of the first float "
+                         f"output) falls below this (default {WARN_BELOW}); the warning names the metric")
+
+
+def _metric_args(sp):
+    """What quality is measured on (``core.measure.evaluation``): per output, per slice, per task, the user's metric."""
+    sp.add_argument("--metric-output", action="append", metavar="SPEC",
+                    help=f"measure quality on this output or slice of its last axis: {METRIC_OUTPUT_FORM} (repeatable; "
+                         "the first is the headline, each is reported by NAME; a budget addresses one as "
+                         "NAME:METRIC, e.g. --budget 'scores:cosine_mean>=0.99'). Default: the first float output")
+    sp.add_argument("--task", default="auto", choices=TASKS,
+                    help="task metrics: classification (top-1 agreement, and accuracy with labels), dense (IoU of "
+                         "the thresholded maps), detection (score-channel cosine, top-k agreement, IoU of the top-k "
+                         "boxes), none; auto (default) picks from the output's shape and values")
+    sp.add_argument("--map-threshold", type=float, default=DEFAULT_THRESHOLD, metavar="T",
+                    help=f"dense maps: the threshold of the mask IoU (default {DEFAULT_THRESHOLD}; DBNet binarises at 0.3)")
+    sp.add_argument("--box-format", default="cxcywh", choices=BOX_FORMATS,
+                    help="detection: channels 0-3 of each box (default cxcywh, as YOLOX; or xyxy)")
+    sp.add_argument("--top-boxes", type=int, default=DEFAULT_TOP_K, metavar="K",
+                    help=f"detection: the top-K boxes by score compared (default {DEFAULT_TOP_K})")
+    sp.add_argument("--metric-file", metavar="FILE",
+                    help="a Python file with def score(reference: dict, candidate: dict, inputs: dict) -> float, higher "
+                         "is better, called once on the whole evaluation set (output name -> array of all samples, "
+                         "input name -> array); its value is the metric 'user', e.g. --budget 'user>=0.98'. It runs "
+                         "in the build's or job's process and the trial workers; its errors show its own traceback")
 
 
 def _gpu_arg(sp):
@@ -324,8 +379,9 @@ def _gpu_arg(sp):
 
 def _trt_args(sp):
     sp.add_argument("--trt-profile", action="append", metavar="INPUT=MIN:OPT:MAX",
-                    help="TensorRT optimisation profile of a dynamic input, shapes like 1x64 (default: the "
-                         "run's shape as opt, batch 1..16 where the batch is dynamic)")
+                    help="TensorRT optimisation profile of a dynamic input for this build's engine only, shapes like "
+                         "1x64 (default: --profile's range, else the run's shape as opt; batch 1..16 where the batch "
+                         "is dynamic)")
     sp.add_argument("--trt-workspace-gb", type=float, default=4.0, help="TensorRT builder workspace (default 4 GiB)")
 
 
@@ -337,7 +393,7 @@ def cmd_search(args):
     config = SearchConfig(budget=args.budget, workers=args.workers, ray=args.ray, smooth=args.smooth,
                           backend=args.backend,
                           trt_options=trt_options(args), warn_below=args.warn_below, gpu=g if custom else g.key,
-                          cost_params=load_gpu_calibration(p.ws, g))
+                          cost_params=load_gpu_calibration(p.ws, g), metrics=metric_spec(args))
     r = search(p, config, progress=bar)
     bar.done()
     out = Path(args.out) if args.out else p.ws.policies / f"search-{r.policy.sha256[:12]}.json"
@@ -353,6 +409,7 @@ def cmd_search(args):
         text.append(f"build {r.run.run_id}: cosine mean {q.cosine_mean:.4f} min {q.cosine_min:.4f}, speedup "
                     f"{speedup_text(lat.speedup)[0]} [{r.run.latency_label}], reformat {r.run.reformat.pct:.1f}%, INT8 MAC share "
                     f"{100 * r.run.int8_mac_fraction:.0f}%{_on_generated(r.run)}")
+        text.append(_quality_lines(q) + _on_generated(r.run))
     front = r.front
     if front["est_high_ms"].isna().all():  # no TensorRT estimate, no band
         front = front.drop(columns=["est_low_ms", "est_high_ms"])
@@ -378,6 +435,17 @@ def _add_module_commands(sub) -> None:
     data_command.add_parser(sub)
 
 
+def _shape_args(sp):
+    """``--dim``, ``--shape`` and ``--profile`` of every command that takes the input shapes."""
+    sp.add_argument("--dim", action="append", metavar="NAME=VALUE", help="value of a named dynamic dim")
+    sp.add_argument("--shape", action="append", metavar="INPUT=1x3x320x320",
+                    help="the full shape of an input (every dim, named or not; repeatable)")
+    sp.add_argument("--profile", action="append", metavar="INPUT=MIN:OPT:MAX",
+                    help="the dynamic-shape profile of an input's exported TensorRT engine, e.g. "
+                         "input_ids=1x16:4x128:8x512 (repeatable): trtexec --minShapes/--optShapes/--maxShapes; "
+                         "the project runs at OPT, as if --shape INPUT=OPT were given")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m core", description="mixprec: sensitivity-guided mixed precision "
                                  "for ONNX models headed to TensorRT")
@@ -393,9 +461,10 @@ def build_parser() -> argparse.ArgumentParser:
             sp.add_argument("--eval", help="held-out evaluation data .npz (default: the sample's, or the last "
                                            "quarter of --data)")
             sp.add_argument("--batch", type=int, default=1, help="batch size for dynamic batch dims (default 1)")
-            sp.add_argument("--dim", action="append", metavar="NAME=VALUE", help="value of a named dynamic dim")
-            sp.add_argument("--shape", action="append", metavar="INPUT=1x3x320x320",
-                            help="the full shape of an input (every dim, named or not; repeatable)")
+            _shape_args(sp)
+            sp.add_argument("--no-batch", action="append", metavar="INPUT",
+                            help="INPUT has no batch axis (e.g. an audio model's [frames, bins]): it is fed whole, "
+                                 "one sample per array along a new leading axis of the .npz (repeatable)")
             sp.add_argument("--branch", action="append", metavar="INPUT=true|false",
                             help="a merged decoder's If branch, fixed on load (default: use_cache_branch=true, "
                                  "the decoder with past; see inspect)")
@@ -425,9 +494,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--mode", default="isolated", choices=MODES)
     sp.add_argument("--calibration", default="minmax", choices=CALIB_METHODS)
     _trial_args(sp)
+    _metric_args(sp)
     sp.add_argument("--top", type=int, default=20)
     sp = add("search", cmd_search, "search the policy with the most INT8 benefit that meets a quality budget")
-    sp.add_argument("--budget", required=True, help="e.g. 'cosine_mean>=0.99', 'snr_db>=30', 'top1_drop<=0.5%%'")
+    sp.add_argument("--budget", required=True,
+                    help="METRIC>=VALUE (or <= for top1_drop, kl_div, perplexity), e.g. 'cosine_mean>=0.99', "
+                         "'snr_db>=30', 'top1_drop<=0.5%%'; NAME:METRIC>=VALUE bounds the metric output NAME "
+                         "(--metric-output), e.g. 'scores:cosine_mean>=0.99'; task metrics mask_iou, score_cosine, "
+                         "score_topk, box_iou; 'user>=0.98' bounds the --metric-file's score")
     _trial_args(sp)
     sp.add_argument("--out", help="where to write the policy JSON (default: workspace/policies/)")
     sp.add_argument("--smooth", action="store_true",
@@ -436,6 +510,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="backend of the latency model and the verifying build (quality trials run on ONNX Runtime)")
     _gpu_arg(sp)
     _warn_arg(sp)
+    _metric_args(sp)
     _trt_args(sp)
     sp = sub.add_parser("sample", help="write a bundled sample: model.onnx, calib.npz, eval.npz")
     sp.add_argument("name", choices=SAMPLES)

@@ -3,6 +3,7 @@ command (``inspect``, ``build``, ``rank``, ``search``, ``export``, ``estimate``�
 from __future__ import annotations
 
 from core.errors import MixprecError
+from core.model.profiles import parse_profile
 from core.model.shapes import parse_shape
 from core.project import DEFAULT_TARGET, ProjectSource
 
@@ -23,6 +24,18 @@ def parse_shapes(items: list[str] | None) -> dict[str, tuple[int, ...]]:
     return dict(parse_shape(item) for item in items or [])
 
 
+def parse_profiles(items: list[str] | None) -> dict | None:
+    """``--profile INPUT=1x16:4x128:8x512`` (repeatable) → ``{INPUT: ((1, 16), (4, 128), (8, 512))}`` (None when
+    not given; ``core.model.profiles``). An input given twice is a MixprecError."""
+    out = {}
+    for item in items or []:
+        name, shapes = parse_profile(item)
+        if name in out and out[name] != shapes:
+            raise MixprecError(f"--profile gives {name} twice", f"give one --profile {name}=MIN:OPT:MAX")
+        out[name] = shapes
+    return out or None
+
+
 def parse_branches(items: list[str] | None) -> dict[str, bool] | None:
     """``--branch INPUT=true|false`` (repeatable) → ``{INPUT: bool}`` (None when not given)."""
     out = {}
@@ -40,9 +53,10 @@ _BOOL = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no":
 
 def source_from_args(args) -> ProjectSource:
     """The project a command runs on: its model, ``--data``, ``--eval``, ``--shape``, ``--dim``,
-    ``--batch``, ``--target`` and ``--branch`` (a bad ``--shape`` or ``--dim`` is a MixprecError); a flag the command
-    does not have is left at its default."""
+    ``--batch``, ``--target``, ``--branch``, ``--no-batch`` and ``--profile`` (a bad ``--shape``, ``--dim`` or
+    ``--profile`` is a MixprecError); a flag the command does not have is left at its default."""
     return ProjectSource(args.model, getattr(args, "data", None), getattr(args, "eval", None),
                          parse_shapes(getattr(args, "shape", None)), parse_dims(getattr(args, "dim", None)),
                          getattr(args, "batch", 1), getattr(args, "deploy_target", DEFAULT_TARGET),
-                         parse_branches(getattr(args, "branch", None)))
+                         parse_branches(getattr(args, "branch", None)), no_batch=getattr(args, "no_batch", None),
+                         profiles=parse_profiles(getattr(args, "profile", None)))

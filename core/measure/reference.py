@@ -17,7 +17,7 @@ from core.errors import MixprecError
 from core.model.data import Dataset
 from core.model.shapes import EVAL_BATCH, batch_axes, fixed_batch
 from core.project import Project
-from core.workspace import atomic_save_npz, atomic_write_json, discard_corrupt, file_stamp, sha256_bytes, stamps_match
+from core.workspace import atomic_save_npz, atomic_write_json, cache_note, discard_corrupt, file_stamp, sha256_bytes, stamps_match
 
 OUTPUTS_FORMAT_VERSION = 2  # 2: keyed by the backend's identity (TensorRT version, GPU; issue 11, bug 5)
 
@@ -33,8 +33,58 @@ def eval_batch(project: Project) -> int:
     dynamic = all(axes[s.name] is not None and axes[s.name] in s.dynamic_axes for s in project.model.inputs)
     n = project.eval_data.num_samples
     if dynamic and n:
-        return max(d for d in range(1, min(EVAL_BATCH, n) + 1) if n % d == 0)
+        most = min(EVAL_BATCH, n, project.model.max_batch or EVAL_BATCH)
+        return max(d for d in range(1, most + 1) if n % d == 0)
     return project.batch
+
+
+BATCH_PROBE_VERSION = 1
+
+
+def _feed_key(feed: dict) -> str:
+    return sha256_bytes(json.dumps({k: [str(v.dtype), list(np.shape(v))] for k, v in sorted(feed.items())}).encode())
+
+
+def settle_eval_batch(backend, project: Project) -> Project:
+    """The project with the batch its graph really runs at. Many exports declare a dynamic batch but only
+    run at batch 1 (a Reshape to a constant ``[1, …]`` shape traced from ``x.view(1, …)``): the first
+    evaluation batch is tried on the FP32 reference at its size; when ONNX Runtime refuses it and one sample
+    runs, the model's ``max_batch`` becomes 1 (remembered in the reference folder, keyed by the feed's shapes)
+    and quality is evaluated one sample at a time, with a note. A build or timing batch above 1 on such a
+    model is refused, naming the node; a feed refused at batch 1 too is the data's problem (its error)."""
+    size = max(eval_batch(project), project.batch)
+    if size <= 1 or project.model.max_batch or fixed_batch(project.model) or project.eval_data.num_samples < size:
+        return project
+    feed = project.eval_data.batches(size)[0]
+    ref = reference_engine(backend, project)
+    path = Path(ref.compiled_path).parent / f"batch-probe-v{BATCH_PROBE_VERSION}-{_feed_key(feed)[:16]}.json"
+    try:
+        doc = json.loads(path.read_text())
+        max_batch, why = doc["max_batch"], str(doc.get("why", ""))
+    except FileNotFoundError:
+        max_batch = why = None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        discard_corrupt(path, "batch probe", f"{type(e).__name__}: {e}")
+        max_batch = why = None
+    if why is None:
+        max_batch, why = None, ""
+        with backend.runner(ref) as r:
+            try:
+                r.infer(feed)
+            except MixprecError as e:
+                r.infer(project.eval_data.batches(1)[0])  # refused at 1 too: the data's own problem, raised
+                max_batch, why = 1, e.what.split("; the inputs were")[0].replace("ONNX Runtime refused the inputs "
+                                                                                   "while running the model in its ", "")
+        atomic_write_json(path, {"max_batch": max_batch, "why": why, "batch": size})
+    if not max_batch:
+        return project
+    if project.batch > 1:
+        raise MixprecError(f"the model runs at batch 1 only, not at the batch {project.batch} asked for: {why}",
+                           "use --batch 1 (on the dashboard: batch 1 in the Model page's Input shapes), or export the "
+                           "model with a batch that is not fixed in its Reshape shapes")
+    cache_note(f"{project.model.name} declares a dynamic batch but runs at batch 1 only (at batch {size}: {why[:240]}); quality is "
+               "evaluated one sample at a time")
+    return replace(project, model=replace(project.model, max_batch=int(max_batch)))
 
 
 def eval_batches(project: Project, ds: Dataset | None = None) -> list[dict[str, np.ndarray]]:
@@ -110,6 +160,17 @@ def engine_outputs(backend, engine, batches, name: str) -> list[np.ndarray]:
         return [np.asarray(r.infer(b)[name]) for b in batches]
 
 
+def engine_outputs_of(backend, engine, batches, names: list[str]) -> dict[str, list[np.ndarray]]:
+    """:func:`engine_outputs` of several outputs, in one pass over the batches."""
+    out: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    with backend.runner(engine) as r:
+        for b in batches:
+            res = r.infer(b)
+            for n in names:
+                out[n].append(np.asarray(res[n]))
+    return out
+
+
 def backend_identity(backend) -> str:
     """What a backend's outputs depend on beyond the model: its ``identity()`` where it has one (the
     TensorRT backend: TensorRT version, GPU, TF32), else its name."""
@@ -138,7 +199,7 @@ def reference_outputs(backend, reference, project: Project, batches, name: str) 
     return outs
 
 
-def reference_on(backend, project: Project, ds: Dataset, batches) -> list[np.ndarray]:
-    """FP32 outputs of ``project`` on ``ds`` (cached)."""
+def reference_on(backend, project: Project, ds: Dataset, batches, name: str | None = None) -> list[np.ndarray]:
+    """FP32 outputs of ``project`` on ``ds`` (cached): of ``name``, default the first float output."""
     sub = replace(project, eval_data=ds)
-    return reference_outputs(backend, reference_engine(backend, project), sub, batches, output_name(project))
+    return reference_outputs(backend, reference_engine(backend, project), sub, batches, name or output_name(project))

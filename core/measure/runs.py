@@ -25,9 +25,12 @@ import pandas as pd
 from core.backends import Latency, select_backend
 from core.backends.base import PER_LAYER_COLUMNS
 from core.backends.reports import ReformatSummary, reformat_summary
+from core.backends.tensorrt import project_trt_options
 from core.errors import MixprecError
-from core.measure.metrics import Quality, quality
-from core.measure.reference import (REFERENCE_STAMPS, engine_outputs, eval_batch, output_name, reference_engine, reference_outputs,
+from core.measure.evaluation import MetricSpec, evaluate, project_outputs
+from core.measure.metrics import Quality
+from core.measure.reference import (REFERENCE_STAMPS, engine_outputs_of, eval_batch, reference_engine, reference_outputs,
+                                    settle_eval_batch,
                                     timing_feed)
 from core.project import DEFAULT_TARGET, TARGET_LABELS, Project
 from core.quant.calibration import calibrate_policy
@@ -141,6 +144,7 @@ class RunResult:
 
     def to_json(self) -> dict:
         q = asdict(self.quality)
+        q["outputs"] = self.quality.to_dict()["outputs"]  # per metric output (None: the first float output only)
         if q["snr_db"] == float("inf"):
             q["snr_db"] = None
         return {
@@ -183,7 +187,9 @@ class RunResult:
                                 lat["iterations"]),
                 reformat=ReformatSummary(rf["count"], rf["ms"], rf["pct"], rf.get("total_ms", float("nan")),
                                          rf.get("elided", 0)),
-                quality=Quality(**{f.name: q.get(f.name) for f in dataclass_fields(Quality)}),
+                quality=Quality(**{f.name: q.get(f.name) for f in dataclass_fields(Quality) if f.name != "outputs"},
+                                outputs={str(k): Quality.from_dict(v) for k, v in q["outputs"].items()}
+                                if isinstance(q.get("outputs"), dict) else None),
                 precision_counts=dict(doc["precision_counts"]), int8_mac_fraction=doc["int8_mac_fraction"],
                 build_seconds=doc["build_seconds"], calibration_method=doc["calibration"]["method"],
                 calibration_cache_hit=doc["calibration"]["cache_hit"],
@@ -247,8 +253,9 @@ def worst_int8_layers(ranking: RankedLayers | None, policy: Policy, top: int = 5
 def quality_warnings(project: Project, policy: Policy, q: Quality, warn_below: float = WARN_BELOW,
                      ranking: RankedLayers | None = None, generated: bool = False) -> list[str]:
     """The warnings of a run of ``policy`` with quality ``q``: none unless ``q.cosine_mean`` is
-    below ``warn_below``; then one naming the worst INT8 layers of ``ranking``, or, without one,
-    saying how to compute it."""
+    below ``warn_below``; then one naming the metric (cosine_mean, of the headline metric output) and the worst
+    INT8 layers of ``ranking``, or, without one, saying how to compute it. On generated data it says first that
+    the number may only reflect the generated inputs."""
     cos = q.cosine_mean
     if cos is not None and not math.isfinite(cos):
         return [f"cosine_mean is {cos}: the outputs are not finite (NaN or inf)"
@@ -257,7 +264,9 @@ def quality_warnings(project: Project, policy: Policy, q: Quality, warn_below: f
                 "or keep the layers whose activations are large in FP32."]
     if cos is None or not cos < warn_below:
         return []
-    head = f"cosine_mean {cos:.4f} is below {warn_below:g}" + (f" ({GENERATED_NOTE})" if generated else "")
+    of = q.output or next((o.name for o in project.model.outputs if o.is_float), "the output")
+    head = (f"{GENERATED_NOTE[0].upper()}{GENERATED_NOTE[1:]}, this number may only reflect the generated inputs: "
+            if generated else "") + f"cosine_mean of {of} (the --warn-below metric) {cos:.4f} is below {warn_below:g}"
     worst = worst_int8_layers(ranking, policy)
     if worst:
         return [f"{head}: the worst INT8 layers in {ranking.title} are {', '.join(worst)}. Set them to "
@@ -282,14 +291,15 @@ def build_and_measure(project: Project, policy: Policy, backend: str = "auto", l
                       progress=None, warmup: int = 3, iterations: int = 30,
                       profile_iterations: int = 5, onnx_bytes: bytes | None = None,
                       trt_options: dict | None = None, warn_below: float = WARN_BELOW,
-                      ranking: RankedLayers | None = None) -> RunResult:
+                      ranking: RankedLayers | None = None, metrics: MetricSpec | None = None) -> RunResult:
     """Compile, build, evaluate, time and profile one policy; store the run atomically.
     ``onnx_bytes`` measures an ONNX made elsewhere (e.g. by ORT's quantize_static) instead of
     compiling ``policy``, which then only describes it (precision counts, MAC share).
     Below ``warn_below`` (cosine_mean) the run carries a warning (:func:`quality_warnings`)
-    naming the worst INT8 layers of ``ranking`` (e.g. ``core.store.results.load_ranking``), if given."""
+    naming the worst INT8 layers of ``ranking`` (e.g. ``core.store.results.load_ranking``), if given.
+    ``metrics``: what quality is measured on (``core.measure.evaluation``; default the first float output)."""
     step = progress or (lambda f, t: None)
-    be, reason = select_backend(backend, **(trt_options or {}))
+    be, reason = select_backend(backend, **project_trt_options(project, trt_options))  # the project's --profile too
     ws = project.ws
     t_start = time.perf_counter()
     timing_feed(project)  # enough evaluation samples for the timing batch: fail before any work
@@ -308,12 +318,13 @@ def build_and_measure(project: Project, policy: Policy, backend: str = "auto", l
         else:
             raise MixprecError(f"the {be.name} backend cannot measure a prebuilt ONNX", "use --backend onnxruntime")
         build_seconds = time.perf_counter() - t_start
+        project = settle_eval_batch(be, project)
         reference = reference_engine(be, project)
-        out_name = output_name(project)
+        names = project_outputs(project, metrics)
         batches = project.eval_data.batches(eval_batch(project))
         step(0.35, f"evaluating quality on {project.eval_data.num_samples} held-out samples")
-        q = quality(reference_outputs(be, reference, project, batches, out_name),
-                    engine_outputs(be, engine, batches, out_name), out_name, project.eval_data.labels)
+        ref = {n: reference_outputs(be, reference, project, batches, n) for n in names}  # cached per output name
+        q = evaluate(metrics, ref, engine_outputs_of(be, engine, batches, names), project.eval_data.labels, batches)
         feed = timing_feed(project)
         step(0.6, f"timing candidate vs FP32 interleaved ({iterations} pairs)")
         lat = be.time_interleaved(engine, reference, feed, warmup, iterations)

@@ -17,7 +17,7 @@ import numpy as np
 from core.errors import MixprecError
 from core.model.kv_cache import decoding_positions, fill_cache, kv_cache
 from core.model.load import LoadedModel
-from core.model.shapes import batch_axes, fixed_batch, resolve_input_shapes
+from core.model.shapes import batch_axes, fixed_batch, resolve_input_shapes, stacked_inputs
 from core.workspace import env_bytes, read_user_file
 
 
@@ -37,13 +37,19 @@ class Dataset:
     generated: bool = False  # invented by generate_dataset, not the user's data
     batch_axes: dict[str, int | None] = field(default_factory=dict)  # input -> batch axis (absent: 0)
     fixed_batch: int | None = None  # the model's fixed batch: every batch has exactly this many samples
+    stacked: frozenset = frozenset()  # inputs without a batch axis whose samples are stacked on a new axis 0
 
     def axis(self, key: str) -> int | None:
-        """The batch axis of an array (None: it is passed whole)."""
+        """The batch axis of an array (None: it is passed whole, or it is one of the stacked inputs)."""
+        if key in self.stacked:
+            return None
         return self.batch_axes.get(key, 0) if np.ndim(self.arrays[key]) else None
 
     @property
     def num_samples(self) -> int:
+        for k in self.stacked:
+            if k in self.arrays:
+                return int(self.arrays[k].shape[0])
         for k, v in self.arrays.items():
             if (ax := self.axis(k)) is not None:
                 return int(v.shape[ax])
@@ -68,6 +74,9 @@ class Dataset:
     def batches(self, batch: int = 1) -> list[dict[str, np.ndarray]]:
         """Feeds of ``batch`` samples (the model's fixed batch when it has one); a last partial batch
         is dropped. Inputs without a batch axis are passed whole in every feed."""
+        if self.stacked:  # one whole sample of each stacked input per feed; batched inputs follow at batch 1
+            return [{k: v[i] if k in self.stacked else v if (ax := self.axis(k)) is None else _cut(v, ax, i, i + 1)
+                     for k, v in self.arrays.items()} for i in range(self.num_samples)]
         batch = self.fixed_batch or batch
         if not any(self.axis(k) is not None for k in self.arrays):
             return [dict(self.arrays)] if self.arrays else []
@@ -77,9 +86,10 @@ class Dataset:
     def slice(self, start: int, stop: int | None = None) -> "Dataset":
         """Samples ``start:stop`` along each batch axis (labels included)."""
         tag = f"[{start or ''}:{'' if stop is None else stop}]"
-        arrays = {k: v if (ax := self.axis(k)) is None else _cut(v, ax, start, stop) for k, v in self.arrays.items()}
+        arrays = {k: v[start:stop] if k in self.stacked else v if (ax := self.axis(k)) is None
+                  else _cut(v, ax, start, stop) for k, v in self.arrays.items()}
         return Dataset(arrays, self.source + tag, None if self.labels is None else self.labels[start:stop],
-                       self.generated, dict(self.batch_axes), self.fixed_batch)
+                       self.generated, dict(self.batch_axes), self.fixed_batch, self.stacked)
 
 
 @dataclass
@@ -157,6 +167,12 @@ def _input_problems(ds: Dataset, model: LoadedModel) -> list[str]:
         a = ds.arrays.get(spec.name)
         if a is None:
             continue
+        if spec.name in ds.stacked:
+            if a.ndim != len(spec.shape) + 1:
+                problems.append(f"{spec.name}: rank {a.ndim}, want rank {len(spec.shape) + 1}: samples along a new "
+                                f"axis 0, each of the input's shape {spec.shape} (it has no batch axis)")
+                continue
+            a = a[0]
         if a.ndim != len(spec.shape):
             problems.append(f"{spec.name}: rank {a.ndim}, model wants rank {len(spec.shape)} {spec.shape}")
             continue
@@ -175,6 +191,13 @@ def check_dataset(ds: Dataset, model: LoadedModel) -> None:
     names = [s.name for s in model.inputs]
     _take_labels(ds, names, problems)
     ds.batch_axes, ds.fixed_batch = batch_axes(model), fixed_batch(model)
+    ds.stacked = frozenset()
+    for name in stacked_inputs(model):  # one sample per array along a new axis 0 (one array alone: one sample)
+        spec = next(s for s in model.inputs if s.name == name)
+        a = ds.arrays.get(name)
+        if a is not None and a.ndim == len(spec.shape):
+            ds.arrays[name] = a[None]
+        ds.stacked |= {name}
     missing = [n for n in names if n not in ds.arrays]
     if missing:
         problems.append(f"missing inputs: {', '.join(missing)} (the file has {', '.join(sorted(ds.arrays))})")
@@ -182,6 +205,7 @@ def check_dataset(ds: Dataset, model: LoadedModel) -> None:
     counts = {k: v.shape[ax] for k, v in ds.arrays.items()
               if k in names and v.ndim == len(next(s.shape for s in model.inputs if s.name == k))
               and (ax := ds.axis(k)) is not None}
+    counts.update({k: ds.arrays[k].shape[0] for k in ds.stacked if k in ds.arrays and ds.arrays[k].ndim})
     if len(set(counts.values())) > 1:
         problems.append("inputs have different sample counts along their batch axes: "
                         + ", ".join(f"{k}={v} (axis {ds.axis(k)})" for k, v in counts.items()))
@@ -194,7 +218,7 @@ def check_dataset(ds: Dataset, model: LoadedModel) -> None:
     if problems:
         odd = {k: ax for k, ax in ds.batch_axes.items() if ax != 0}
         where = "samples along axis 0" + (
-            "; " + ", ".join(f"{k}: {'samples along axis ' + str(ax) if ax is not None else 'one array, no sample axis'}"
+            "; " + ", ".join(f"{k}: {'samples along axis ' + str(ax) if ax is not None else 'no batch axis: whole samples stacked along a new axis 0' if k in ds.stacked else 'one array, no sample axis'}"
                              for k, ax in odd.items()) if odd else "")
         raise MixprecError(f"the data in {ds.source} does not fit the model's inputs",
                            f"save one array per input, keyed by input name, {where}", details=problems)
@@ -254,13 +278,15 @@ def _invented(model: LoadedModel, spec, shape: tuple, rng) -> np.ndarray | None:
 
 def generated_bytes(model: LoadedModel, num_samples: int, shapes: dict[str, tuple[int, ...]]) -> int:
     """Bytes :func:`generate_dataset` would allocate for ``num_samples`` at ``shapes`` (before it does)."""
-    axes, fb = batch_axes(model), fixed_batch(model)
+    axes, fb, stacked = batch_axes(model), fixed_batch(model), stacked_inputs(model)
     if fb:
         num_samples = -(-num_samples // fb) * fb
     total = 0
     for spec in model.inputs:
         shape = [int(d) for d in shapes[spec.name]]
-        if axes[spec.name] is not None:
+        if spec.name in stacked:
+            shape = [int(num_samples), *shape]
+        elif axes[spec.name] is not None:
             shape[axes[spec.name]] = int(num_samples)
         item = np.dtype("float32" if spec.dtype == "bfloat16" else spec.dtype).itemsize
         total += int(np.prod(shape, dtype=np.float64)) * item
@@ -278,13 +304,15 @@ def generate_dataset(model: LoadedModel, num_samples: int = 32, seed: int = 0,
     input is refused (MixprecError): give an .npz."""
     rng = np.random.default_rng(seed)
     shapes = shapes or resolve_input_shapes(model)
-    axes, fb = batch_axes(model), fixed_batch(model)
+    axes, fb, stacked = batch_axes(model), fixed_batch(model), stacked_inputs(model)
     if fb:
         num_samples = -(-num_samples // fb) * fb
     arrays, refused = {}, []
     for spec in model.inputs:
         shape = list(shapes[spec.name])
-        if axes[spec.name] is not None:
+        if spec.name in stacked:  # whole samples along a new axis 0
+            shape = [num_samples, *shape]
+        elif axes[spec.name] is not None:
             shape[axes[spec.name]] = num_samples
         arr = _invented(model, spec, tuple(shape), rng)
         if arr is None:
@@ -304,4 +332,4 @@ def generate_dataset(model: LoadedModel, num_samples: int = 32, seed: int = 0,
         past = arrays[kv.cache_inputs[0]].shape[kv.past_axis]
         decoding_positions(kv, arrays, past)
         source = f"generated; {fill_cache(model, kv, arrays, _vocab_size(model, kv.ids) if kv.ids else None, rng)}"
-    return Dataset(arrays, source, generated=True, batch_axes=axes, fixed_batch=fb)
+    return Dataset(arrays, source, generated=True, batch_axes=axes, fixed_batch=fb, stacked=stacked)

@@ -29,7 +29,11 @@ def feed_error(e: BaseException, feeds: dict | None, what: str, relation: str = 
     text = str(e)
     status = _STATUS.search(text)
     node = _NODE.search(text)
-    why = (status.group(1) if status else text.split(" : ")[-1]).strip().splitlines()[0][:300]
+    why = (status.group(1) if status else text.split(" : ")[-1]).strip().splitlines()[0]
+    why = re.sub(r"^/onnxruntime_src/\S+:\d+\s+", "", why)  # ORT's source line and C++ signature: not the user's
+    if " was false. " in why:
+        why = why.split(" was false. ", 1)[1]
+    why = why[:300]
     where = f" in its {node.group(1)} node {node.group(2)}" if node else ""
     shown = ""
     if feeds:
@@ -39,16 +43,28 @@ def feed_error(e: BaseException, feeds: dict | None, what: str, relation: str = 
     hint = f" ({relation})" if relation else ""
     return MixprecError(
         f"ONNX Runtime refused the inputs while {what}{where}: {why}{shown}",
-        f"give inputs the model accepts{hint}: sizes with --dim NAME=V for a named dim or --shape INPUT=DIMS "
+        f"give inputs the model accepts{hint}: sizes with --dim NAME=V for a named dim or --shape INPUT=DIMS, "
+        "--no-batch INPUT for an input whose axis 0 is not a batch (e.g. an audio model's [frames, bins]) "
         "(python -m core inspect MODEL lists every dim and where its size came from; on the dashboard: the Model "
         "page's Input shapes), or data (--data / --eval .npz) of such sizes and with values it takes (token ids "
         "within its vocabulary)")
 
 
+def _quiet_ort() -> None:
+    try:
+        import onnxruntime as ort
+
+        ort.set_default_logger_severity(4)  # fatal only
+    except Exception:  # noqa: BLE001 - no onnxruntime: nothing to silence
+        pass
+
+
 @contextmanager
 def ort_feed_errors(feeds, what: str, relation: str = ""):
     """Turn an error ONNX Runtime raises inside the block into :func:`feed_error` (other errors pass);
-    ``feeds`` may be a callable that gives them (called only then)."""
+    ``feeds`` may be a callable that gives them (called only then). ONNX Runtime's own log of the error (a
+    red line on stderr) is silenced: the error is raised, translated."""
+    _quiet_ort()
     try:
         yield
     except MixprecError:

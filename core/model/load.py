@@ -88,6 +88,8 @@ class LoadedModel:
     weights: ExternalWeights | None = None
     branches: dict = field(default_factory=dict)  # branch input -> the branch fixed on load (core.model.branches)
     branch_inputs: list[str] = field(default_factory=list)  # the model's inputs that pick an If branch
+    no_batch: frozenset = frozenset()  # inputs the user marked "no batch axis" (core.model.shapes.batch_axes)
+    max_batch: int | None = None  # the largest batch the graph runs at, where it runs at fewer than it declares
 
     @property
     def external(self) -> bool:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import onnx
@@ -42,6 +42,9 @@ EVAL_BATCH = 16  # quality is evaluated in batches of up to this many samples wh
 SOURCES = ("fixed", "given", "data", "batch", "default", "guessed")
 BATCH_NAMES = {"n", "b", "bs", "nb", "batch", "batch_size", "batchsize", "batches", "num_batch", "batch_dim",
                "nbatch", "minibatch", "mini_batch"}
+# symbols that name a time or length axis: never taken for the batch because every input shares them
+TIME_NAMES = {"t", "time", "times", "frames", "frame", "num_frames", "n_frames", "nframes", "time_steps", "timesteps",
+              "steps", "length", "len", "audio_length", "samples_len", "num_samples", "wav_len", "bins"}
 IMAGE_SIZE_KEYS = ("imgsz", "img_size", "image_size", "imagesize", "input_size", "inputsize", "img_shape",
                    "image_shape", "input_shape", "resolution", "size")
 _RANK = {s: i for i, s in enumerate(SOURCES)}
@@ -124,14 +127,55 @@ def _batch_symbol(model: LoadedModel) -> str | None:
     batchy = [s for s in counts if s.lower() in BATCH_NAMES or "batch" in s.lower()]
     if batchy:
         return max(batchy, key=lambda s: counts[s])
-    shared = [s for s, c in counts.items() if c == len(per_input) and any(p[s] == 0 for p in per_input if s in p)]
+    shared = [s for s, c in counts.items() if c == len(per_input) and any(p[s] == 0 for p in per_input if s in p)
+              and s.lower() not in TIME_NAMES]
     if not shared:
         return None
     return min(shared, key=lambda s: sum(p[s] for p in per_input) / len(per_input))
 
 
+def _unsqueezed_at_0(model: LoadedModel, name: str) -> bool:
+    """Whether every use of the input is an Unsqueeze that adds axis 0: the model adds its own batch axis
+    (``x[None]`` in the exported code), so the input has none (e.g. an audio model's ``[frames, bins]``)."""
+    uses = [n for n in model.proto.graph.node if name in n.input]
+    if not uses:
+        return False
+    for n in uses:
+        if n.op_type != "Unsqueeze" or n.input[0] != name:
+            return False
+        axes = next((list(a.ints) for a in n.attribute if a.name == "axes"), None)
+        if axes is None and len(n.input) > 1:
+            vals = _const_values(model, n.input[1])
+            axes = None if vals is None else [int(v) for v in np.ravel(vals)]
+        if not axes or 0 not in axes:
+            return False
+    return True
+
+
+def with_no_batch(model: LoadedModel, names) -> LoadedModel:
+    """The model with ``names`` marked "no batch axis" (``--no-batch INPUT``): each of those inputs is fed
+    whole, one sample per array along a new leading axis of the data. Unknown names are refused."""
+    names = frozenset(str(n) for n in (names or ()))
+    if names == model.no_batch:
+        return model
+    unknown = sorted(names - {s.name for s in model.inputs})
+    if unknown:
+        raise MixprecError(f"--no-batch names {', '.join(unknown)}, which the model has no input called",
+                           f"name inputs of the model: {', '.join(s.name for s in model.inputs)}")
+    return replace(model, no_batch=names)
+
+
 def batch_axes(model: LoadedModel) -> dict[str, int | None]:
-    """The batch axis of every input (None: the input has none and is fed whole)."""
+    """The batch axis of every input (None: the input has none and is fed whole). Inputs the user marked
+    "no batch axis" (:func:`with_no_batch`) have none."""
+    if model.no_batch:
+        axes = batch_axes(replace(model, no_batch=frozenset(),
+                                  inputs=[s for s in model.inputs if s.name not in model.no_batch]))
+        return {s.name: axes.get(s.name) for s in model.inputs}
+    own = {s.name for s in model.inputs if s.shape and _unsqueezed_at_0(model, s.name)}
+    if own:  # inputs the model gives a batch axis of its own have none: as if marked so
+        axes = batch_axes(replace(model, inputs=[s for s in model.inputs if s.name not in own]))
+        return {s.name: axes.get(s.name) for s in model.inputs}
     sym = _batch_symbol(model)
     axes: dict[str, int | None] = {}
     for spec in model.inputs:
@@ -146,11 +190,22 @@ def batch_axes(model: LoadedModel) -> dict[str, int | None]:
         # no dynamic batch anywhere: a fixed batch on axis 0, where the inputs agree on its size
         lead = {s.shape[0] for s in model.inputs if len(s.shape) >= 2}
         lead |= {s.shape[0] for s in model.inputs if axes[s.name] == 0}
-        if len(lead) == 1:
+        if len(lead) == 1 and not _is_dynamic(next(iter(lead))):  # a [frames, bins] input has no batch
             for s in model.inputs:
                 if len(s.shape) >= 2:
                     axes[s.name] = 0
     return axes
+
+
+def stacked_inputs(model: LoadedModel) -> frozenset[str]:
+    """Inputs whose samples are whole arrays stacked along a new leading axis of the data (and fed one at a
+    time): those the user marked "no batch axis", and every input of a model where no input has one
+    (e.g. an audio model's ``[frames, bins]``). Other inputs without a batch axis (a fixed-size side input
+    of a batched model) are one array passed whole in every batch."""
+    axes = batch_axes(model)
+    if all(a is None for a in axes.values()):
+        return frozenset(axes)
+    return frozenset(model.no_batch)
 
 
 def fixed_batch(model: LoadedModel) -> int | None:
@@ -205,6 +260,44 @@ def implied_image_size(model: LoadedModel, spec: TensorSpec) -> tuple[int, int, 
     return None
 
 
+_PASS_THROUGH = ("Cast", "Identity", "Relu", "Sigmoid", "Tanh", "Neg", "Abs", "Dropout", "Softmax", "LayerNormalization",
+                 "BatchNormalization", "InstanceNormalization")
+
+
+def implied_width(model: LoadedModel, spec: TensorSpec, axis: int) -> tuple[int, str] | None:
+    """(size, why) of a dynamic dim that a weight fixes: the input width of an RNN/LSTM/GRU reading the input
+    (``W`` is [directions, gates × hidden, width]), the K of a MatMul or Gemm with a constant weight, the
+    channels of a Conv. Followed through element-wise ops that keep the shape; None when no weight says."""
+    rank = len(spec.shape)
+    inits = {i.name: tuple(int(d) for d in i.dims) for i in model.proto.graph.initializer}
+    frontier = {spec.name}
+    for node in model.proto.graph.node:
+        ins = list(node.input)
+        if not ins or not frontier.intersection(ins):
+            continue
+        if node.op_type in _PASS_THROUGH and ins[0] in frontier:
+            frontier.update(node.output)
+            continue
+        w = inits.get(ins[1]) if len(ins) > 1 else None
+        if w is None:
+            continue
+        op, name = node.op_type, node.name or node.op_type
+        if op in ("LSTM", "GRU", "RNN") and ins[0] in frontier and axis == rank - 1 == 2 and len(w) == 3:
+            return w[2], f"the {op} {name}'s weight W {list(w)}"
+        if op == "MatMul" and ins[0] in frontier and axis == rank - 1 and len(w) >= 2:
+            return w[-2], f"the MatMul {name}'s weight {list(w)}"
+        if op == "Gemm" and ins[0] in frontier and rank == 2 and axis == 1 and len(w) == 2:
+            trans_a = next((a.i for a in node.attribute if a.name == "transA"), 0)
+            trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
+            if not trans_a:
+                return (w[1] if trans_b else w[0]), f"the Gemm {name}'s weight {list(w)}"
+        if op in ("Conv", "ConvTranspose") and ins[0] in frontier and axis == 1 and len(w) == rank:
+            group = next((a.i for a in node.attribute if a.name == "group"), 1)
+            chans = w[1] * group if op == "Conv" else w[0]
+            return chans, f"the {op} {name}'s weight {list(w)}"
+    return None
+
+
 # --- choices ----------------------------------------------------------------------------------
 def _check_given(model: LoadedModel, shapes: dict, overrides: dict, batch: int) -> None:
     specs = {s.name: s for s in model.inputs}
@@ -252,6 +345,11 @@ def _choose(model, spec, axis, d, ctx) -> tuple[int, str, str]:
     arr = None if data is None else data.get(spec.name)
     if arr is not None and np.ndim(arr) == len(spec.shape):
         return int(np.shape(arr)[axis]), "data", "from the data"
+    if arr is not None and np.ndim(arr) == len(spec.shape) + 1 and axes.get(spec.name) is None:
+        return int(np.shape(arr)[axis + 1]), "data", "from the data (one sample per array)"
+    width = implied_width(model, spec, axis)
+    if width:
+        return width[0], "default", f"default from {width[1]}"
     if axis in spatial_axes(spec):
         implied = implied_image_size(model, spec)
         if implied:

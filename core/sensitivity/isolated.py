@@ -31,8 +31,9 @@ import pandas as pd
 
 from core.backends import select_backend
 from core.errors import MixprecError
+from core.measure.evaluation import MetricSpec, project_outputs
 from core.measure.metrics import Quality
-from core.measure.reference import eval_batches, output_name, reference_on
+from core.measure.reference import eval_batches, output_name, reference_on, settle_eval_batch
 from core.model.data import Dataset
 from core.model.external import data_files
 from core.model.inventory import require_eligible
@@ -60,6 +61,10 @@ def _ref_file(path: Path, i: int) -> Path:
     return path.with_name(f"{path.stem}-ref{i}.npy")
 
 
+def _extra_file(path: Path, j: int, i: int) -> Path:
+    return path.with_name(f"{path.stem}-x{j}-ref{i}.npy")
+
+
 def _save_trial_data(path: Path, data: "TrialData") -> None:
     """The trial data as files the workers load: the pickled start-up message of a spawned worker stays
     small (a worker that dies while the parent writes a large one hangs the parent). The FP32 reference
@@ -68,27 +73,37 @@ def _save_trial_data(path: Path, data: "TrialData") -> None:
     arrays = trial_arrays(data.batches, [], data.labels)
     for i, r in enumerate(data.ref):
         np.save(_ref_file(path, i), np.ascontiguousarray(r))
-    np.savez(path, refs=np.array(len(data.ref)), **arrays)
+    extra = list((data.extra or {}).items())  # the other graph outputs the metrics read (issue 22 §3)
+    for j, (_, refs) in enumerate(extra):
+        for i, r in enumerate(refs):
+            np.save(_extra_file(path, j, i), np.ascontiguousarray(r))
+    names = {"extra_names": np.array([n for n, _ in extra], dtype=str)} if extra else {}
+    np.savez(path, refs=np.array(len(data.ref)), **names, **arrays)
 
 
-def _load_trial_data(path: str, out_name: str) -> "TrialData":
+def _load_trial_data(path: str, out_name: str, metrics: MetricSpec | None = None) -> "TrialData":
     with np.load(path, allow_pickle=False) as z:
         n = int(z["refs"])
         ref = [np.load(_ref_file(Path(path), i), mmap_mode="r") for i in range(n)]
         files = list(z.keys())
         batches = [{k.split("/", 1)[1]: z[k] for k in files if k.startswith(f"b{i}/")} for i in range(n)]
         labels = z["labels"] if "labels" in files else None
-    return TrialData(batches, ref, out_name, labels)
+        names = [str(s) for s in z["extra_names"]] if "extra_names" in files else []
+    extra = {name: [np.load(_extra_file(Path(path), j, i), mmap_mode="r") for i in range(n)]
+             for j, name in enumerate(names)}
+    return TrialData(batches, ref, out_name, labels, metrics, extra or None)
 
 
-def _worker_init(model_path: str, data_path: str, switch_inputs: list[str], out_name: str, threads: int):
-    data = _load_trial_data(data_path, out_name)
+def _worker_init(model_path: str, data_path: str, switch_inputs: list[str], out_name: str, threads: int,
+                 metrics: MetricSpec | None = None):
+    data = _load_trial_data(data_path, out_name, metrics)
     _W.update(sess=trial_session(model_path, threads), batches=data.batches, switches=switch_inputs, ref=data.ref,
-              out=out_name, labels=data.labels)
+              out=out_name, labels=data.labels, metrics=metrics, extra=data.extra)
 
 
 def _worker_eval(on: frozenset) -> Quality:
-    return run_trial(_W["sess"], _W["batches"], _W["switches"], _W["ref"], _W["out"], _W["labels"], on)
+    return run_trial(_W["sess"], _W["batches"], _W["switches"], _W["ref"], _W["out"], _W["labels"], on,
+                     _W["metrics"], _W["extra"])
 
 
 @dataclass
@@ -99,13 +114,19 @@ class TrialData:
     ref: list
     out_name: str
     labels: np.ndarray | None = None
+    metrics: MetricSpec | None = None  # what quality is measured on (core.measure.evaluation; None: out_name)
+    extra: dict | None = None  # the FP32 outputs of the other graph outputs ``metrics`` reads, by name
 
 
-def trial_data(project: Project, ds: Dataset) -> TrialData:
-    """``ds`` in evaluation batches with its FP32 outputs (ONNX Runtime, cached per model and data)."""
-    batches = eval_batches(project, ds)
+def trial_data(project: Project, ds: Dataset, metrics: MetricSpec | None = None) -> TrialData:
+    """``ds`` in evaluation batches with its FP32 outputs (ONNX Runtime, cached per model, data and output):
+    of every output ``metrics`` reads (default: the first float output)."""
     be, _ = select_backend("onnxruntime")
-    return TrialData(batches, reference_on(be, project, ds, batches), output_name(project), ds.labels)
+    project = settle_eval_batch(be, replace(project, eval_data=ds))
+    batches = eval_batches(project, ds)
+    names = project_outputs(project, metrics)
+    ref = {n: reference_on(be, project, ds, batches, n) for n in names}
+    return TrialData(batches, ref[names[0]], names[0], ds.labels, metrics, {n: ref[n] for n in names[1:]} or None)
 
 
 @dataclass
@@ -133,21 +154,22 @@ class TrialPool:
     Ray cluster: ``core.sensitivity.distributed.RayTrialPool``, see :func:`open_trial_pool`)."""
 
     def __init__(self, model_path, batches, switch_inputs: dict[str, str], ref, out_name, workers: int = 2,
-                 labels=None):
+                 labels=None, metrics: MetricSpec | None = None, extra: dict | None = None):
         self.names = switch_inputs  # layer -> input name
         self.where = f"local process pool ({workers} worker{'s' * (workers != 1)})"
         threads = 1 if workers > 1 else 0
         self._tmp = tempfile.TemporaryDirectory(prefix="mixprec-trials-")
         data_path = Path(self._tmp.name) / "trial-data.npz"
-        _save_trial_data(data_path, TrialData(batches, ref, out_name, labels))
+        _save_trial_data(data_path, TrialData(batches, ref, out_name, labels, metrics, extra))
         self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=worker_context(),
                                         initializer=_worker_init,
                                         initargs=(str(model_path), str(data_path), list(switch_inputs.values()),
-                                                  out_name, threads))
+                                                  out_name, threads, metrics))
 
     @classmethod
     def on(cls, switchable: Switchable, data: TrialData, workers: int = 2) -> "TrialPool":
-        return cls(switchable.path, data.batches, switchable.switches, data.ref, data.out_name, workers, data.labels)
+        return cls(switchable.path, data.batches, switchable.switches, data.ref, data.out_name, workers, data.labels,
+                   data.metrics, data.extra)
 
     def evaluate(self, int8_sets: list[set[str]], progress=None, should_stop=None) -> list[Quality]:
         # what calibrating, the FP32 reference and compiling freed goes back to the OS before the workers
@@ -188,6 +210,9 @@ def open_trial_pool(switchable: Switchable, data: TrialData, workers: int = 2, r
     address = ray_address(ray)
     if address is None:
         return TrialPool.on(switchable, data, workers)
+    if data.metrics is not None and not data.metrics.is_default:
+        raise MixprecError("trials on a Ray cluster measure the first float output only: --metric-output, --task and "
+                           "--metric-file are not sent to Ray workers yet", "run the trials locally (leave out --ray)")
     external = data_files(onnx.load(switchable.path, load_external_data=False))
     # weights in data files beside the model (over 2 GB): the workers read them from the workspace
     return RayTrialPool.on(switchable, data, address, workers, share="path" if external else None)
@@ -262,9 +287,11 @@ class Sensitivity:
                    str(doc.get("trials_on", "")))
 
 
-def _sensitivity_key(project, base: Policy, calib_key: str, mode: str, ds: Dataset) -> str:
+def _sensitivity_key(project, base: Policy, calib_key: str, mode: str, ds: Dataset,
+                     metrics: MetricSpec | None = None) -> str:
+    spec = metrics.key if metrics is not None else ""  # "" for the default: the keys tables always had
     return sha256_bytes(f"{SWITCHABLE_FORMAT_VERSION}|s{Sensitivity.FORMAT_VERSION}|{project.model.sha256}|"
-                        f"{ds.sha256}|{calib_key}|{base.sha256}|{mode}".encode())[:24]
+                        f"{ds.sha256}|{calib_key}|{base.sha256}|{mode}".encode() + (f"|m={spec}".encode() if spec else b""))[:24]
 
 
 # --- where a table is stored: once, in rankings/ -------------------------------------------
@@ -292,12 +319,14 @@ def _is_default(project: Project, method: str, base: Policy, data: Dataset) -> b
 
 
 def sensitivity_file(project: Project, mode: str = "isolated", method: str = "minmax", base: Policy | None = None,
-                     data: Dataset | None = None) -> Path:
+                     data: Dataset | None = None, metrics: MetricSpec | None = None) -> Path:
     """Where :func:`sensitivity` stores (and looks for) the table of these arguments: the project's
     rankings file of ``method`` and ``mode`` for its default policy and dev half (what the store and
     the Sensitivity page read), else a file of its own in the same folder."""
     base, data = _inputs(project, method, base, data)
     tag = method if _is_default(project, method, base, data) else f"{method}|base={base.sha256}|data={data.sha256}"
+    if metrics is not None and metrics.key:  # measured on other metric outputs: a table of its own
+        tag += f"|metrics={metrics.key}"
     key = analysis_key(project.model.sha256, project.calib_data.sha256, project.eval_data.sha256, tag, mode)
     return project.ws.ranking_file(key)
 
@@ -358,7 +387,7 @@ def _table(mode: str, method: str, eligible, baseline: Quality, trials: list[Qua
 
 def sensitivity(project: Project, mode: str = "isolated", method: str = "minmax", base: Policy | None = None,
                 data: Dataset | None = None, workers: int = 2, progress=None, should_stop=None,
-                pool=None, ray: str | None = None) -> Sensitivity:
+                pool=None, ray: str | None = None, metrics: MetricSpec | None = None) -> Sensitivity:
     """Per-layer quality drop with only that layer INT8 (isolated), or gain with every other
     eligible layer INT8 (leave-one-out); stored once (:func:`sensitivity_file`, read by the store and the
     search alike) and used again for the same model, data, calibration and base policy.
@@ -372,15 +401,16 @@ def sensitivity(project: Project, mode: str = "isolated", method: str = "minmax"
     eligible = require_eligible(project.model.name, project.layers, "measure")
     calib = calibrate_policy(project.model, project.calib_data, base.with_layers({l.name: "int8" for l in eligible}),
                              project.layers, project.ws)
-    key = _sensitivity_key(project, base, calib.key, mode, data)
-    path = sensitivity_file(project, mode, method, base, data)
+    key = _sensitivity_key(project, base, calib.key, mode, data, metrics)
+    path = sensitivity_file(project, mode, method, base, data, metrics)
     found = _stored(project, path, mode, key)
     if found is not None:
         return replace(found, seconds=time.perf_counter() - t0, cache_hit=True)
     own = pool is None
     if own:
         step(0.05, "compiling the switchable model")
-        pool = open_trial_pool(switchable_model(project, base, calib, method), trial_data(project, data), workers, ray)
+        pool = open_trial_pool(switchable_model(project, base, calib, method), trial_data(project, data, metrics),
+                               workers, ray)
     try:
         res = pool.evaluate(_trial_sets(mode, [l.name for l in eligible]),
                             lambda f, t: step(0.1 + 0.9 * f, f"{mode}: {t}"), should_stop)
