@@ -68,7 +68,8 @@ def source() -> ProjectSource:
         qp = st.query_params
         src = ProjectSource(qp.get("model") or DEFAULT_MODEL, qp.get("data"), qp.get("eval_data"),
                             _shapes_from_text(qp.get("shapes")), target=qp.get("target"),
-                            branches=_branches_from_text(qp.get("branch")))
+                            branches=_branches_from_text(qp.get("branch")),
+                            no_batch=[n for n in (qp.get("no_batch") or "").split(",") if n] or None)
         kept = saved()
         if kept is not None:
             src = kept.source
@@ -99,9 +100,10 @@ def set_source(src: ProjectSource) -> None:
     save()
 
 
-def set_shapes(shapes: dict | None) -> None:
-    """Keep the model and data, use these input shapes (None: back to the defaults)."""
-    set_source(replace(source(), shapes=shapes))
+def set_shapes(shapes: dict | None, profiles: dict | None = None, no_batch=None) -> None:
+    """Keep the model and data, use these input shapes, dynamic-shape profiles and inputs without a batch axis
+    (None: back to the defaults)."""
+    set_source(replace(source(), shapes=shapes, profiles=profiles, no_batch=no_batch or None))
 
 
 def set_branch(name: str, widget: str) -> None:
@@ -182,7 +184,8 @@ def save(**changes) -> None:
 def _url_params() -> dict[str, str]:
     src = source()
     out = {"model": src.model, "data": src.data, "eval_data": src.eval_data, "shapes": _shapes_text(src.shapes),
-           "target": src.target, "branch": _branches_text(src.branches), "project": project_id()}
+           "target": src.target, "branch": _branches_text(src.branches),
+           "no_batch": ",".join(src.no_batch) if src.no_batch else None, "project": project_id()}
     return {k: str(v) for k, v in out.items() if v}
 
 
@@ -190,7 +193,7 @@ def sync_url() -> None:
     """Keep the project id and the source in the URL (``?project=…&model=…``), which switching
     pages drops: a reload or a copied link then finds them. ``?job=`` is left as it is."""
     want, qp = _url_params(), st.query_params
-    for k in (*SOURCE_KEYS, "shapes", "target", "branch", "project"):
+    for k in (*SOURCE_KEYS, "shapes", "target", "branch", "no_batch", "project"):
         if k in want and qp.get(k) != want[k]:
             qp[k] = want[k]
         elif k not in want and k in qp:

@@ -96,6 +96,39 @@ def test_model_page_shape_editor_and_generated_data(ws, tmp_path):
     assert [n.value for n in reloaded.number_input] == [1, 224, 224]
 
 
+def test_shape_editor_min_and_max_shapes_are_the_profile(ws, tmp_path):
+    """Issue 22 §4: a dynamic input's optional min and max shape fields make its optimisation profile around the
+    shape set (opt), saved with the project (a reload by project id keeps it); a bad one is refused with the fix;
+    "Back to the default shapes" clears it."""
+    model = str(dynamic_cnn(tmp_path / "dyn.onnx"))
+    at = ok(page("model", model=model))
+    fields = {t.label.replace("\\", ""): t for t in at.text_input if "shape (optional)" in t.label}
+    assert set(fields) == {"images · min shape (optional)", "images · max shape (optional)"}
+    assert all(f.value == "" for f in fields.values())
+    fields["images · min shape (optional)"].input("1x3x224x224")
+    fields["images · max shape (optional)"].input("8x3x640x640")
+    at.button(key="apply_shapes").click().run()
+    ok(at)
+    want = {"images": [[1, 3, 224, 224], [1, 3, 224, 224], [8, 3, 640, 640]]}
+    assert at.session_state["source"]["profiles"] == want
+    assert [t.value for t in at.text_input if "shape (optional)" in t.label] == ["1x3x224x224", "8x3x640x640"]
+    reloaded = AppTest.from_file(APP, default_timeout=120)  # a reload of the saved project keeps the profile
+    reloaded.query_params.update({"project": at.query_params["project"]})
+    reloaded.run()
+    ok(reloaded.switch_page("views/model.py").run())
+    assert reloaded.session_state["source"]["profiles"] == want
+    assert [t.value for t in reloaded.text_input if "shape (optional)" in t.label] == ["1x3x224x224", "8x3x640x640"]
+    bad = next(t for t in reloaded.text_input if t.label.replace("\\", "") == "images · max shape (optional)")
+    bad.input("8x3x100x100")
+    reloaded.button(key="apply_shapes").click().run()
+    assert reloaded.error and "not min <= opt <= max" in shown(reloaded.error[0]).replace("\\", "")
+    assert "Fix:" in shown(reloaded.error[0]) and reloaded.session_state["source"]["profiles"] == want
+    reloaded.button(key="reset_shapes").click().run()
+    ok(reloaded)
+    assert reloaded.session_state["source"]["profiles"] is None
+    assert [t.value for t in reloaded.text_input if "shape (optional)" in t.label] == ["", ""]
+
+
 def test_model_page_shows_normalisation_steps(ws, tmp_path):
     model = str(dynamic_cnn(tmp_path / "old.onnx", opset=11))
     at = ok(page("model", model=model))
@@ -153,3 +186,28 @@ def test_a_merged_decoder_says_which_branch_it_folded_and_picks_the_other(ws, tm
     link.run()
     ok(link.switch_page("views/model.py").run())
     assert link.radio(key="branch_pick:use_cache_branch").value.startswith("false")
+
+
+def test_shape_editor_no_batch_axis_checkbox(ws, tmp_path):
+    """Issue 22 §1: an input whose axis 0 mixprec took for the batch can be marked "no batch axis" in the shape
+    editor; Apply reopens the project with it fed whole (one sample per array), kept in the URL and the saved
+    project. A model that adds its own batch axis says so, with nothing to tick."""
+    from tests.fixtures.axes import frames_bins
+
+    model = str(frames_bins(tmp_path / "audio_r.onnx", named=False, reshape=True))
+    at = ok(page("model", model=model))
+    (box,) = [c for c in at.checkbox if c.key.startswith("nobatch:")]
+    assert box.value is False and "no batch axis" in box.label
+    box.check()
+    at.button(key="apply_shapes").click().run()
+    ok(at)
+    assert at.session_state["source"]["no_batch"] == ["input"] and at.query_params["no_batch"] == "input"
+    assert [c.value for c in at.checkbox if c.key.startswith("nobatch:")] == [True]
+    reloaded = AppTest.from_file(APP, default_timeout=120)
+    reloaded.query_params.update({"project": at.query_params["project"]})
+    reloaded.run()
+    ok(reloaded.switch_page("views/model.py").run())
+    assert reloaded.session_state["source"]["no_batch"] == ["input"]
+    own = ok(page("model", model=str(frames_bins(tmp_path / "audio.onnx"))))
+    assert not [c for c in own.checkbox if c.key.startswith("nobatch:")]
+    assert any("has no batch axis" in c.value for c in own.caption)
