@@ -32,3 +32,12 @@ class MixprecError(Exception):
 
     def __str__(self) -> str:  # noqa: D401
         return self.message
+
+    def __reduce__(self):  # from a trial worker process to its pool: with its fix and details
+        return _restore, (type(self), self.what, self.fix, self.details)
+
+
+def _restore(cls, what: str, fix: str, details: list[str]) -> MixprecError:
+    e = cls.__new__(cls)
+    MixprecError.__init__(e, what, fix, details=details)
+    return e

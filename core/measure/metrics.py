@@ -30,17 +30,38 @@ class Quality:
     kl_div: float | None = None              # logits: mean KL(softmax FP32 || softmax candidate), nats
     perplexity: float | None = None          # vocabulary logits with next-token labels
     fp32_perplexity: float | None = None     # FP32's perplexity on the same labels
+    # issue 22 §3 (core.measure.evaluation): what the numbers above are of, the task metrics, the user metric
+    output: str | None = None          # the metric output (a graph output, or a named slice); None: the first float output
+    task: str | None = None            # "classification", "dense", "detection" (None: none recognised)
+    mask_iou: float | None = None      # dense: mean IoU of the thresholded maps, FP32 vs candidate
+    mask_iou_min: float | None = None
+    map_cosine_mean: float | None = None  # dense: cosine over the samples whose FP32 map is not near-empty
+    empty_maps: int | None = None      # dense: samples whose FP32 map is near-empty (scored by IoU only)
+    score_cosine: float | None = None  # detection: mean per-sample cosine of the score channels
+    score_topk: float | None = None    # detection: overlap of the top-k boxes by score, FP32 vs candidate
+    box_iou: float | None = None       # detection: mean IoU of FP32's top-k boxes with their matched candidate boxes
+    user: float | None = None          # the user metric (--metric-file), higher is better
+    outputs: dict | None = None        # metric output name -> its Quality (every --metric-output)
 
     def to_dict(self) -> dict:
-        """JSON-safe: an infinite SNR (no noise) is stored as "inf", NaN as None."""
-        return {k: (None if math.isnan(v) else str(v)) if isinstance(v, float) and not math.isfinite(v) else v
-                for k, v in asdict(self).items()}
+        """JSON-safe: an infinite SNR (no noise) is stored as "inf", NaN as None; ``outputs`` as
+        their own documents."""
+        doc = {k: (None if math.isnan(v) else str(v)) if isinstance(v, float) and not math.isfinite(v) else v
+               for k, v in asdict(self).items() if k != "outputs"}
+        doc["outputs"] = None if self.outputs is None else {k: q.to_dict() for k, q in self.outputs.items()}
+        return doc
 
     @classmethod
     def from_dict(cls, doc: dict) -> "Quality":
-        """The quality of :meth:`to_dict` (unknown keys are ignored; "inf" comes back as a float)."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: float(v) if isinstance(v, str) else v for k, v in doc.items() if k in names})
+        """The quality of :meth:`to_dict` (unknown keys are ignored, missing ones are None; "inf" comes
+        back as a float)."""
+        names = {f.name for f in fields(cls)} - {"outputs"}
+        kw = {k: float(v) if isinstance(v, str) and k not in ("output", "task") else v
+              for k, v in doc.items() if k in names}
+        kw.update({k: None for k in ("top1_agreement", "knn5_overlap") if k not in kw})
+        outs = doc.get("outputs")
+        return cls(**kw, outputs=None if not isinstance(outs, dict) else
+                   {str(k): cls.from_dict(v) for k, v in outs.items()})
 
 
 def _rows(outputs: list[np.ndarray]) -> np.ndarray:

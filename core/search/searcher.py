@@ -34,7 +34,7 @@ from core.backends import select_backend
 from core.errors import MixprecError
 from core.estimate.cost import CostParams
 from core.estimate.gpus import FIXTURE_GPU, GPU
-from core.measure.metrics import quality
+from core.measure.evaluation import MetricSpec, evaluate
 from core.measure.runs import GENERATED_NOTE, WARN_BELOW, RunResult, build_and_measure, is_generated
 from core.model.data import Dataset
 from core.model.inventory import Layer, require_eligible
@@ -97,6 +97,7 @@ class SearchConfig:
     gpu: str | GPU = FIXTURE_GPU        # trt_estimate: the GPU of the estimate (a table key, or a GPU of a spec)
     cost_params: CostParams | None = None  # trt_estimate: a calibration for ``gpu`` (default: the fixture fit)
     tf32: bool = True                   # trt_estimate: FP32 layers may use TF32 (trtexec's default)
+    metrics: MetricSpec | None = None   # what quality is measured on (core.measure.evaluation): trials and the build
 
 
 @dataclass
@@ -311,10 +312,17 @@ def _prepare(project: Project, config: SearchConfig, progress, should_stop) -> _
     margin = default_margin(budget) if config.margin is None else config.margin  # so the held-out half meets it too
     dev, test = split_eval(project.eval_data)
     eligible = require_eligible(project.model.name, project.layers, "search")
-    data = trial_data(project, dev)
-    if math.isnan(budget.value_of(quality(data.ref, data.ref, data.out_name, dev.labels))):
+    data = trial_data(project, dev, config.metrics)
+    ref = {data.out_name: data.ref, **(data.extra or {})}
+    fp32 = evaluate(config.metrics, ref, ref, dev.labels, data.batches)  # a user metric's errors show before any trial
+    if math.isnan(budget.value_of(fp32)):
+        if budget.output is not None and budget.output not in (fp32.outputs or {}):
+            raise MixprecError(f"the budget {budget} names the metric output {budget.output!r}, which is not measured",
+                               "give it with --metric-output NAME=OUTPUT[...,A:B]" + (
+                                   f" (measured: {', '.join(fp32.outputs)})" if fp32.outputs else ""))
         raise MixprecError(f"the budget metric {budget.metric} does not apply to {project.model.name}'s output",
-                           "use cosine_mean, cosine_min or snr_db (top-1 needs logits, knn5_overlap needs embeddings)")
+                           "use cosine_mean, cosine_min or snr_db (top-1 needs logits, knn5_overlap needs embeddings, "
+                           "mask_iou a dense map, score_cosine/score_topk/box_iou a detection head, user --metric-file)")
     return _Context(project, config, budget, margin, dev, test, eligible, project.default_policy(), data,
                     progress or (lambda f, t: None), should_stop, objective=objective)
 
@@ -322,7 +330,7 @@ def _prepare(project: Project, config: SearchConfig, progress, should_stop) -> _
 def _isolated(ctx: _Context, method: str, base: Policy, sw: Switchable, progress) -> Sensitivity:
     with open_trial_pool(sw, ctx.data, ctx.config.workers, ctx.config.ray) as pool:
         return sensitivity(ctx.project, "isolated", method, base, ctx.dev, ctx.config.workers, progress,
-                           ctx.should_stop, pool)
+                           ctx.should_stop, pool, metrics=ctx.config.metrics)
 
 
 def _drops(sens: Sensitivity) -> dict[str, float]:
@@ -469,7 +477,7 @@ def _verify(ctx: _Context, policy: Policy, sens: Sensitivity) -> tuple[RunResult
     cfg, budget = ctx.config, ctx.budget
     run = build_and_measure(replace(ctx.project, eval_data=ctx.test), policy, backend=cfg.backend,
                             label=f"search {budget}", trt_options=cfg.trt_options, warn_below=cfg.warn_below,
-                            ranking=sens)
+                            ranking=sens, metrics=cfg.metrics)
     met = budget.met(run.quality)
     verdict = f"; held-out half: {budget.metric}={budget.value_of(run.quality):.4f} " + \
         ("(meets the budget)" if met else "(does NOT meet the budget)")
@@ -509,4 +517,5 @@ def search(project: Project, config: SearchConfig, progress=None, should_stop=No
                         run.quality if run else None, message, table, sens, run, time.perf_counter() - t_start,
                         ctx.timings, by_name, chosen_candidate(table, by_name, policy), ctx.objective,
                         lat.label() if isinstance(lat, EstimatedLatency) else "", ties,
-                        sensitivity_file(ctx.project, "isolated", variants[0].name, ctx.base, ctx.dev).stem)
+                        sensitivity_file(ctx.project, "isolated", variants[0].name, ctx.base, ctx.dev,
+                                         config.metrics).stem)

@@ -32,7 +32,8 @@ import numpy as np
 import onnxruntime as ort
 
 from core.errors import MixprecError
-from core.measure.metrics import Quality, quality
+from core.measure.evaluation import evaluate
+from core.measure.metrics import Quality
 from core.sensitivity.memory import release_memory
 
 RAY_ENV = "MIXPREC_RAY_ADDRESS"
@@ -91,11 +92,16 @@ def trial_options(threads: int) -> ort.SessionOptions:
     return so
 
 
-def run_trial(sess, batches: list, switches: list[str], ref: list, out_name: str, labels, on) -> Quality:
-    """Quality of the switchable model with the switches ``on`` (input names) set, the rest off."""
+def run_trial(sess, batches: list, switches: list[str], ref: list, out_name: str, labels, on, metrics=None,
+              extra: dict | None = None) -> Quality:
+    """Quality of the switchable model with the switches ``on`` (input names) set, the rest off, measured as a
+    build measures it (``core.measure.evaluation.evaluate`` under ``metrics``; ``extra``: the FP32 outputs of the
+    other graph outputs it reads)."""
     flags = {name: np.array(name in on) for name in switches}
-    outs = [sess.run([out_name], {**b, **flags})[0] for b in batches]
-    return quality(ref, outs, out_name, labels)
+    names = [out_name, *(extra or {})]
+    outs = [sess.run(names, {**b, **flags}) for b in batches]
+    cand = {n: [o[i] for o in outs] for i, n in enumerate(names)}
+    return evaluate(metrics, {out_name: ref, **(extra or {})}, cand, labels, batches)
 
 
 def trial_arrays(batches: list, ref: list, labels) -> dict[str, np.ndarray]:

@@ -222,10 +222,15 @@ def test_quality_warning_below_the_threshold(tiny_cnn):
     q = Quality(0.41, 0.2, 3.0, 1.0, 0.5, None, 8)
     ranked = _ranking([int8[0], int8[2], "/no/such/layer", int8[1]])
     (w,) = quality_warnings(tiny_cnn, pol, q, 0.98, ranked)
-    assert w.startswith("cosine_mean 0.4100 is below 0.98: the worst INT8 layers in the cached cumulative ranking")
+    # it names the metric it used: cosine_mean of the model's first float output (no --metric-output)
+    assert w.startswith("cosine_mean of logits (the --warn-below metric) 0.4100 is below 0.98: the worst INT8 layers "
+                        "in the cached cumulative ranking")
     assert f"are {int8[2]}, {int8[1]}." in w and int8[0] not in w
     (offer,) = quality_warnings(tiny_cnn, pol, q, 0.98, None, generated=True)
-    assert f"({GENERATED_NOTE})" in offer and "python -m core rank sample:tiny-cnn" in offer
+    # on generated data it says first that the number may only reflect the generated inputs
+    assert offer.startswith("On generated data, this number may only reflect the generated inputs: cosine_mean of "
+                            "logits (the --warn-below metric) 0.4100")
+    assert "python -m core rank sample:tiny-cnn" in offer
     assert "Sensitivity page" in offer
     assert quality_warnings(tiny_cnn, pol, q, 0.41, ranked) == []  # at the threshold: no warning
     (nan,) = quality_warnings(tiny_cnn, pol, Quality(float("nan"), 0, 0, 0, None, None, 8), 0.98)
