@@ -9,7 +9,7 @@ import streamlit as st
 from core.display.charts import plot_op_types
 from core.errors import MixprecError
 from core.project import ProjectSource
-from ui import model_facts, saved_project, session, shape_editor
+from ui import data_import, model_facts, saved_project, session, shape_editor
 from ui.session import md
 
 src = saved_project.source()
@@ -52,6 +52,7 @@ with st.expander("Calibration and evaluation data (.npz, optional)", expanded=bo
         st.rerun()
     if src.data or src.eval_data:
         st.button("Use the default data", key="clear_data", on_click=saved_project.set_data, args=(None, None))
+    data_import.section(src)
 
 if saved_project.source().shapes:  # shapes that no longer fit (e.g. new data): say so, and offer the way back
     try:
