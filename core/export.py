@@ -19,6 +19,7 @@ from core.errors import MixprecError
 from core.estimate.predict import Prediction
 from core.measure.reference import timing_feed
 from core.model.load import LoadedModel
+from core.model.profiles import input_ranges, range_text
 from core.model.shapes import resolve_input_shapes, shape_text
 from core.project import Project
 from core.quant.calibration import DEFAULT_CACHE_TRT_VERSION, CalibrationResult, calibrate_policy, trt_calibration_cache, \
@@ -57,21 +58,24 @@ def check_trt_names(names, what: str, pattern=_BAD_TRT_NAME) -> None:
                            details=bad)
 
 
-def _dynamic(model: LoadedModel):
-    return [s for s in model.inputs if s.dynamic_axes]
+def _ranges(model: LoadedModel, shapes, profiles) -> dict:
+    """``{input: (min, opt, max)}`` of every input with a dynamic dim (``core.model.profiles.input_ranges``):
+    a profiled input its profile (``--profile``), another min = opt = max = the project's shape
+    (``--shape``/``--dim``/``--batch``, defaults shown by ``inspect``) but for the named dims it shares
+    with a profiled one."""
+    return input_ranges(model, shapes or resolve_input_shapes(model), profiles)
 
 
 def _shape_flags(model: LoadedModel, shapes: dict[str, tuple[int, ...]] | None,
-                 flags=("--minShapes", "--optShapes", "--maxShapes")) -> list[str]:
-    """min = opt = max = the project's shapes (``--shape``/``--dim``/``--batch``, defaults shown by
-    ``inspect``) for every input with a dynamic dim; static inputs take no flag."""
-    shapes = shapes or resolve_input_shapes(model)
-    dynamic = _dynamic(model)
-    if not dynamic:
+                 flags=("--minShapes", "--optShapes", "--maxShapes"), profiles: dict | None = None) -> list[str]:
+    """trtexec's ``--minShapes/--optShapes/--maxShapes`` of every input with a dynamic dim (:func:`_ranges`;
+    a single flag, ``--shapes`` of a built engine, takes the opt shapes); static inputs take no flag."""
+    ranges = _ranges(model, shapes, profiles)
+    if not ranges:
         return []
-    check_trt_names([s.name for s in dynamic], "input names")
-    spec = ",".join(f"{s.name}:{shape_text(shapes[s.name])}" for s in dynamic)
-    return [f"{flag}={spec}" for flag in flags]
+    check_trt_names(list(ranges), "input names")
+    which = (1,) if len(flags) == 1 else (0, 1, 2)
+    return [f"{flag}=" + ",".join(f"{n}:{shape_text(r[i])}" for n, r in ranges.items()) for flag, i in zip(flags, which)]
 
 
 def _tf32_flag(tf32: bool) -> list[str]:
@@ -81,7 +85,7 @@ def _tf32_flag(tf32: bool) -> list[str]:
 
 def trtexec_legacy_command(model: LoadedModel, policy: Policy, onnx_path: str = "model.onnx",
                            calib_cache: str | None = "calibration.cache", shapes=None, *, tf32: bool = False,
-                           engine: str = "model.plan") -> str:
+                           engine: str = "model.plan", profiles: dict | None = None) -> str:
     """TensorRT ≤ 10.11: the original ONNX with per-layer precision constraints. ``--int8`` and
     ``--calib`` only when the policy has INT8 layers and a cache is given (without one trtexec
     calibrates on random data). trtexec cannot range the weight Constants the parser makes for
@@ -93,14 +97,14 @@ def trtexec_legacy_command(model: LoadedModel, policy: Policy, onnx_path: str = 
     int8 = ["--int8", f"--calib={calib_cache}"] if calib_cache and "int8" in policy.layers.values() else []
     args = ["trtexec", f"--onnx={onnx_path}", "--fp16", *int8, *_tf32_flag(tf32),
             "--precisionConstraints=obey", f"--layerPrecisions={precisions}",
-            f"--layerOutputTypes={outputs}", *_shape_flags(model, shapes),
+            f"--layerOutputTypes={outputs}", *_shape_flags(model, shapes, profiles=profiles),
             "--profilingVerbosity=detailed", "--exportLayerInfo=layers.json", "--exportProfile=profile.json",
             f"--saveEngine={engine}"]
     return shlex.join(args)
 
 
 def polygraphy_legacy_build_command(model: LoadedModel, onnx_path: str, script: str, shapes=None, *,
-                                    tf32: bool = False, engine: str = "model.plan") -> str:
+                                    tf32: bool = False, engine: str = "model.plan", profiles: dict | None = None) -> str:
     """TensorRT ≤ 10.11: build the original ONNX with ``script`` (the policy's precisions, output
     types and INT8 ranges on every tensor the parser creates) as a network post-process step, and
     INT8 enabled by its config post-process step, so no calibrator runs (Polygraphy's ``--int8``
@@ -109,7 +113,7 @@ def polygraphy_legacy_build_command(model: LoadedModel, onnx_path: str, script: 
             *(["--tf32"] if tf32 else []), "--precision-constraints", "obey",
             "--trt-network-postprocess-script", script, "--trt-config-postprocess-script", script,
             "--profiling-verbosity", "detailed",
-            *_polygraphy_shapes(model, shapes)]
+            *_polygraphy_shapes(model, shapes, profiles)]
     return shlex.join(args)
 
 
@@ -121,27 +125,28 @@ def trtexec_profile_command(model: LoadedModel, engine: str = "model.plan", shap
 
 
 def trtexec_typed_command(model: LoadedModel, compiled_path: str = "model.mixprec.onnx", shapes=None, *,
-                          tf32: bool = False) -> str:
+                          tf32: bool = False, profiles: dict | None = None) -> str:
     """TensorRT ≥ 10.12 / 11: the compiled explicit-precision ONNX, strongly typed."""
-    args = ["trtexec", f"--onnx={compiled_path}", "--stronglyTyped", *_tf32_flag(tf32), *_shape_flags(model, shapes),
+    args = ["trtexec", f"--onnx={compiled_path}", "--stronglyTyped", *_tf32_flag(tf32), *_shape_flags(model, shapes, profiles=profiles),
             "--profilingVerbosity=detailed", "--exportLayerInfo=layers.json", "--exportProfile=profile.json",
             "--separateProfileRun", "--saveEngine=model.plan"]
     return shlex.join(args)
 
 
-def _polygraphy_shapes(model: LoadedModel, shapes) -> list[str]:
-    """min = opt = max = the project's shapes for every dynamic input (Polygraphy's ``name:[d,...]``)."""
-    shapes = shapes or resolve_input_shapes(model)
-    dynamic = _dynamic(model)
-    if not dynamic:
+def _polygraphy_shapes(model: LoadedModel, shapes, profiles: dict | None = None) -> list[str]:
+    """Polygraphy's ``--trt-min-shapes/--trt-opt-shapes/--trt-max-shapes name:[d,...] ...`` of every dynamic
+    input (:func:`_ranges`)."""
+    ranges = _ranges(model, shapes, profiles)
+    if not ranges:
         return []
-    spec = [f"{s.name}:[{','.join(str(d) for d in shapes[s.name])}]" for s in dynamic]
-    return [arg for flag in ("--trt-min-shapes", "--trt-opt-shapes", "--trt-max-shapes") for arg in (flag, *spec)]
+    return [arg for i, flag in enumerate(("--trt-min-shapes", "--trt-opt-shapes", "--trt-max-shapes"))
+            for arg in (flag, *(f"{n}:[{','.join(str(d) for d in r[i])}]" for n, r in ranges.items()))]
 
 
 def polygraphy_command(model: LoadedModel, compiled_path: str = "model.mixprec.onnx", shapes=None, *,
                        reference_onnx: str = "model.onnx", inputs: str = "inputs.json",
-                       outputs: str = "fp32-outputs.json", atol: float | None = None, tf32: bool = False) -> str:
+                       outputs: str = "fp32-outputs.json", atol: float | None = None, tf32: bool = False,
+                       profiles: dict | None = None) -> str:
     """Polygraphy, two commands: ONNX Runtime runs the FP32 original on ``inputs`` and saves its
     outputs; then TensorRT builds the compiled ONNX strongly typed and is compared with those FP32
     outputs at an explicit absolute tolerance ``atol`` (``rtol 0``: an element fails when it is
@@ -149,7 +154,7 @@ def polygraphy_command(model: LoadedModel, compiled_path: str = "model.mixprec.o
     atol = DEFAULT_ATOL if atol is None else float(atol)
     ref = ["polygraphy", "run", reference_onnx, "--onnxrt", "--load-inputs", inputs, "--save-outputs", outputs]
     run = ["polygraphy", "run", compiled_path, "--trt", "--strongly-typed", *(["--tf32"] if tf32 else []),
-           *_polygraphy_shapes(model, shapes), "--load-inputs", inputs, "--load-outputs", outputs,
+           *_polygraphy_shapes(model, shapes, profiles), "--load-inputs", inputs, "--load-outputs", outputs,
            "--atol", f"{atol:.6g}", "--rtol", "0", "--check-error-stat", "elemwise"]
     return shlex.join(ref) + "\n" + shlex.join(run)
 
@@ -262,14 +267,16 @@ def legacy_script(project: Project, policy: Policy, stem: str, trt_version: str 
             cache = f"{stem}.calib.cache"
             lines[-1] += (f": calibration cache {cache}, header TRT-{trt_version_number(trt_version)}-"
                           "EntropyCalibration2; another TensorRT version rejects it (export again with --trt-version)")
-        lines.append(trtexec_legacy_command(project.model, policy, named, cache, project.input_shapes, tf32=tf32))
+        lines.append(trtexec_legacy_command(project.model, policy, named, cache, project.input_shapes, tf32=tf32,
+                                            profiles=project.profiles))
         return SCRIPT_HEAD + "\n".join(lines) + "\n"
     script = f"{stem}.postprocess.py"
     lines += [f"# INT8 {'/'.join(_CONSTANT_WEIGHT_OPS)} ({len(constant_int8)} layers): TensorRT's parser turns "
               "their weights into Constant layers that no calibration cache names, and trtexec cannot range them.",
               f"# Build with Polygraphy and {script}, which sets the policy's precisions and every INT8 "
               "input's range (weights from max |w|), then profile with trtexec:",
-              polygraphy_legacy_build_command(project.model, named, script, project.input_shapes, tf32=tf32),
+              polygraphy_legacy_build_command(project.model, named, script, project.input_shapes, tf32=tf32,
+                                              profiles=project.profiles),
               trtexec_profile_command(project.model, "model.plan", project.input_shapes)]
     return SCRIPT_HEAD + "\n".join(lines) + "\n"
 
@@ -289,7 +296,8 @@ def legacy_files(project: Project, policy: Policy, calib, stem: str, trt_version
 
 def typed_script(project: Project, stem: str, tf32: bool = False) -> str:
     """The TensorRT ≥ 10.12 / 11 build script of ``<stem>.mixprec.onnx`` (strongly typed). Needs no calibration."""
-    cmd = trtexec_typed_command(project.model, f"{stem}.mixprec.onnx", project.input_shapes, tf32=tf32)
+    cmd = trtexec_typed_command(project.model, f"{stem}.mixprec.onnx", project.input_shapes, tf32=tf32,
+                                profiles=project.profiles)
     return f"{SCRIPT_HEAD}{TYPED_HEADER}\n{cmd}\n"
 
 
@@ -308,7 +316,7 @@ def polygraphy_files(project: Project, compiled: bytes | CompiledModel, stem: st
                   f"{inputs} ({err:.3g}) + {TOLERANCE_FLOOR:g} x max |FP32 output|")
     cmd = polygraphy_command(project.model, f"{stem}.mixprec.onnx", project.input_shapes,
                              reference_onnx=f"{stem}.named.onnx", inputs=inputs, outputs=f"{stem}.fp32-outputs.json",
-                             atol=measured_atol if atol is None else atol, tf32=tf32)
+                             atol=measured_atol if atol is None else atol, tf32=tf32, profiles=project.profiles)
     return {"": f"{SCRIPT_HEAD}{TYPED_HEADER}\n# compared with FP32 ONNX Runtime outputs; tolerance: {basis}\n{cmd}\n",
             f"{stem}.named.onnx": _onnx_file(project.model),
             inputs: to_json(feeds)}  # what `polygraphy run --save-inputs` writes
@@ -487,6 +495,23 @@ def _file_notes(files: dict, trt_version: str) -> dict[str, str]:
     }
 
 
+def _profile_lines(project: Project) -> list[str]:
+    """The README's statement of the engine's dynamic-shape profile (min:opt:max per dynamic input)."""
+    try:
+        ranges = _ranges(project.model, project.input_shapes, project.profiles)
+    except MixprecError:
+        return []
+    if not ranges:
+        return []
+    fixed = all(r[0] == r[1] == r[2] for r in ranges.values())
+    return ["Optimisation profile of the engine (min:opt:max per dynamic input; trtexec `--minShapes/--optShapes/"
+            "--maxShapes`, Polygraphy `--trt-min-shapes/--trt-opt-shapes/--trt-max-shapes`): "
+            + ", ".join(f"{_md(n)}={_md(range_text(r))}" for n, r in ranges.items())
+            + (". Every input is fixed at the project's shape (min = opt = max); give `--profile INPUT=MIN:OPT:MAX` "
+               "to build for a range." if fixed else
+               ". mixprec calibrated, evaluated and estimated this policy at opt."), ""]
+
+
 def bundle_readme(project: Project, policy: Policy, files: dict, left_out: list[str], *,
                   trt_version: str = DEFAULT_TRT_VERSION, source: str = "", estimate: Prediction | None = None) -> str:
     """The bundle's README.md: what each file is, then how to build, check, profile and import the
@@ -497,7 +522,7 @@ def bundle_readme(project: Project, policy: Policy, files: dict, left_out: list[
     lines = [f"# mixprec export: {_md(policy.model_name)}", "",
              (f"{_md(source)}. " if source else "") + f"Policy sha256 `{policy.sha256[:16]}` of model sha256 "
              f"`{policy.model_sha256[:16]}`: fp32 {c['fp32']} · fp16 {c['fp16']} · int8 {c['int8']} layers. "
-             f"Input shapes: {_md(shapes) or 'static'}.", "", "## Files", ""]
+             f"Input shapes: {_md(shapes) or 'static'}.", "", *_profile_lines(project), "## Files", ""]
     lines += [f"- `{n}`: {notes.get(n, '')}" for n in [README_NAME, *files]]
     lines += ["", *_estimate_lines(estimate)] if estimate is not None else []
     lines += ["", "## 1. Build the engine (on the GPU machine)", "",

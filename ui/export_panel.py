@@ -13,6 +13,7 @@ from core.errors import MixprecError
 from core.export import (BUNDLE_SCRIPTS, BUNDLE_STEM, DEFAULT_ATOL, DEFAULT_TRT_VERSION, POLICY_NAME, README_NAME,
                          SCRIPT_HEAD, TYPED_HEADER, bundle_filename, export_bundle, fold_command, legacy_script,
                          policy_filename, polygraphy_command, typed_script)
+from core.model.profiles import range_text
 from core.project import Project
 from core.quant.policy import Policy
 from core.store.runs import list_runs, run_dir, run_policy
@@ -75,6 +76,9 @@ def summary(p: Project, choice: Choice) -> None:
                f"policy sha256 {code(choice.policy.sha256[:16] + '…')}")
     if choice.run_id:
         st.caption(md(choice.source))
+    if p.profiles:  # the dynamic-shape profiles (Model page, input shapes): the commands build for these ranges
+        st.caption("Optimisation profile (min:opt:max; the project runs at opt): "
+                   + md(", ".join(f"{n}={range_text(r)}" for n, r in p.profiles.items())))
 
 
 def options() -> tuple[str, bool]:
@@ -134,7 +138,7 @@ def _bundle(p: Project, choice: Choice, version: str, tf32: bool):
     """The calibrated and compiled files of this policy and options (kept for the session), or None
     with the button that makes them."""
     key = (choice.policy.sha256, choice.source, version, tf32, p.model.sha256, p.calib_data.sha256,
-           str(p.input_shapes), estimate_panel.gpu_key())
+           str(p.input_shapes), str(p.profiles), estimate_panel.gpu_key())
     have = st.session_state.get("export_bundle")
     if have is not None and have[0] == key:
         return have[1]
@@ -193,7 +197,8 @@ def commands(p: Project, scripts: dict) -> None:
                                 + polygraphy_command(p.model, f"{BUNDLE_STEM}.mixprec.onnx", p.input_shapes,
                                                      reference_onnx=f"{BUNDLE_STEM}.named.onnx",
                                                      inputs=f"{BUNDLE_STEM}.inputs.json",
-                                                     outputs=f"{BUNDLE_STEM}.fp32-outputs.json", atol=DEFAULT_ATOL))
+                                                     outputs=f"{BUNDLE_STEM}.fp32-outputs.json", atol=DEFAULT_ATOL,
+                                                     profiles=p.profiles))
         scripts = {**scripts, BUNDLE_SCRIPTS["polygraphy"]: (preview, err)}
     for name, title in titles.items():
         text, err = scripts[name]

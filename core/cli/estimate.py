@@ -38,6 +38,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     sp.add_argument("--dim", action="append", metavar="NAME=VALUE", help="value of a named dynamic dim")
     sp.add_argument("--shape", action="append", metavar="INPUT=1x3x224x224",
                     help="the full shape of an input (every dim, named or not; repeatable)")
+    sp.add_argument("--profile", action="append", metavar="INPUT=MIN:OPT:MAX",
+                    help="an input's dynamic-shape profile, e.g. input_ids=1x16:4x128:8x512: the estimate is at OPT")
     sp.add_argument("--branch", action="append", metavar="INPUT=true|false",
                     help="a merged decoder's If branch, fixed on load (default: use_cache_branch=true)")
     sp.add_argument("--no-tf32", action="store_true", help="FP32 layers without TF32 (trtexec --noTF32)")
@@ -106,7 +108,7 @@ def run(args) -> int:
     g = gpu_from_args(args)  # before the model loads: a bad GPU fails at once
     src = source_from_args(args)
     # the estimate needs no data: a sample's own data must not pin the shapes the user asks for
-    p = src.open(sample_data=not (src.shapes or src.dims or src.batch != 1))
+    p = src.open(sample_data=not (src.shapes or src.dims or src.profiles or src.batch != 1))
     policy = load_policy(args.policy, p.model, p.layers) if args.policy else p.default_policy(args.network_default)
     params = None if args.fixture_fit else load_gpu_calibration(p.ws, g)
     r = predict(p.model, policy, p.input_shapes, g, params or FITTED, tf32=not args.no_tf32)

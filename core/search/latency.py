@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from core.backends import select_backend
+from core.backends.tensorrt import project_trt_options
 from core.measure.reference import reference_engine, timing_feed
 from core.model.inventory import Layer, tensor_shapes
 from core.model.load import LoadedModel
@@ -205,7 +206,7 @@ def latency_model(project: Project, base: Policy, calib, backend: str = "onnxrun
     with their wall-clock medians (interleaved with the reference). On TensorRT the per-element
     conversion costs come out zero (its Reformat layers do not carry mixprec's node names), so
     only the per-layer gains order the candidates there."""
-    be, _ = select_backend(backend, **(trt_options or {}))
+    be, _ = select_backend(backend, **project_trt_options(project, trt_options))
     eligible = [l for l in project.layers if l.eligible]
     feed = timing_feed(project)
     profiles, wall, refs = {}, {}, []

@@ -12,10 +12,11 @@ splits ``backend/trt/``:
 This face holds what the rest of mixprec uses. Importing it needs neither TensorRT nor a GPU: ``tensorrt``
 and Polygraphy's TensorRT loaders are imported inside the functions that use them."""
 from core.backends.tensorrt.legacy import legacy_postprocess_script
-from core.backends.tensorrt.profiles import profile_shapes
+from core.backends.tensorrt.profiles import profile_shapes, project_trt_options
 from core.backends.tensorrt.runner import TensorRTBackend, TrtEngineRunner
 from core.backends.tensorrt.versions import (LEGACY_REMOVED_IN, MODES, STRONG_TYPING_FROM, build_mode, parse_version,
                                              require_trt_opset, tensorrt_available)
 
 __all__ = ["LEGACY_REMOVED_IN", "MODES", "STRONG_TYPING_FROM", "TensorRTBackend", "TrtEngineRunner", "build_mode",
-           "legacy_postprocess_script", "parse_version", "profile_shapes", "require_trt_opset", "tensorrt_available"]
+           "legacy_postprocess_script", "parse_version", "profile_shapes", "project_trt_options",
+           "require_trt_opset", "tensorrt_available"]

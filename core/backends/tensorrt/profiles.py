@@ -3,6 +3,7 @@ Polygraphy's ``Profile`` of them (as ``polygraphy/backend/trt/profile.py``)."""
 from __future__ import annotations
 
 from core.errors import MixprecError
+from core.model.profiles import input_ranges
 from core.model.shapes import EVAL_BATCH, batch_axes
 
 
@@ -49,9 +50,36 @@ def _with_dim(shape: tuple[int, ...], axis: int, value: int) -> tuple[int, ...]:
 
 
 def dynamic_batch_axes(model) -> dict[str, int]:
-    """Inputs whose batch axis (``core.model.shapes.batch_axes``, not necessarily axis 0) is dynamic."""
+    """Inputs whose batch axis (``core.model.shapes.batch_axes``, not necessarily axis 0) is dynamic (none where
+    the graph runs at batch 1 only: ``LoadedModel.max_batch``, ``core.measure.reference.settle_eval_batch``)."""
+    if getattr(model, "max_batch", None) == 1:
+        return {}
     specs = {s.name: s for s in model.inputs}
     return {n: ax for n, ax in batch_axes(model).items() if ax is not None and ax in specs[n].dynamic_axes}
+
+
+def project_trt_options(project, options: dict | None = None) -> dict:
+    """The TensorRT backend's options (``TensorRTBackend(**options)``) for a build of ``project``: ``options``
+    (e.g. ``--trt-profile`` ranges, which win for the inputs they name) with the project's dynamic-shape
+    profiles (``project.profiles``, ``--profile``; ``core.model.profiles.input_ranges``: also the named dims
+    an unprofiled input shares). Their opt is the project's shape. Along a dynamic batch axis the range is
+    widened to cover batches 1 to ``EVAL_BATCH``, the batches quality is evaluated in (the export keeps the
+    user's range as given)."""
+    opts = dict(options or {})
+    profiles = getattr(project, "profiles", None)
+    if not profiles:
+        return opts
+    axes = dynamic_batch_axes(project.model)
+    ranges = {n: r for n, r in input_ranges(project.model, project.input_shapes, profiles).items()
+              if n in profiles or r[0] != r[2]}
+    widened = {}
+    for name, (lo, opt, hi) in ranges.items():
+        ax = axes.get(name)
+        if ax is not None and ax < len(opt):
+            lo, hi = _with_dim(lo, ax, min(lo[ax], 1)), _with_dim(hi, ax, max(hi[ax], EVAL_BATCH))
+        widened[name] = (lo, opt, hi)
+    opts["profiles"] = {**widened, **(opts.get("profiles") or {})}
+    return opts
 
 
 def trt_profile(shapes: dict):

@@ -144,6 +144,23 @@ def test_build_and_measure_runs_on_the_tensorrt_backend(fakes, project, monkeypa
     assert (result.run_dir / "compiled.plan").is_file() and (result.run_dir / "trt-layers.json").is_file()
 
 
+def test_the_projects_profile_reaches_every_engine(fakes, project, monkeypatch):
+    """A project opened with --profile (issue 22 §4) runs at its opt, and the engines of its build (the
+    policy's and the FP32 reference) are built for its min/opt/max, the batch reaching EVAL_BATCH (16)."""
+    from core.measure.runs import build_and_measure
+    from core.project import open_project
+
+    monkeypatch.setenv("MIXPREC_WORKSPACE", str(project.ws.root))
+    p = open_project("sample:tiny-cnn", ws=project.ws,
+                     profiles={"image": ((1, 3, 32, 32), (2, 3, 32, 32), (8, 3, 32, 32))})
+    assert p.input_shapes == {"image": (2, 3, 32, 32)}
+    n = len(fakes.configs)
+    result = build_and_measure(p, p.default_policy(), backend="tensorrt", iterations=2)
+    assert result.input_shapes == {"image": [2, 3, 32, 32]}
+    built = [[tuple(s) for s in c.profiles[0]["image"]] for c in fakes.configs[n:]]
+    assert len(built) == 2 and all(b == [(1, 3, 32, 32), (2, 3, 32, 32), (16, 3, 32, 32)] for b in built)
+
+
 # ---------------------------------------------------------------------------- legacy constraints on a hand-made network
 
 def _gemm_network():

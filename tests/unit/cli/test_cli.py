@@ -174,6 +174,28 @@ def test_rank_on_tensorrt_where_it_does_not_run_says_so(cli):
     assert "the ranking cannot run on TensorRT here" in p.stderr and "on onnxruntime" in p.stderr
 
 
+def test_profile_flag_sets_the_shapes_and_the_exported_ranges(cli, tiny_transformer, tmp_path):
+    """--profile INPUT=MIN:OPT:MAX (issue 22 §4): the project runs at OPT (the mask follows its named dims),
+    inspect shows the profile, the export builds for min/opt/max; bad or conflicting profiles exit 2."""
+    prof = ["--profile", "input_ids=1x8:2x16:8x32"]
+    doc = json.loads(cli("inspect", "sample:tiny-transformer", *prof, "--json").stdout)
+    assert doc["model"]["input_shapes"] == {"input_ids": [2, 16], "attention_mask": [2, 16]}
+    assert doc["model"]["profiles"] == {"input_ids": [[1, 8], [2, 16], [8, 32]]}
+    assert "profile input_ids: 1x8:2x16:8x32" in cli("inspect", "sample:tiny-transformer", *prof).stdout
+    out = tmp_path / "model.sh"
+    cli("export", "sample:tiny-transformer", *prof, "--format", "trtexec-typed", "--out", out)
+    script = out.read_text().split()
+    assert "--minShapes=input_ids:1x8,attention_mask:1x8" in script
+    assert "--optShapes=input_ids:2x16,attention_mask:2x16" in script
+    assert "--maxShapes=input_ids:8x32,attention_mask:8x32" in script
+    for args, text in ((["--profile", "input_ids=1x8:2x16"], "bad --profile"),
+                       (["--profile", "ids=1x8:2x16:8x32"], "input_ids, attention_mask"),
+                       ([*prof, "--shape", "input_ids=2x32"], "--shape and --profile give an input two different"),
+                       (["--profile", "input_ids=1x8:2x16:8x12"], "axis 1 is 8:16:12, not min <= opt <= max")):
+        p = cli("inspect", "sample:tiny-transformer", *args, check=False)
+        assert p.returncode == 2 and text in p.stderr and "Fix:" in p.stderr, args
+
+
 def test_trt_profile_flag_parses_and_reaches_the_backend(cli, ws, tmp_path):
     from core.backends.tensorrt import TensorRTBackend, profile_shapes
     from core.cli.commands import parse_trt_profiles
