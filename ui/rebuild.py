@@ -13,7 +13,7 @@ from core.jobs import build_params
 from core.project import Project
 from core.quant.policy import Policy
 from core.store.runs import last_built_policy
-from ui import job_panel, saved_project
+from ui import job_panel, quality_panel, saved_project
 from ui.session import md
 
 
@@ -44,7 +44,7 @@ def _rebuild(src, pol: Policy, counts: dict, owner: str) -> None:
     label = st.session_state.get("run_label") or ""
     backend = st.session_state.get("backend") or BACKENDS[0]
     try:
-        params = build_params(src, pol.to_json(), backend, label)
+        params = build_params(src, pol.to_json(), backend, label, metrics=quality_panel.current())
     except MixprecError as e:
         st.session_state[job_panel.SUBMIT_ERROR] = md(e)
         return

@@ -8,9 +8,9 @@ from core.jobs import build_params
 from core.measure.runs import GENERATED_NOTE, latency_caveat
 from core.project import TARGET_LABELS
 from core.quant.policy import uniform_policy
-from core.store.runs import list_runs, load_run_per_layer, run_dir
-from ui import (engine_report, estimate_panel, export_panel, job_panel, run_compare, run_notes, saved_project, session,
-                tables)
+from core.store.runs import list_runs, load_run, load_run_per_layer, run_dir
+from ui import (engine_report, estimate_panel, export_panel, job_panel, quality_panel, run_compare, run_notes,
+                saved_project, session, tables)
 from ui.session import code, md
 
 p = saved_project.project()
@@ -21,12 +21,14 @@ job_panel.show(limit=8)
 def _baseline(project, src, owner: str) -> None:
     """The baseline button's ``on_click`` (``job_panel.submit``: queued even if the click's run is cut short)."""
     fp16 = uniform_policy(project.model, project.layers, "fp16").to_json()
-    job_panel.submit("build", build_params(src, fp16, label="all-FP16"), "all-FP16 baseline", owner)
+    job_panel.submit("build", build_params(src, fp16, label="all-FP16", metrics=quality_panel.current()),
+                     "all-FP16 baseline", owner)
 
 
 st.button("Build the all-FP16 baseline", key="fp16_baseline", icon=":material/play_arrow:", on_click=_baseline,
           args=(p, saved_project.source(), job_panel.owner_token()))
 job_panel.submit_error()
+quality_panel.selector(p)  # what the builds of this session measure quality on
 
 engine_report.section([l.name for l in p.layers], p)
 
@@ -49,6 +51,10 @@ c[2].metric("Cosine (mean)", f"{last['cosine_mean']:.4f}",
 c[3].metric("SNR", f"{last['snr_db']:.1f} dB" if last["snr_db"] == last["snr_db"] else "∞")
 c[4].metric("Reformats", f"{int(last['reformat_count'])}", f"{last['reformat_pct']:.1f}% of per-layer time",
             delta_color="off", delta_arrow="off", help=f"{ms_text(last['reformat_ms'])} in precision conversions")
+try:
+    quality_panel.headline_section(load_run(p.ws, last["run_id"]))
+except Exception as e:  # noqa: BLE001 - a damaged run must not break the page
+    st.error(md(e))
 st.caption(f"Latency of {md(last['label'])}: {md(last['latency_source'])} · deployment target "
            f"{TARGET_LABELS.get(p.target, p.target)}")
 estimate_panel.beside_run(p, last["run_id"], ms_text(last["latency_median_ms"]), last["latency_source"])

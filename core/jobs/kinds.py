@@ -13,6 +13,7 @@ import uuid
 from core.errors import MixprecError
 from core.estimate.gpus import GPUS, custom_gpu
 from core.jobs.params import BuildParams, IsolatedParams, RankParams, SearchParams
+from core.measure.evaluation import MetricSpec
 from core.measure.runs import build_and_measure
 from core.quant.policy import policy_from_text
 from core.search import SearchConfig, search
@@ -33,7 +34,8 @@ def run_build(params: dict, ws: Workspace, progress) -> str:
     project = _open(p, ws, progress)
     policy = policy_from_text(p.policy, project.model, project.layers)
     result = build_and_measure(project, policy, backend=p.backend, label=p.label, progress=progress,
-                               ranking=cached_ranking(project, policy.calibration.method))
+                               ranking=cached_ranking(project, policy.calibration.method),
+                               metrics=MetricSpec.from_json(p.metrics))
     return str(result.run_dir / METRICS_FILE)
 
 
@@ -49,8 +51,9 @@ def run_isolated(params: dict, ws: Workspace, progress) -> str:
     p = IsolatedParams.from_params(params)
     project = _open(p, ws, progress)
     # stored by sensitivity() itself, once, where the store and the search read it
-    sensitivity(project, p.mode, p.method, workers=int(p.workers), progress=progress, ray=p.ray)
-    return str(sensitivity_file(project, p.mode, p.method))
+    metrics = MetricSpec.from_json(p.metrics)
+    sensitivity(project, p.mode, p.method, workers=int(p.workers), progress=progress, ray=p.ray, metrics=metrics)
+    return str(sensitivity_file(project, p.mode, p.method, metrics=metrics))
 
 
 def run_search(params: dict, ws: Workspace, progress) -> str:
@@ -60,7 +63,7 @@ def run_search(params: dict, ws: Workspace, progress) -> str:
     g = custom_gpu(p.gpu_spec, "the job's GPU") if p.gpu_spec else resolve_gpu(ws, p.gpu)
     config = SearchConfig(budget=p.budget, smooth=bool(p.smooth), workers=int(p.workers),
                           gpu=g.key if GPUS.get(g.key) == g else g, cost_params=load_gpu_calibration(ws, g),
-                          ray=p.ray)
+                          ray=p.ray, metrics=MetricSpec.from_json(p.metrics))
     result = search(project, config, progress=progress)
     return str(save_search(ws, project, result, bool(p.smooth), g))  # kept per GPU (TensorRT target)
 

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, fields, replace
 
 from core.errors import MixprecError
 from core.estimate.gpus import FIXTURE_GPU, GPU, GPUS, custom_gpu, gpu as gpu_entry
+from core.measure.evaluation import MetricSpec
 from core.project import ProjectSource
 from core.search import Budget
 from core.sensitivity import parse_memory
@@ -53,6 +54,7 @@ class BuildParams(_Params):
     policy: str = ""  # the policy JSON
     backend: str = "auto"
     label: str = ""
+    metrics: dict | None = None  # what quality is measured on: MetricSpec.to_json (None: the first float output)
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,7 @@ class IsolatedParams(_Params):
     mode: str = "isolated"
     workers: int = 2
     ray: str | None = None  # where the trials run (see the module's docstring)
+    metrics: dict | None = None  # MetricSpec.to_json (None: the first float output)
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,7 @@ class SearchParams(_Params):
     gpu: str = FIXTURE_GPU  # the GPU of the estimated TensorRT time (core.estimate.gpus key)
     gpu_spec: dict | None = None  # a GPU not in the table: its figures (GPU.to_json), the job computes with them
     ray: str | None = None  # where the trials run (see the module's docstring)
+    metrics: dict | None = None  # MetricSpec.to_json (None: the first float output)
 
 
 def ray_param(text: str | None) -> str | None:
@@ -129,10 +133,19 @@ def job_label(kind: str, params: dict, label: str) -> str:
     return " · ".join([label or kind, *extra])
 
 
+def metrics_param(metrics: MetricSpec | dict | None) -> dict | None:
+    """What quality is measured on as a job carries it: None for the default (first float output), else the
+    checked ``MetricSpec.to_json`` (a bad spec is a MixprecError here, before the job is queued)."""
+    spec = metrics if isinstance(metrics, MetricSpec) else MetricSpec.from_json(metrics)
+    return None if spec.is_default else spec.to_json()
+
+
 def build_params(source: ProjectSource | str, policy_json: str, backend: str = BuildParams.backend,
-                 label: str = BuildParams.label) -> dict:
-    """The parameters of a ``build`` job (all JSON-serialisable); ``source``: the project (a str: the model alone)."""
-    return BuildParams(source, policy=policy_json, backend=backend, label=label).to_params()
+                 label: str = BuildParams.label, metrics: MetricSpec | dict | None = None) -> dict:
+    """The parameters of a ``build`` job (all JSON-serialisable); ``source``: the project (a str: the model alone);
+    ``metrics``: what quality is measured on (:func:`metrics_param`)."""
+    return BuildParams(source, policy=policy_json, backend=backend, label=label,
+                       metrics=metrics_param(metrics)).to_params()
 
 
 def rank_params(source: ProjectSource | str, method: str = RankParams.method,
@@ -143,13 +156,16 @@ def rank_params(source: ProjectSource | str, method: str = RankParams.method,
 
 
 def isolated_params(source: ProjectSource | str, method: str = IsolatedParams.method,
-                    mode: str = IsolatedParams.mode, ray: str | None = None) -> dict:
+                    mode: str = IsolatedParams.mode, ray: str | None = None,
+                    metrics: MetricSpec | dict | None = None) -> dict:
     """The parameters of an ``isolated`` job (either mode); the Ray address is checked (MixprecError) here."""
-    return IsolatedParams(source, method=method, mode=mode, ray=ray_param(ray)).to_params()
+    return IsolatedParams(source, method=method, mode=mode, ray=ray_param(ray),
+                          metrics=metrics_param(metrics)).to_params()
 
 
 def search_params(source: ProjectSource | str, budget: str = SearchParams.budget, smooth: bool = SearchParams.smooth,
-                  gpu: str | GPU = SearchParams.gpu, ray: str | None = None) -> dict:
+                  gpu: str | GPU = SearchParams.gpu, ray: str | None = None,
+                  metrics: MetricSpec | dict | None = None) -> dict:
     """The parameters of a ``search`` job; the budget, the GPU and the Ray address are checked
     (MixprecError) and normalised here (the GPU to its table key: ``NVIDIA A100-SXM4-80GB`` → ``a100``; a
     :class:`GPU` that is not a table row, a ``--gpu-spec`` or a GPU saved in the workspace, travels with its
@@ -157,4 +173,4 @@ def search_params(source: ProjectSource | str, budget: str = SearchParams.budget
     g = custom_gpu(gpu) if isinstance(gpu, GPU) else gpu_entry(gpu)
     spec = None if GPUS.get(g.key) == g else g.to_json()
     return SearchParams(source, budget=str(Budget.parse(budget)), smooth=bool(smooth), gpu=g.key, gpu_spec=spec,
-                        ray=ray_param(ray)).to_params()
+                        ray=ray_param(ray), metrics=metrics_param(metrics)).to_params()

@@ -146,3 +146,25 @@ def test_calibrate_the_estimator_on_an_imported_report(ws, trt_reports_dir):
     pre = ok(page("precision", state={"estimate_gpu:value": "l4"}))
     text = captions_text(pre)
     assert "on NVIDIA L4" in text and f"basis: calibrated on {params.n_layers} layers of your engine" in text
+
+
+def test_results_page_shows_the_quality_headline_and_its_selector_reaches_the_build_job(ws):
+    """Issue 22 §3: a classifier's headline is its top-1 agreement (not only a column of a table); the
+    selector's metric outputs and task travel in the params of the builds the page queues."""
+    from core.measure.runs import build_and_measure
+
+    p = open_project("sample:tiny-cnn", ws=ws)
+    r = build_and_measure(p, p.default_policy(), iterations=3, profile_iterations=1)
+    at = ok(page("build_and_results"))
+    head = next(m for m in at.metric if m.label.startswith("Quality headline"))
+    assert head.label == "Quality headline: top-1 agreement" and head.value == f"{r.quality.top1_agreement:.4f}"
+    at.text_area(key="quality:slices").input("first=logits[...,:5]")
+    at.selectbox(key="quality:task").select("classification").run()
+    ok(at)
+    at.button(key="fp16_baseline").click().run()
+    job = next(j for j in wait_all(ws) if j.label.startswith("all-FP16"))
+    assert job.params["metrics"]["outputs"] == [{"name": "first", "output": "logits", "start": None, "stop": 5}]
+    assert job.params["metrics"]["task"] == "classification"
+    at = ok(page("build_and_results"))
+    head = next(m for m in at.metric if m.label.startswith("Quality headline"))
+    assert head.label == "Quality headline: top-1 agreement of first"

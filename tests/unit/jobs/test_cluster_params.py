@@ -7,6 +7,7 @@ import pytest
 from core.errors import MixprecError
 from core.jobs import isolated_params, kinds, rank_params, search_params
 from core.jobs.params import job_label, ray_param
+from core.measure.evaluation import MetricSpec
 from core.workspace import Workspace
 
 
@@ -30,8 +31,9 @@ def test_the_runners_pass_the_address_and_the_budget_on(monkeypatch, tmp_path):
     seen = {}
     monkeypatch.setattr(kinds, "_open", lambda p, ws, progress: "project")
 
-    def fake_sensitivity(project, mode, method, workers, progress, ray):
+    def fake_sensitivity(project, mode, method, workers, progress, ray, metrics=None):
         seen["sensitivity"] = (project, mode, ray)
+        seen["metrics"] = metrics
         return "sens"
 
     def fake_rank(project, method, max_samples, progress, max_memory, runner):
@@ -43,12 +45,15 @@ def test_the_runners_pass_the_address_and_the_budget_on(monkeypatch, tmp_path):
     monkeypatch.setattr(kinds, "rank_layers", fake_rank)
     monkeypatch.setattr(kinds, "search", lambda project, config, progress: seen.setdefault("search", config.ray))
     for name in ("sensitivity_file", "save_ranking", "save_search"):  # sensitivity() stores its own table
-        monkeypatch.setattr(kinds, name, lambda *a: tmp_path / "result.json")
+        monkeypatch.setattr(kinds, name, lambda *a, **k: tmp_path / "result.json")
     ws = Workspace(tmp_path)
     kinds.run_isolated(isolated_params("m", mode="leave-one-out", ray="h:6379"), ws, lambda f, t: None)
     kinds.run_search(search_params("m", ray="local"), ws, lambda f, t: None)
     kinds.run_rank(rank_params("m", max_memory="2G"), ws, lambda f, t: None)
     assert seen == {"sensitivity": ("project", "leave-one-out", "h:6379"), "search": "local", "rank": "2G",
-                    "runner": "auto"}
+                    "runner": "auto", "metrics": MetricSpec()}
     kinds.run_isolated({"model": "m"}, ws, lambda f, t: None)  # a record from before the field: no address
-    assert seen["sensitivity"][2] is None
+    assert seen["sensitivity"][2] is None and seen["metrics"].is_default
+    # what quality is measured on (issue 22 §3) travels in the params
+    kinds.run_isolated(isolated_params("m", metrics={"outputs": ["scores=output[...,4:]"]}), ws, lambda f, t: None)
+    assert seen["metrics"] == MetricSpec(("scores=output[...,4:]",))
