@@ -54,7 +54,8 @@ with st.expander("Calibration and evaluation data (.npz, optional)", expanded=bo
         st.button("Use the default data", key="clear_data", on_click=saved_project.set_data, args=(None, None))
     data_import.section(src)
 
-if saved_project.source().shapes:  # shapes that no longer fit (e.g. new data): say so, and offer the way back
+# shapes (or profiles) that no longer fit (e.g. new data): say so, and offer the way back
+if saved_project.source().shapes or saved_project.source().profiles:
     try:
         saved_project.open_source(saved_project.source())
     except MixprecError as e:
