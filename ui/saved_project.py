@@ -15,7 +15,7 @@ from core.model import samples as core_samples
 from core.project import DEFAULT_TARGET, DEPLOY_TARGETS, Project, ProjectSource
 from core.store import drafts
 from core.workspace import Workspace
-from ui.session import md, workspace
+from ui.session import flash, md, workspace
 
 SAMPLES = [f"sample:{name}" for name in core_samples.SAMPLES]
 DEFAULT_MODEL = SAMPLES[0]
@@ -63,7 +63,8 @@ def _keep(src: ProjectSource) -> None:
 
 def source() -> ProjectSource:
     """The session's model/data paths and input shapes: at the first run, the saved project of the
-    URL's ``?project=`` (a reload or a shared link), else the URL's own parameters; MiniLM at first."""
+    URL's ``?project=`` (a reload or a shared link; a ``?model=`` naming another model of it opens that model,
+    with the data and shapes it had there), else the URL's own parameters; MiniLM at first."""
     if "source" not in st.session_state:
         qp = st.query_params
         src = ProjectSource(qp.get("model") or DEFAULT_MODEL, qp.get("data"), qp.get("eval_data"),
@@ -72,7 +73,13 @@ def source() -> ProjectSource:
                             no_batch=[n for n in (qp.get("no_batch") or "").split(",") if n] or None)
         kept = saved()
         if kept is not None:
-            src = kept.source
+            named = qp.get("model")
+            if named and named != kept.source.model:  # a link names another model of the project: open that one
+                st.session_state[PER_MODEL] = {**kept.models, kept.source.model: replace(kept.source, target=None).to_json()}
+                back = remembered(named)
+                src = replace(back, target=kept.source.target) if back is not None else src
+            else:
+                src = kept.source
             for k, v in kept.settings.items():
                 if k in KEPT_SETTINGS:
                     st.session_state.setdefault(k, v)
@@ -92,9 +99,41 @@ def set_target(value: str) -> None:
     set_source(replace(source(), target=value))
 
 
+PER_MODEL = "per_model_sources"  # session: model -> the ProjectSource JSON it had when the user switched away
+
+
+def _per_model() -> dict:
+    if PER_MODEL not in st.session_state:
+        kept = saved()
+        st.session_state[PER_MODEL] = dict(kept.models) if kept is not None else {}
+    return st.session_state[PER_MODEL]
+
+
+def remembered(model: str) -> ProjectSource | None:
+    """The source ``model`` had in this project when the user last switched away from it (its data, shapes,
+    branch, no-batch inputs and profiles), or None."""
+    doc = _per_model().get(model)
+    try:
+        return ProjectSource.from_json(doc) if doc else None
+    except (TypeError, ValueError):
+        return None
+
+
 def set_source(src: ProjectSource) -> None:
-    """The session's model, data, input shapes and deployment target (a new model: ``ProjectSource(model,
-    target=source().target)``, its default shapes and data); kept in the URL and saved with the project."""
+    """The session's model, data, input shapes and deployment target; kept in the URL and saved with the
+    project. Switching models keeps the one left's source in the project (:func:`remembered`), and a model
+    picked bare (``ProjectSource(model, target=…)``) comes back with the data and shapes it had."""
+    cur = source()
+    if src.model != cur.model:
+        _per_model()[cur.model] = replace(cur, target=None).to_json()
+        back = remembered(src.model)
+        if back is not None and src == ProjectSource(src.model, target=src.target):
+            src = replace(back, target=src.target)
+            kept = [what for what, v in (("its data", back.data or back.eval_data), ("its input shapes", back.shapes
+                    or back.dims or back.profiles), ("its no-batch inputs", back.no_batch),
+                    ("its branch", back.branches)) if v]
+            if kept:
+                flash(f"{md(back.model)} is back with {', '.join(kept)} as you left them in this project.")
     _keep(src)
     sync_url()
     save()
@@ -170,7 +209,7 @@ def save(**changes) -> None:
     """Save the session's source with the project (and ``changes``: ``model_name``, ``settings``);
     nothing is written when nothing changed."""
     old = saved() or drafts.SavedProject(project_id(), source())
-    new = replace(old, **changes, source=source())
+    new = replace(old, **changes, source=source(), models=dict(_per_model()))
     if new.source.model != old.source.model and "model_name" not in changes:
         new = replace(new, model_name="")  # the name of the model before: known again once it opens
     same = {k: v for k, v in old.to_json().items() if k not in ("created", "updated")} == \

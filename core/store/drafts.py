@@ -93,12 +93,14 @@ class SavedProject:
     settings: dict = field(default_factory=dict)
     created: float = 0.0
     updated: float = 0.0
+    models: dict = field(default_factory=dict)  # model -> the ProjectSource JSON last used with it (data, shapes…)
 
     def to_json(self) -> dict:
-        """The source's fields flat in the document (``ProjectSource.to_json``), as a job's params carry them."""
+        """The source's fields flat in the document (``ProjectSource.to_json``), as a job's params carry them;
+        ``models``: the source each other model of the project had when the user switched away from it."""
         return {"kind": self.KIND, "format_version": self.FORMAT_VERSION, "id": self.id, **self.source.to_json(),
                 "model_name": self.model_name, "settings": dict(self.settings), "created": self.created,
-                "updated": self.updated}
+                "updated": self.updated, "models": {k: dict(v) for k, v in self.models.items()}}
 
     @classmethod
     def from_json(cls, doc: dict) -> "SavedProject":
@@ -108,7 +110,7 @@ class SavedProject:
         if pid is None:
             raise ValueError("the id is not a string of the right form")
         return cls(pid, _source(doc), str(doc.get("model_name") or ""), settings,
-                   float(doc.get("created") or 0), float(doc.get("updated") or 0))
+                   float(doc.get("created") or 0), float(doc.get("updated") or 0), _models(doc.get("models")))
 
 
 def _migrate_v1(doc):
@@ -124,6 +126,19 @@ def _source(doc: dict) -> ProjectSource:
     shapes = doc.get("shapes")
     lenient = {k: _opt_str(doc.get(k)) for k in ("data", "eval_data", "target")}
     return ProjectSource.from_json({**doc, **lenient, "shapes": shapes if isinstance(shapes, dict) else None})
+
+
+def _models(doc) -> dict:
+    """The per-model sources of a project document: each a readable ProjectSource of that model; anything
+    else (an older file has none; a damaged entry) is left out, never fatal."""
+    out = {}
+    for model, src in (doc.items() if isinstance(doc, dict) else ()):
+        try:
+            if isinstance(model, str) and isinstance(src, dict) and ProjectSource.from_json(src).model == model:
+                out[model] = ProjectSource.from_json(src).to_json()
+        except (TypeError, ValueError):
+            continue
+    return out
 
 
 def _opt_str(v) -> str | None:

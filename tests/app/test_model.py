@@ -211,3 +211,43 @@ def test_shape_editor_no_batch_axis_checkbox(ws, tmp_path):
     own = ok(page("model", model=str(frames_bins(tmp_path / "audio.onnx"))))
     assert not [c for c in own.checkbox if c.key.startswith("nobatch:")]
     assert any("has no batch axis" in c.value for c in own.caption)
+
+
+def test_switching_models_keeps_each_models_data_and_shapes_and_a_link_opens_the_model_it_names(ws, tmp_path):
+    """Issue 22 §2 (issue 23 §5): data, shapes and no-batch inputs are kept per model in a project: switching
+    to another model and back restores them (said so), the saved project keeps them, and an old link
+    (``?model=A&project=P`` after P moved on to B) opens A with what A had, not P's current model."""
+    from tests.fixtures.axes import frames_bins
+
+    model = str(frames_bins(tmp_path / "audio_r.onnx", named=False, reshape=True))
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "c.npz", input=rng.standard_normal((8, 120, 105)).astype(np.float32))
+    at = ok(page("model", model=model))
+    (box,) = [c for c in at.checkbox if c.key.startswith("nobatch:")]
+    box.check()
+    at.button(key="apply_shapes").click().run()
+    ok(at)
+    at.radio(key="model_how").set_value("Path on the server").run()
+    at.text_input(key="model_path").input(model)
+    at.session_state["source"] = {**at.session_state["source"], "data": str(tmp_path / "c.npz")}
+    at.run()
+    pid = at.query_params["project"]
+    before = dict(at.session_state["source"])
+    assert before["no_batch"] == ["input"] and before["data"] == str(tmp_path / "c.npz")
+    at.radio(key="model_how").set_value("Bundled sample").run()
+    at.selectbox(key="sample_pick").select("sample:tiny-cnn").run()
+    ok(at)
+    assert at.session_state["source"]["model"] == "sample:tiny-cnn" and at.session_state["source"]["data"] is None
+    old_link = AppTest.from_file(APP, default_timeout=120)  # ?model= names the model left, ?project= moved on
+    old_link.query_params.update({"project": pid, "model": model})
+    old_link.run()
+    ok(old_link.switch_page("views/model.py").run())
+    assert old_link.session_state["source"]["model"] == model
+    assert old_link.session_state["source"]["no_batch"] == ["input"] and old_link.session_state["source"]["data"] == before["data"]
+    at.radio(key="model_how").set_value("Path on the server").run()
+    at.text_input(key="model_path").input(model)
+    at.button(key="load_path").click().run()
+    ok(at)
+    assert {k: at.session_state["source"][k] for k in ("model", "data", "no_batch")} == \
+        {k: before[k] for k in ("model", "data", "no_batch")}
+    assert any("is back with its data" in s.value for s in at.success)
