@@ -299,10 +299,12 @@ def build_and_measure(project: Project, policy: Policy, backend: str = "auto", l
     naming the worst INT8 layers of ``ranking`` (e.g. ``core.store.results.load_ranking``), if given.
     ``metrics``: what quality is measured on (``core.measure.evaluation``; default the first float output)."""
     step = progress or (lambda f, t: None)
+    timing_feed(project)  # enough evaluation samples for the timing batch: fail before any work
+    # the batch the graph runs at, tried on ONNX Runtime (the ONNX graph's own limit; a TensorRT profile follows it)
+    project = settle_eval_batch(select_backend("onnxruntime")[0], project)
     be, reason = select_backend(backend, **project_trt_options(project, trt_options))  # the project's --profile too
     ws = project.ws
     t_start = time.perf_counter()
-    timing_feed(project)  # enough evaluation samples for the timing batch: fail before any work
     clean_temp_runs(ws)
     needed = check_build_space(project, be.name)
     step(0.05, f"calibrating ({policy.calibration.method})")
@@ -318,7 +320,6 @@ def build_and_measure(project: Project, policy: Policy, backend: str = "auto", l
         else:
             raise MixprecError(f"the {be.name} backend cannot measure a prebuilt ONNX", "use --backend onnxruntime")
         build_seconds = time.perf_counter() - t_start
-        project = settle_eval_batch(be, project)
         reference = reference_engine(be, project)
         names = project_outputs(project, metrics)
         batches = project.eval_data.batches(eval_batch(project))

@@ -52,7 +52,7 @@ def _with_dim(shape: tuple[int, ...], axis: int, value: int) -> tuple[int, ...]:
 def dynamic_batch_axes(model) -> dict[str, int]:
     """Inputs whose batch axis (``core.model.shapes.batch_axes``, not necessarily axis 0) is dynamic (none where
     the graph runs at batch 1 only: ``LoadedModel.max_batch``, ``core.measure.reference.settle_eval_batch``)."""
-    if getattr(model, "max_batch", None) == 1:
+    if model.max_batch == 1:
         return {}
     specs = {s.name: s for s in model.inputs}
     return {n: ax for n, ax in batch_axes(model).items() if ax is not None and ax in specs[n].dynamic_axes}
@@ -65,21 +65,20 @@ def project_trt_options(project, options: dict | None = None) -> dict:
     an unprofiled input shares). Their opt is the project's shape. Along a dynamic batch axis the range is
     widened to cover batches 1 to ``EVAL_BATCH``, the batches quality is evaluated in (the export keeps the
     user's range as given)."""
-    opts = dict(options or {})
+    given = dict(options or {})
     profiles = getattr(project, "profiles", None)
     if not profiles:
-        return opts
+        return given
     axes = dynamic_batch_axes(project.model)
     ranges = {n: r for n, r in input_ranges(project.model, project.input_shapes, profiles).items()
               if n in profiles or r[0] != r[2]}
     widened = {}
-    for name, (lo, opt, hi) in ranges.items():
+    for name, (low, opt, high) in ranges.items():
         ax = axes.get(name)
-        if ax is not None and ax < len(opt):
-            lo, hi = _with_dim(lo, ax, min(lo[ax], 1)), _with_dim(hi, ax, max(hi[ax], EVAL_BATCH))
-        widened[name] = (lo, opt, hi)
-    opts["profiles"] = {**widened, **(opts.get("profiles") or {})}
-    return opts
+        wide = ax is not None and ax < len(opt)
+        widened[name] = (_with_dim(low, ax, min(low[ax], 1)) if wide else low, opt,
+                         _with_dim(high, ax, max(high[ax], EVAL_BATCH)) if wide else high)
+    return {**given, "profiles": {**widened, **(given.get("profiles") or {})}}  # no self-update: the API scan converges
 
 
 def trt_profile(shapes: dict):

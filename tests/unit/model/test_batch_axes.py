@@ -179,3 +179,16 @@ def test_the_feed_error_names_every_flag_that_fixes_it():
                    {"input": np.zeros((1, BINS), np.float32)}, "calibrating")
     assert "Conv node /c1/Conv" in e.what and "input 1x105" in e.what and "Invalid input shape: {1,105}" in e.what
     assert all(flag in e.fix for flag in ("--dim", "--shape", "--no-batch"))
+
+
+def test_a_tensorrt_profile_of_a_batch_one_only_export_stays_at_batch_one(models, ws):
+    from dataclasses import replace
+
+    from core.backends.tensorrt.profiles import dynamic_batch_axes, profile_shapes
+
+    m = load_model(str(models["batch1"]), ws)
+    assert dynamic_batch_axes(m) == {"input_ids": 0, "attention_mask": 0}
+    one = replace(m, max_batch=1)
+    shapes = {"input_ids": (1, SEQ), "attention_mask": (1, SEQ)}
+    assert profile_shapes(shapes, None, dynamic_batch_axes(one))["input_ids"] == ((1, SEQ),) * 3
+    assert profile_shapes(shapes, None, dynamic_batch_axes(m))["input_ids"][2] == (16, SEQ)
