@@ -39,6 +39,17 @@ class Project:
     shape_choices: list[DimChoice] = field(default_factory=list)  # every input dim: value and source
     target: str = DEFAULT_TARGET  # the deployment target (DEPLOY_TARGETS): TensorRT on a GPU, or ONNX Runtime's CPU
     profiles: dict = field(default_factory=dict)  # input -> (min, opt, max) of the engine (core.model.profiles)
+    user_calibration: bool = False  # the calibration data is the user's (not generated, not a bundled sample's)
+
+    @property
+    def data_notes(self) -> list[str]:
+        """Advice on the user's data: fewer than :data:`ADVISED_CALIBRATION` calibration samples."""
+        n = self.calib_data.num_samples
+        if self.user_calibration and 0 < n < ADVISED_CALIBRATION:
+            return [f"{n} calibration sample{'s' * (n != 1)} ({self.calib_data.source}): the field's advice is "
+                    f"{ADVISED_CALIBRATION}–500 representative samples, so that the INT8 ranges cover what the "
+                    "model sees in deployment"]
+        return []
 
     @property
     def data_generated(self) -> bool:
@@ -166,6 +177,7 @@ def _as_dataset(source, model: LoadedModel, ws: Workspace | None = None) -> Data
     return load_npz(source, model, ws_root=ws.root if ws else None)
 
 
+ADVISED_CALIBRATION = 200  # calibration samples: the field's advice is 200–500 (TensorRT's and ModelOpt's guides)
 CALIB_GENERATED, EVAL_GENERATED = 32, 16  # samples generated when no data is given (at least; see open_project)
 
 
@@ -233,6 +245,7 @@ def open_project(model_spec, data=None, eval_data=None, ws: Workspace | None = N
     model = with_no_batch(load_model(model_spec, ws, progress=progress, branches=branches), no_batch)
     profiles = check_profiles(model, profiles)
     shapes = shapes_with_profiles(shapes, profiles)  # the project runs at each profile's opt
+    user_calibration = data is not None
     if model.sample and sample_data:  # sample_data=False: generated data at the shapes given (estimates need none)
         paths = materialize_sample(model.sample, ws)
         data = data if data is not None else paths.calib
@@ -254,4 +267,5 @@ def open_project(model_spec, data=None, eval_data=None, ws: Workspace | None = N
     if evald is None:
         evald = _generated(model, max(EVAL_GENERATED, 2 * b), 1, input_shapes)  # two batches: dev + held-out
     layers = build_inventory(model, calib.arrays, input_shapes)
-    return Project(model, layers, calib, evald, input_shapes, ws, choices, target, profiles=profiles)
+    return Project(model, layers, calib, evald, input_shapes, ws, choices, target, profiles=profiles,
+                   user_calibration=user_calibration)

@@ -73,6 +73,8 @@ c[2].metric("Opset", m.opset)
 c[3].metric("Size", f"{m.size_bytes / 1e6:.1f} MB")
 c[4].metric("Samples (calib / eval)", f"{p.calib_data.num_samples} / {p.eval_data.num_samples}")
 st.caption(f"sha256 `{m.sha256}` · calibration: {md(p.calib_data.source)} · evaluation: {md(p.eval_data.source)}")
+for note in p.data_notes:
+    st.warning(md(note), icon=":material/dataset:")
 model_facts.data_origin(p)
 io = pd.DataFrame([("input", s.name, s.dtype, str(s.shape), str(p.input_shapes.get(s.name, ""))) for s in m.inputs]
                   + [("output", s.name, s.dtype, str(s.shape), "") for s in m.outputs],

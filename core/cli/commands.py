@@ -104,6 +104,7 @@ def _shape_lines(p) -> str:
     kv = kv_cache(p.model)
     if kv is not None:
         lines.append(describe_kv(kv, p.input_shapes))
+    lines += [f"data: {note}" for note in p.data_notes]
     if p.data_problem is not None:
         lines.append(f"data: needed before a build — {p.data_problem}")
     elif p.data_generated:

@@ -115,3 +115,24 @@ def test_token_ids_are_found_through_a_dequantized_embedding_table(tmp_path):
     ds = generate_dataset(load_model(path), 8, shapes={"input_ids": (1, 12)})
     ids = ds.arrays["input_ids"]
     assert ids.shape == (8, 12) and ids.min() >= 0 and ids.max() < 100 and len(np.unique(ids)) > 2
+
+
+def test_fewer_than_200_calibration_samples_of_the_users_get_a_note(ws, tmp_path, capfd, monkeypatch):
+    """Issue 22 §2: the field's advice is 200–500 calibration samples; the user's smaller set is said so (inspect,
+    the Model page), a sample's bundled data and generated data are not the user's and get no such note."""
+    from core.project import open_project
+    from tests.fixtures.cli import cli_in_process
+
+    p = open_project("sample:tiny-cnn", ws=ws)
+    assert p.data_notes == [] and open_project("sample:tiny-cnn", ws=ws, sample_data=False).data_notes == []
+    shape = p.input_shapes["image"]
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "few.npz", image=rng.standard_normal((12, *shape[1:])).astype(np.float32))
+    few = open_project("sample:tiny-cnn", data=tmp_path / "few.npz", ws=ws)
+    (note,) = few.data_notes
+    assert note.startswith("12 calibration samples (few.npz)") and "200–500" in note
+    run = cli_in_process(capfd, monkeypatch, ["inspect", "sample:tiny-cnn", "--data", tmp_path / "few.npz"],
+                         {"MIXPREC_WORKSPACE": str(ws.root)})
+    assert run.returncode == 0 and "data: 12 calibration samples" in run.stdout
+    np.savez(tmp_path / "many.npz", image=rng.standard_normal((280, *shape[1:])).astype(np.float32))
+    assert open_project("sample:tiny-cnn", data=tmp_path / "many.npz", ws=ws).data_notes == []
