@@ -174,6 +174,30 @@ def load_typed_path(widget: str) -> None:
         set_source(ProjectSource(typed, target=source().target))
 
 
+DATA_ERROR = "data_path_error"  # why the last typed data paths were refused, for the next drawing
+
+
+def load_typed_data(calib_widget: str, eval_widget: str) -> None:
+    """A button's ``on_click``: use the calibration / evaluation ``.npz`` whose server paths are typed in the
+    text inputs (an empty one keeps what is used now). The project is opened with them first: a file that does
+    not fit the model is refused (``DATA_ERROR``, shown at the next drawing) and nothing changes."""
+    calib = (st.session_state.get(calib_widget) or "").strip() or None
+    evald = (st.session_state.get(eval_widget) or "").strip() or None
+    if not calib and not evald:
+        return
+    src = source()
+    new = replace(src, data=calib or src.data, eval_data=evald or src.eval_data)
+    try:
+        open_source(new)
+    except MixprecError as e:
+        st.session_state[DATA_ERROR] = md(e)
+        return
+    st.session_state.pop(DATA_ERROR, None)
+    set_source(new)
+    flash("Data: " + ", ".join(f"{what} {md(path)}" for what, path in (("calibration", calib), ("evaluation", evald))
+                               if path) + ". Jobs started from now on use it.")
+
+
 def project_id() -> str:
     """The id of the session's saved project: the URL's ``?project=`` if well-formed, else a new one."""
     if "project_id" not in st.session_state:

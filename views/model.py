@@ -50,6 +50,17 @@ with st.expander("Calibration and evaluation data (.npz, optional)", expanded=bo
     if (calib or evald) and (calib, evald) != (src.data, src.eval_data):
         saved_project.set_source(replace(src, data=calib or src.data, eval_data=evald or src.eval_data))
         st.rerun()
+    with st.form("data_path_form"):  # or files on the server (no upload limit), as for models
+        d1, d2 = st.columns(2)
+        d1.text_input("Calibration .npz path on the server", key="calib_path",
+                      value=src.data if src.data and not src.data.startswith(str(session.workspace().root)) else "")
+        d2.text_input("Evaluation .npz path on the server (optional)", key="eval_path",
+                      value=src.eval_data if src.eval_data and not src.eval_data.startswith(str(session.workspace().root))
+                      else "")
+        st.form_submit_button("Use these files", key="load_data_path", on_click=saved_project.load_typed_data,
+                              args=("calib_path", "eval_path"))
+    if st.session_state.get(saved_project.DATA_ERROR):
+        st.error(st.session_state.pop(saved_project.DATA_ERROR))
     if src.data or src.eval_data:
         st.button("Use the default data", key="clear_data", on_click=saved_project.set_data, args=(None, None))
     data_import.section(src)

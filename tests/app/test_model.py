@@ -251,3 +251,26 @@ def test_switching_models_keeps_each_models_data_and_shapes_and_a_link_opens_the
     assert {k: at.session_state["source"][k] for k in ("model", "data", "no_batch")} == \
         {k: before[k] for k in ("model", "data", "no_batch")}
     assert any("is back with its data" in s.value for s in at.success)
+
+
+def test_data_from_a_server_path(ws, tmp_path):
+    """Issue 22 §2: the calibration / evaluation .npz can be a path on the server (no upload limit), as a model
+    can; a file that does not fit the model is refused with its fix and nothing changes."""
+    from core.project import open_project
+
+    shape = open_project("sample:tiny-cnn", ws=ws).input_shapes["image"]
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "calib.npz", image=rng.standard_normal((20, *shape[1:])).astype(np.float32))
+    np.savez(tmp_path / "bad.npz", image=rng.standard_normal((20, 5)).astype(np.float32))
+    at = ok(page("model", model="sample:tiny-cnn"))
+    at.text_input(key="calib_path").input(str(tmp_path / "bad.npz"))
+    at.button(key="load_data_path").click().run()
+    assert at.error and "does not fit the model's inputs" in shown(at.error[0]) and "Fix:" in shown(at.error[0])
+    assert at.session_state["source"]["data"] is None
+    at.text_input(key="calib_path").input(str(tmp_path / "calib.npz"))
+    at.button(key="load_data_path").click().run()
+    ok(at)
+    assert at.session_state["source"]["data"] == str(tmp_path / "calib.npz")
+    samples = next(m for m in at.metric if m.label == "Samples (calib / eval)")
+    assert samples.value.startswith("20 / ")
+    assert any("20 calibration samples" in w.value for w in at.warning)
