@@ -2,7 +2,9 @@
 with the preprocessing recipe's fields; Preview shows the first images as the model will see them (the
 layout and normalisation undone for display, ``core.model.data_import.preview``); Use writes the .npz and its
 recipe in the workspace (``data/<sha256>/``, as an upload) and makes it the project's calibration data.
-Text lines and WAV folders: ``python -m core data`` (said here)."""
+A model of token ids gets a text file of lines (one sample each, encoded by its tokenizer: ``tokenizer.json``
+beside the model, or a path typed); an audio model a folder or .zip of WAV files (resampled to the rate typed);
+both as ``python -m core data`` makes them."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -11,7 +13,8 @@ from pathlib import Path
 import streamlit as st
 
 from core.errors import MixprecError
-from core.model.data_import import LAYOUTS, RESIZES, Recipe, import_images, preview, save_in_workspace, saved_recipe
+from core.model.data_import import (LAYOUTS, RESIZES, TOKEN_INPUTS, Recipe, import_audio, import_images, import_text,
+                                    is_audio_input, preview, save_in_workspace, saved_recipe)
 from core.model.shapes import image_layout
 from core.project import ProjectSource
 from ui import saved_project, session
@@ -87,8 +90,13 @@ def section(src: ProjectSource) -> None:
         return
     inputs = [s.name for s in p.model.inputs if image_layout(s) is not None]
     if not inputs:
-        st.caption("This model has no image input. Text lines and WAV folders: "
-                   "python -m core data MODEL --text FILE | --audio DIR --out data.npz")
+        names = {s.name for s in p.model.inputs}
+        if "input_ids" in names and names <= set(TOKEN_INPUTS):
+            _text_form(src, p)
+        elif len(p.model.inputs) == 1 and is_audio_input(p.model.inputs[0]):
+            _audio_form(src, p)
+        else:
+            st.caption("This model takes neither images, token ids nor audio samples: give an .npz of its inputs.")
         return
     kept = (saved_recipe(src.data) if src.data else None) or Recipe()
     if src.data and saved_recipe(src.data):
@@ -121,3 +129,53 @@ def section(src: ProjectSource) -> None:
     saved_project.set_source(replace(src, data=str(result.path)))
     session.flash(f"Calibration data: {result.num_samples} images from {md(label)} (recipe saved beside it)"
                   + "".join(f" · {md(n)}" for n in result.notes), rerun=True)
+
+
+def _use(src: ProjectSource, p, make, label: str, what: str) -> None:
+    """Write the data ``make()`` imports into the workspace and use it as the calibration data (an error is shown)."""
+    try:
+        result = save_in_workspace(session.workspace(), make(), label, p.model)
+    except MixprecError as e:
+        st.error(md(e))
+        return
+    saved_project.set_source(replace(src, data=str(result.path)))
+    session.flash(f"Calibration data: {result.num_samples} {what} from {md(label)}"
+                  + "".join(f" · {md(n)}" for n in result.notes), rerun=True)
+
+
+def _text_form(src: ProjectSource, p) -> None:
+    st.markdown("**Or make the calibration data from text lines**")
+    with st.form("text_import_form"):
+        c1, c2 = st.columns(2)
+        c1.text_input("Text file on the server (one sample per line)", key="text_path")
+        c2.text_input("tokenizer.json (optional: default beside the model)", key="tokenizer_path")
+        st.caption(f"Each line is encoded by the model's tokenizer, truncated and padded to the sequence length of "
+                   f"the input shape {code('x'.join(map(str, p.input_shapes['input_ids'])))}.")
+        use = st.form_submit_button("Use as calibration data", type="primary", key="text_use")
+    if use:
+        path = (st.session_state.get("text_path") or "").strip()
+        tok = (st.session_state.get("tokenizer_path") or "").strip() or None
+        if not path:
+            st.error(md(MixprecError("no text file given", "type the path of a text file on the server")))
+            return
+        _use(src, p, lambda: import_text(path, p.model, p.input_shapes, tok, ws_root=p.ws.root), Path(path).stem,
+             "lines")
+
+
+def _audio_form(src: ProjectSource, p) -> None:
+    st.markdown("**Or make the calibration data from WAV files**")
+    with st.form("audio_import_form"):
+        c1, c2 = st.columns(2)
+        c1.text_input("Folder or .zip of WAV files on the server", key="audio_path")
+        c2.number_input("Sample rate the model takes (Hz)", min_value=1000, max_value=192000, value=16000, step=1000,
+                        key="audio_rate")
+        st.caption("Mixed down to mono, resampled, cut or zero-padded to the input's length.")
+        use = st.form_submit_button("Use as calibration data", type="primary", key="audio_use")
+    if use:
+        path = (st.session_state.get("audio_path") or "").strip()
+        if not path:
+            st.error(md(MixprecError("no WAV folder given", "type the path of a folder or .zip on the server")))
+            return
+        recipe = Recipe(rate=int(st.session_state["audio_rate"]))
+        _use(src, p, lambda: import_audio(path, p.model, p.input_shapes, recipe, ws_root=p.ws.root),
+             Path(path).stem or "audio", "recordings")

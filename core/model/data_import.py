@@ -587,7 +587,7 @@ def resample(x: np.ndarray, rate_in: int, rate_out: int) -> np.ndarray:
     return np.interp(t, np.arange(len(x), dtype=np.float64), x).astype(np.float32)
 
 
-def _audio_input(s: TensorSpec) -> bool:
+def is_audio_input(s: TensorSpec) -> bool:
     return s.is_float and (len(s.shape) == 2 or (len(s.shape) == 3 and s.shape[1] == 1))
 
 
@@ -596,9 +596,9 @@ def import_audio(folder, model: LoadedModel, shapes: dict[str, tuple[int, ...]],
     """The WAV files of ``folder`` (or a .zip), mono, at ``recipe.rate``, cut or zero-padded to the input's
     length (its last axis at ``shapes``), as a float input ``[batch, samples]`` or ``[batch, 1, samples]``."""
     recipe = recipe or Recipe()
-    spec = _only_input(model, recipe.input, _audio_input, "audio", "audio-like ([batch, samples] float)")
+    spec = _only_input(model, recipe.input, is_audio_input, "audio", "audio-like ([batch, samples] float)")
     shape = tuple(shapes[spec.name])
-    if not _audio_input(spec):
+    if not is_audio_input(spec):
         raise MixprecError(f"the input {spec.name} {list(spec.shape)} is not [batch, samples] or [batch, 1, samples]",
                            "audio fills a float input of one of those shapes")
     length = int(shape[-1])

@@ -76,3 +76,46 @@ def test_a_folder_without_images_is_an_error_and_the_page_stays_usable(ws, tmp_p
     at.multiselect(key="inv_ops").select("Conv").run()
     ok(at)
     assert any(c.value.startswith("3 of 8 layers") for c in at.caption)
+
+
+def test_text_lines_and_wav_files_made_into_calibration_data_on_the_model_page(ws, tmp_path):
+    """A token-id model gets a text-lines form (its bundled tokenizer), an audio model a WAV-folder form; each
+    writes the .npz into the workspace and makes it the calibration data."""
+    import wave
+
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    lines = tmp_path / "user" / "lines.txt"
+    lines.parent.mkdir(parents=True)
+    lines.write_text("\n".join(f"sentence number {i} about quantization" for i in range(30)) + "\n\n")
+    at = ok(page("model", model="sample:minilm"))
+    at.text_input(key="text_path").input(str(lines))
+    at.button(key="text_use").click().run()
+    ok(at)
+    data = at.session_state["source"]["data"]
+    assert data and Path(data).is_file() and Path(data).is_relative_to(ws.root)
+    with np.load(data) as z:
+        assert z["input_ids"].shape[0] == 30 and z["input_ids"][0, 0] == 101  # [CLS] of the MiniLM vocabulary
+    assert next(m for m in at.metric if m.label == "Samples (calib / eval)").value.startswith("30 / ")
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((1600, 4)).astype(np.float32), "w")
+    g = helper.make_graph([helper.make_node("MatMul", ["audio", "w"], ["y"])], "kws",
+                          [helper.make_tensor_value_info("audio", TensorProto.FLOAT, ["batch", 1600])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])], [w])
+    model = tmp_path / "kws.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), model)
+    wavs = tmp_path / "user" / "wavs"
+    wavs.mkdir()
+    for i in range(5):
+        with wave.open(str(wavs / f"c{i}.wav"), "wb") as f:
+            f.setnchannels(1), f.setsampwidth(2), f.setframerate(8000)
+            f.writeframes((np.sin(np.arange(800) * (i + 1) / 10) * 20000).astype("<i2").tobytes())
+    at = ok(page("model", model=str(model)))
+    at.text_input(key="audio_path").input(str(wavs))
+    at.number_input(key="audio_rate").set_value(16000)
+    at.button(key="audio_use").click().run()
+    ok(at)
+    with np.load(at.session_state["source"]["data"]) as z:
+        assert z["audio"].shape == (5, 1600)  # 800 samples at 8 kHz: 1600 at 16 kHz, the input's length
+        assert abs(float(z["audio"][0, 2]) - 20000 / 32768 * np.sin(0.1)) < 0.02
