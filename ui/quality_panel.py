@@ -23,6 +23,17 @@ def current() -> dict | None:
     return st.session_state.get(SPEC_KEY)
 
 
+def describe(spec_json: dict) -> str:
+    """One line of a spec: its outputs and slices, task and user metric file."""
+    spec = MetricSpec.from_json(spec_json)
+    parts = [", ".join(o.label for o in spec.outputs) or "the first float output"]
+    if spec.task not in (None, "auto"):
+        parts.append(f"task {spec.task}")
+    if spec.metric_file:
+        parts.append(f"user metric {spec.metric_file}")
+    return "; ".join(parts)
+
+
 def selector(project) -> None:
     """The selector; a spec that cannot be read is an error under it, and builds keep the last good one."""
     floats = [o.name for o in project.model.outputs if o.is_float]

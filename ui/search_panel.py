@@ -20,7 +20,7 @@ from core.search import BUDGET_METRICS
 from core.search.searcher import MAC_SHARE_NOTE, TRT_ESTIMATE_NOTE, search_objective
 from core.store.results import searched_gpu_name
 from ui import cluster
-from ui import draft, job_panel, results, saved_project, session
+from ui import draft, job_panel, quality_panel, results, saved_project, session
 from ui import estimate_panel
 from ui.session import md
 
@@ -69,7 +69,8 @@ def section(p: Project) -> None:
         g = search_gpu(s2) if trt else GPUS[FIXTURE_GPU]
         smooth = (s3 or s2).checkbox("SmoothQuant-style smoothing", key="search_smooth", persist_state="session")
         try:
-            params = search_params(src, budget, smooth, gpu=g, ray=cluster.ray_address())
+            metrics = quality_panel.current()  # what the Build page measures quality on (outputs, slices, task, user)
+            params = search_params(src, budget, smooth, gpu=g, ray=cluster.ray_address(), metrics=metrics)
         except MixprecError as e:
             st.error(md(e))
             return
@@ -81,7 +82,9 @@ def section(p: Project) -> None:
         else:
             st.caption(f"Objective: the estimated latency on {session.auto_backend_name()} (the latency model "
                        "fitted on its profiles), then the fewest INT8/float boundaries.")
-        result = results.search_result(p, params["budget"], smooth, g)  # each GPU's search is stored on its own
+        if metrics:
+            st.caption("Quality as the Build page measures it: " + md(quality_panel.describe(metrics)))
+        result = results.search_result(p, params["budget"], smooth, g, metrics)  # each GPU's, each spec's own
         other = searched_gpu_name(result) if result is not None and trt else None
         if other is not None and other != g.name:  # never expected (searches are stored per GPU): a safety net
             st.caption(f"The search stored for this budget estimated on the {md(other)}, not the "

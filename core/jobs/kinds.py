@@ -65,7 +65,7 @@ def run_search(params: dict, ws: Workspace, progress) -> str:
                           gpu=g.key if GPUS.get(g.key) == g else g, cost_params=load_gpu_calibration(ws, g),
                           ray=p.ray, metrics=MetricSpec.from_json(p.metrics))
     result = search(project, config, progress=progress)
-    return str(save_search(ws, project, result, bool(p.smooth), g))  # kept per GPU (TensorRT target)
+    return str(save_search(ws, project, result, bool(p.smooth), g, p.metrics))  # kept per GPU and metric spec
 
 
 def run_sleep(params: dict, ws: Workspace, progress) -> str:

@@ -31,6 +31,7 @@ from core.estimate.cost import PARAMS_VERSION, CostParams
 from core.estimate.gpus import FIXTURE_GPU, GPU, GPUS, custom_gpu, gpu as gpu_entry
 from core.model.data import load_npz
 from core.model.load import model_from_bytes
+from core.measure.evaluation import MetricSpec
 from core.project import Project
 from core.search import SearchResult
 from core.sensitivity import Ranking, Sensitivity, write_sensitivity
@@ -75,23 +76,36 @@ def search_gpu_tag(g: GPU) -> str:
     return f"{g.key}~" + sha256_bytes(json.dumps(g.to_json(), sort_keys=True).encode())[:16]
 
 
-def search_path(ws: Workspace, project: Project, budget: str, smooth: bool, gpu: str | GPU | None = None) -> Path:
+def _metrics_key(metrics) -> str:
+    """The key part of what quality is measured on (``core.measure.evaluation.MetricSpec`` or its JSON; "" for
+    the default: the first float output, as every search stored before)."""
+    spec = metrics if isinstance(metrics, MetricSpec) else MetricSpec.from_json(metrics) if metrics else None
+    key = spec.key if spec is not None else ""
+    return f"|metrics={key}" if key else ""
+
+
+def search_path(ws: Workspace, project: Project, budget: str, smooth: bool, gpu: str | GPU | None = None,
+                metrics=None) -> Path:
     """Where the search of this model, data, budget (normalised, ``str(Budget)``) and smoothing is stored;
     for the TensorRT target (its objective: the TensorRT time estimated on a GPU) also keyed by ``gpu``
     (a :class:`GPU`, or a key / name :func:`resolve_gpu` places), so each GPU's search is kept. Without a
-    GPU: the key of searches stored before the GPU was part of it (``load_search`` reads it as a fallback)."""
+    GPU: the key of searches stored before the GPU was part of it (``load_search`` reads it as a fallback).
+    ``metrics``: what quality is measured on (a search on another output or slice is another search)."""
     key = f"{budget}|smooth={bool(smooth)}|target={project.target}"  # the target decides the search's objective
     if gpu is not None and project.target == "tensorrt":
         key += f"|gpu={search_gpu_tag(gpu if isinstance(gpu, GPU) else resolve_gpu(ws, gpu))}"
+    key += _metrics_key(metrics)
     return ws.search_file(project_ranking_key(project, key, "search"))
 
 
 def stored_search_path(ws: Workspace, project: Project, budget: str, smooth: bool,
-                       gpu: str | GPU | None = None) -> Path:
+                       gpu: str | GPU | None = None, metrics=None) -> Path:
     """The file ``load_search`` reads for these arguments: the GPU's own key (no GPU: the search job's
     default, ``FIXTURE_GPU``), else (when only that is stored) the key of a search stored before the GPU
     was part of it."""
-    path = search_path(ws, project, budget, smooth, FIXTURE_GPU if gpu is None else gpu)
+    path = search_path(ws, project, budget, smooth, FIXTURE_GPU if gpu is None else gpu, metrics)
+    if _metrics_key(metrics):
+        return path
     old = search_path(ws, project, budget, smooth)
     return old if path != old and not path.is_file() and old.is_file() else path
 
@@ -232,15 +246,15 @@ def _result_gpu(ws: Workspace, result: SearchResult) -> GPU | None:
 
 
 def save_search(ws: Workspace, project: Project, result: SearchResult, smooth: bool,
-                gpu: str | GPU | None = None) -> Path:
-    """Store ``result`` under its budget, smoothing and (TensorRT target) ``gpu``: the GPU the search
-    estimated on (the job's; when not given, the one its label names, if it can be placed)."""
+                gpu: str | GPU | None = None, metrics=None) -> Path:
+    """Store ``result`` under its budget, smoothing, (TensorRT target) ``gpu`` — the GPU the search
+    estimated on (the job's; when not given, the one its label names, if it can be placed) — and ``metrics``."""
     g = gpu if gpu is not None else _result_gpu(ws, result)
-    return atomic_write_json(search_path(ws, project, str(result.budget), smooth, g), result.to_json())
+    return atomic_write_json(search_path(ws, project, str(result.budget), smooth, g, metrics), result.to_json())
 
 
 def load_search(ws: Workspace, project: Project, budget: str, smooth: bool,
-                gpu: str | GPU | None = None) -> SearchResult | None:
+                gpu: str | GPU | None = None, metrics=None) -> SearchResult | None:
     """The stored search for this (normalised) budget, smoothing and (TensorRT target) GPU (default: a
     search job's, ``FIXTURE_GPU``), or None if it was never run. A search stored before the GPU was part of
     the key is used for the GPU it estimated on (by the name in its label) and for any GPU when it estimated
@@ -248,11 +262,11 @@ def load_search(ws: Workspace, project: Project, budget: str, smooth: bool,
     the old one is kept). Its isolated sensitivity is read from the rankings/ document it names (format 3;
     formats 1 and 2 hold a copy): when that is gone or damaged the search loads without it, with a note."""
     gpu = FIXTURE_GPU if gpu is None else gpu  # a search job's default GPU (core.jobs.params.SearchParams)
-    path = stored_search_path(ws, project, budget, smooth, gpu)
+    path = stored_search_path(ws, project, budget, smooth, gpu, metrics)
     doc = _read(path, "search")
     result = None if doc is None else _record(lambda d: SearchResult.from_json(d, project.model, project.layers),
                                               doc, path, "search")
-    if result is not None and path != search_path(ws, project, budget, smooth, gpu):
+    if result is not None and path != search_path(ws, project, budget, smooth, gpu, metrics):
         g = gpu if isinstance(gpu, GPU) else resolve_gpu(ws, gpu)  # read at the old key: whose search is it?
         name = searched_gpu_name(result)
         result = result if name is None or name == g.name else None

@@ -165,3 +165,24 @@ def test_searches_are_kept_per_gpu_and_an_old_key_is_read_for_its_own_gpu(store_
     assert load_search(store_ws, ort, b, False, a100).message == "cpu"
     # no GPU given: a search job's default GPU (the A100), as a job without one searches on
     assert load_search(store_ws, tiny_cnn, b, False).message == "on the A100"
+
+
+def test_a_search_on_other_metric_outputs_is_stored_apart_from_the_default_one(ws):
+    """Issue 22 §3: what quality is measured on is part of a stored search's key (a search measured on a slice is
+    another search than one on the whole first output); the default spec keeps the key searches always had."""
+    from core.measure.evaluation import MetricOutput, MetricSpec
+    from core.project import open_project
+    from core.store.results import search_path, stored_search_path
+
+    p = open_project("sample:tiny-cnn", ws=ws)
+    plain = search_path(ws, p, "cosine_mean>=0.99", False, "a100")
+    assert search_path(ws, p, "cosine_mean>=0.99", False, "a100", MetricSpec()) == plain
+    assert search_path(ws, p, "cosine_mean>=0.99", False, "a100", MetricSpec().to_json()) == plain
+    spec = MetricSpec((MetricOutput.parse("head=logits[...,0:5]"),))
+    sliced = search_path(ws, p, "cosine_mean>=0.99", False, "a100", spec.to_json())
+    assert sliced != plain and sliced == search_path(ws, p, "cosine_mean>=0.99", False, "a100", spec)
+    assert search_path(ws, p, "cosine_mean>=0.99", False, "a100", MetricSpec(task="dense").to_json()) not in (plain, sliced)
+    old = search_path(ws, p, "cosine_mean>=0.99", False)  # a search stored before the GPU was in the key
+    old.write_text("{}")
+    assert stored_search_path(ws, p, "cosine_mean>=0.99", False, "a100") == old  # the default falls back to it
+    assert stored_search_path(ws, p, "cosine_mean>=0.99", False, "a100", spec.to_json()) == sliced  # never for a spec
