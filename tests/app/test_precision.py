@@ -524,3 +524,28 @@ def test_no_gpu_picker_when_the_search_does_not_estimate_tensorrt(ws):
     at.sidebar.selectbox(key="target_pick").select("onnxruntime").run()
     ok(at)
     assert not [s for s in at.selectbox if s.key == "search_gpu"] and at.button(key="start_search")
+
+
+def test_the_search_measures_quality_as_the_build_page_selector_says(ws):
+    """Issue 22 §3: the Build page's quality selector (here: a slice of the logits) goes with the Precision page's
+    search into its job, the result is stored for that spec, and the page finds it again; the default search of
+    the same budget is another search."""
+    from core.measure.evaluation import MetricOutput, MetricSpec
+    from core.project import open_project
+    from core.store.results import load_search
+    from ui.quality_panel import SPEC_KEY
+
+    model = "sample:tiny-transformer"
+    out = open_project(model, ws=ws).model.outputs[0].name
+    spec = MetricSpec((MetricOutput.parse(f"first={out}[...,0:4]"),)).to_json()
+    at = ok(page("precision", model=model, state={SPEC_KEY: spec}))
+    assert any("Quality as the Build page measures it: first" in c.value for c in at.caption)
+    at.button(key="start_search").click().run()
+    (job,) = wait_all(ws)
+    assert job.status == "done" and job.params["metrics"] == spec
+    p = open_project(model, ws=ws)
+    assert load_search(ws, p, "cosine_mean>=0.99", False, metrics=spec) is not None
+    assert load_search(ws, p, "cosine_mean>=0.99", False) is None
+    at.run()
+    ok(at)
+    assert at.get("plotly_chart") and not [b for b in at.button if b.key == "start_search"]
