@@ -52,9 +52,9 @@ with st.expander("Calibration and evaluation data (.npz, optional)", expanded=bo
         st.rerun()
     with st.form("data_path_form"):  # or files on the server (no upload limit), as for models
         d1, d2 = st.columns(2)
-        d1.text_input("Calibration .npz path on the server", key="calib_path",
+        d1.text_input("Calibration .npz: a file on the server", key="calib_path",
                       value=src.data if src.data and not src.data.startswith(str(session.workspace().root)) else "")
-        d2.text_input("Evaluation .npz path on the server (optional)", key="eval_path",
+        d2.text_input("Evaluation .npz: a file on the server (optional)", key="eval_path",
                       value=src.eval_data if src.eval_data and not src.eval_data.startswith(str(session.workspace().root))
                       else "")
         st.form_submit_button("Use these files", key="load_data_path", on_click=saved_project.load_typed_data,

@@ -60,7 +60,7 @@ def test_a_job_record_of_the_old_flat_form_reads():
            "dims": None, "batch": 1, "target": "onnxruntime", "policy": "{}", "backend": "auto", "label": ""}
     p = BuildParams.from_params(old)
     assert p.source == ProjectSource("sample:tiny-cnn", shapes={"image": (4, 3, 32, 32)}, target="onnxruntime")
-    assert p.to_params() == old | {"branches": None, "no_batch": None, "profiles": None}  # fields added since: null
+    assert p.to_params() == old | {"branches": None, "no_batch": None, "profiles": None, "metrics": None}  # added since: null
     assert RankParams.from_params({"model": "m"}).source == ProjectSource("m", target=DEFAULT_TARGET)
 
 
