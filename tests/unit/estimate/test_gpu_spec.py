@@ -348,7 +348,7 @@ def test_search_job_params_carry_the_spec_and_the_job_uses_it(tmp_path, monkeypa
     ws = Workspace(tmp_path / "ws")
     seen = []
     monkeypatch.setattr(kinds, "search", lambda project, config, **kw: seen.append(config) or "result")
-    monkeypatch.setattr(kinds, "save_search", lambda ws, project, result, smooth, gpu=None: tmp_path / "search.json")
+    monkeypatch.setattr(kinds, "save_search", lambda ws, project, result, smooth, gpu=None, metrics=None: tmp_path / "search.json")
     kinds.run_search(params, ws, lambda f, t="": None)
     assert seen[-1].gpu == g and seen[-1].cost_params is None
     mine = cost.FITTED.with_values(basis=cost.CALIBRATION_BASIS, gpu="rtx-a6000", n_layers=9, median_err=0.1)

@@ -360,7 +360,7 @@ def test_search_job_carries_the_gpu_and_its_stored_calibration(tmp_path, monkeyp
     ws = Workspace(tmp_path / "ws")
     seen = []
     monkeypatch.setattr(kinds, "search", lambda project, config, **kw: seen.append(config) or "result")
-    monkeypatch.setattr(kinds, "save_search", lambda ws, project, result, smooth, gpu=None: tmp_path / "search.json")
+    monkeypatch.setattr(kinds, "save_search", lambda ws, project, result, smooth, gpu=None, metrics=None: tmp_path / "search.json")
     kinds.run_search(params, ws, lambda f, t="": None)
     assert seen[-1].gpu == "t4" and seen[-1].cost_params is None  # nothing stored: the fixture fit
     save_gpu_calibration(ws, "t4", _t4_calibration())
