@@ -554,7 +554,7 @@ def _real_data(m: BenchModel, cache: Path, dest: Path) -> dict:
             for j in range(0, min(3 * 8, spec.shape[0] - 76 + 1), 8):
                 wins.append(spec[j:j + 76])
         np.savez(dest, input_1=np.asarray(wins, np.float32)[..., None])
-    shown = " ".join(cmd[3:]).replace(str(cache), "<cache>").replace(str(d), f"<cache>/inputs/{rd.inputs}")
+    shown = " ".join(cmd[6:]).replace(str(cache), "<cache>").replace(str(d), f"<cache>/inputs/{rd.inputs}")
     info = {"command": shown, "files": files, "recipe": rd.recipe, "steps": rd.steps, "why": rd.why,
             "num_samples": int(next(iter(np.load(dest).values())).shape[0]),
             "shapes": {k: list(v.shape) for k, v in np.load(dest).items()},
@@ -1033,15 +1033,15 @@ def render(results: dict, commands: list[str]) -> str:
         lines.append(f"- **{m.name}** — inputs `{rd.inputs}`; .npz sha256 {sha}, "
                      f"{info.get('num_samples', '?')} samples, arrays {info.get('shapes', '?')}")
         if info.get("command"):
-            lines.append(f"  - command: `python -m core {info['command']}`")
+            lines.append(f"  - command: `python -m core {info['command'].split(' -m core ', 1)[-1]}`")
         if rd.recipe:
             lines.append(f"  - recipe: `{rd.recipe}` — {rd.why}")
         elif rd.why:
             lines.append(f"  - source of the pipeline: {rd.why}")
         if rd.steps:
             lines.append(f"  - the bench also: {rd.steps}")
-        for x in info.get("files", []):
-            lines.append(f"  - files: {_short(x, 900)}")
+        if info.get("files"):
+            lines.append(f"  - files: {_short('; '.join(info['files']), 1500)}")
         for x in info.get("notes", []):
             lines.append(f"  - core data note: {_short(x, 300)}")
         err = (results.get("_data_error") or {}).get(m.name)
