@@ -131,15 +131,21 @@ def section(src: ProjectSource) -> None:
                   + "".join(f" · {md(n)}" for n in result.notes), rerun=True)
 
 
-def _use(src: ProjectSource, p, make, label: str, what: str) -> None:
-    """Write the data ``make()`` imports into the workspace and use it as the calibration data (an error is shown)."""
+def _use(src: ProjectSource, p, widget: str, make, what: str) -> None:
+    """Write the data ``make(path)`` imports from the server path typed in ``widget`` into the workspace and use
+    it as the calibration data (an error, or no path, is shown)."""
+    path = (st.session_state.get(widget) or "").strip()
+    if not path:
+        st.error(md(MixprecError(f"no {what} given", "type its path on the server")))
+        return
+    label = Path(path).stem or what
     try:
-        result = save_in_workspace(session.workspace(), make(), label, p.model)
+        result = save_in_workspace(session.workspace(), make(path), label, p.model)
     except MixprecError as e:
         st.error(md(e))
         return
     saved_project.set_source(replace(src, data=str(result.path)))
-    session.flash(f"Calibration data: {result.num_samples} {what} from {md(label)}"
+    session.flash(f"Calibration data: {result.num_samples} samples from {md(label)}"
                   + "".join(f" · {md(n)}" for n in result.notes), rerun=True)
 
 
@@ -153,13 +159,9 @@ def _text_form(src: ProjectSource, p) -> None:
                    f"the input shape {code('x'.join(map(str, p.input_shapes['input_ids'])))}.")
         use = st.form_submit_button("Use as calibration data", type="primary", key="text_use")
     if use:
-        path = (st.session_state.get("text_path") or "").strip()
         tok = (st.session_state.get("tokenizer_path") or "").strip() or None
-        if not path:
-            st.error(md(MixprecError("no text file given", "type the path of a text file on the server")))
-            return
-        _use(src, p, lambda: import_text(path, p.model, p.input_shapes, tok, ws_root=p.ws.root), Path(path).stem,
-             "lines")
+        _use(src, p, "text_path", lambda path: import_text(path, p.model, p.input_shapes, tok, ws_root=p.ws.root),
+             "text file")
 
 
 def _audio_form(src: ProjectSource, p) -> None:
@@ -172,10 +174,6 @@ def _audio_form(src: ProjectSource, p) -> None:
         st.caption("Mixed down to mono, resampled, cut or zero-padded to the input's length.")
         use = st.form_submit_button("Use as calibration data", type="primary", key="audio_use")
     if use:
-        path = (st.session_state.get("audio_path") or "").strip()
-        if not path:
-            st.error(md(MixprecError("no WAV folder given", "type the path of a folder or .zip on the server")))
-            return
         recipe = Recipe(rate=int(st.session_state["audio_rate"]))
-        _use(src, p, lambda: import_audio(path, p.model, p.input_shapes, recipe, ws_root=p.ws.root),
-             Path(path).stem or "audio", "recordings")
+        _use(src, p, "audio_path", lambda path: import_audio(path, p.model, p.input_shapes, recipe, ws_root=p.ws.root),
+             "WAV folder")

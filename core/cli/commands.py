@@ -90,7 +90,8 @@ def _print_notes(notes: list[str] | None = None) -> None:
 
 def _shape_lines(p) -> str:
     """The input shapes, each dim's source, and every default or guess with how to set it."""
-    axes, stacked = batch_axes(p.model), stacked_inputs(p.model)
+    axes = batch_axes(p.model)
+    stacked = stacked_inputs(p.model, axes)
 
     def batch_of(name):
         if name in stacked:
@@ -155,7 +156,7 @@ def cmd_inspect(args):
                   "inputs": [{"name": s.name, "dtype": s.dtype, "shape": list(s.shape)} for s in m.inputs],
                   "outputs": [{"name": s.name, "dtype": s.dtype, "shape": list(s.shape)} for s in m.outputs],
                   "input_shapes": {k: list(v) for k, v in p.input_shapes.items()},
-                  "batch_axes": batch_axes(m), "no_batch": sorted(stacked_inputs(m)),
+                  "batch_axes": (axes := batch_axes(m)), "no_batch": sorted(stacked_inputs(m, axes)),
                   "profiles": {k: [list(s) for s in r] for k, r in p.profiles.items()},
                   "shape_choices": [c.to_dict() for c in p.shape_choices], "data_generated": p.data_generated,
                   "data_problem": None if p.data_problem is None else str(p.data_problem),

@@ -30,7 +30,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from core.errors import MixprecError
-from core.model.graph import with_input_dims
+from core.model.graph import attr, with_input_dims
 from core.model.kv_cache import KV_PAST, KV_SEQ, kv_cache
 from core.model.load import LoadedModel, TensorSpec
 from core.workspace import env_bytes, human_bytes
@@ -143,7 +143,7 @@ def _unsqueezed_at_0(model: LoadedModel, name: str) -> bool:
     for n in uses:
         if n.op_type != "Unsqueeze" or n.input[0] != name:
             return False
-        axes = next((list(a.ints) for a in n.attribute if a.name == "axes"), None)
+        axes = attr(n, "axes")
         if axes is None and len(n.input) > 1:
             vals = _const_values(model, n.input[1])
             axes = None if vals is None else [int(v) for v in np.ravel(vals)]
@@ -197,12 +197,12 @@ def batch_axes(model: LoadedModel) -> dict[str, int | None]:
     return axes
 
 
-def stacked_inputs(model: LoadedModel) -> frozenset[str]:
+def stacked_inputs(model: LoadedModel, axes: dict | None = None) -> frozenset[str]:
     """Inputs whose samples are whole arrays stacked along a new leading axis of the data (and fed one at a
     time): those the user marked "no batch axis", and every input of a model where no input has one
     (e.g. an audio model's ``[frames, bins]``). Other inputs without a batch axis (a fixed-size side input
-    of a batched model) are one array passed whole in every batch."""
-    axes = batch_axes(model)
+    of a batched model) are one array passed whole in every batch. ``axes``: :func:`batch_axes`, if known."""
+    axes = batch_axes(model) if axes is None else axes
     if all(a is None for a in axes.values()):
         return frozenset(axes)
     return frozenset(model.no_batch)
@@ -286,14 +286,10 @@ def implied_width(model: LoadedModel, spec: TensorSpec, axis: int) -> tuple[int,
             return w[2], f"the {op} {name}'s weight W {list(w)}"
         if op == "MatMul" and ins[0] in frontier and axis == rank - 1 and len(w) >= 2:
             return w[-2], f"the MatMul {name}'s weight {list(w)}"
-        if op == "Gemm" and ins[0] in frontier and rank == 2 and axis == 1 and len(w) == 2:
-            trans_a = next((a.i for a in node.attribute if a.name == "transA"), 0)
-            trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
-            if not trans_a:
-                return (w[1] if trans_b else w[0]), f"the Gemm {name}'s weight {list(w)}"
+        if op == "Gemm" and ins[0] in frontier and rank == 2 and axis == 1 and len(w) == 2 and not attr(node, "transA", 0):
+            return (w[1] if attr(node, "transB", 0) else w[0]), f"the Gemm {name}'s weight {list(w)}"
         if op in ("Conv", "ConvTranspose") and ins[0] in frontier and axis == 1 and len(w) == rank:
-            group = next((a.i for a in node.attribute if a.name == "group"), 1)
-            chans = w[1] * group if op == "Conv" else w[0]
+            chans = w[1] * attr(node, "group", 1) if op == "Conv" else w[0]
             return chans, f"the {op} {name}'s weight {list(w)}"
     return None
 
