@@ -115,6 +115,87 @@ class MissingData(Dataset):
         raise self.problem
 
 
+NPY_MAX_HEADER = 10_000  # bytes: numpy's own limit for an .npy header (a larger one is refused, not parsed)
+NPZ_MAX_MEMBERS = 10_000
+
+
+def _npz_refusal(label: str, what: str) -> MixprecError:
+    return MixprecError(f"{label} is not a plain .npz: {what}",
+                        "save the data with numpy.savez(path, <input name>=array, ...): one numeric array per input")
+
+
+def read_npz_arrays(raw: bytes, label: str) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` held in ``raw``, read safely: every member must be an ``.npy`` array (not a
+    nested archive or another file), its header at most ``NPY_MAX_HEADER`` bytes and of no object dtype; the
+    declared shapes and sizes of all members together are checked against the memory budget
+    (``core.model.shapes.memory_budget``) *before* anything is decompressed, so a small archive that would
+    inflate to gigabytes (a decompression bomb) is refused, not read."""
+    from core.model.shapes import memory_budget
+
+    try:
+        zf = zipfile.ZipFile(io.BytesIO(raw))
+        infos = [i for i in zf.infolist() if not i.is_dir()]
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
+        raise MixprecError(f"{label} is not a .npz archive ({e})",
+                           "save the data with numpy.savez(path, <input name>=array, ...)") from e
+    if len(infos) > NPZ_MAX_MEMBERS:
+        raise _npz_refusal(label, f"{len(infos)} members (at most {NPZ_MAX_MEMBERS})")
+    budget, where = memory_budget()
+    plan, total = [], 0
+    for info in infos:
+        name = info.filename
+        if not name.endswith(".npy"):
+            raise _npz_refusal(label, f"member {name!r} is not an array (.npy)")
+        try:
+            with zf.open(info) as f:
+                version = np.lib.format.read_magic(f)
+                read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                               (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+                if read_header is None:
+                    raise ValueError(f"npy format version {version}")
+                shape, _, dtype = read_header(f, max_header_size=NPY_MAX_HEADER)
+                held = info.file_size - f.tell()  # the data's bytes, after the header
+        except (ValueError, SyntaxError, TypeError, zipfile.BadZipFile, OSError, EOFError, RuntimeError,
+                NotImplementedError, RecursionError, MemoryError) as e:
+            why = "a header larger than numpy's safe limit" if "max_header_size" in str(e) else \
+                "a nested archive" if _starts_with_zip(zf, info) else f"not an .npy array ({e})"
+            raise _npz_refusal(label, f"member {name!r} is {why}") from e
+        if dtype.hasobject:
+            raise MixprecError(f"{label} holds object (pickled) arrays, which mixprec refuses to load",
+                               "save plain numeric arrays: np.savez(path, input_ids=np.asarray(ids, dtype=np.int64), "
+                               "...)")
+        if any(int(d) < 0 for d in shape):
+            raise _npz_refusal(label, f"member {name!r} declares the shape {shape}")
+        nbytes = int(np.prod([int(d) for d in shape], dtype=object)) * dtype.itemsize
+        if held < nbytes:
+            raise _npz_refusal(label, f"member {name!r} declares {shape} {dtype} ({nbytes:,} bytes) but holds "
+                                      f"{max(held, 0):,} bytes (a truncated or forged file)")
+        total += nbytes
+        if total > budget:
+            raise MixprecError(
+                f"{label} would take {total / 2**30:.2f} GiB once unpacked (member {name!r}: {shape} {dtype}), over "
+                f"the memory budget of {budget / 2**30:.2f} GiB ({where}); it was not unpacked",
+                "use fewer samples (200-500 calibration samples are the usual advice), or raise "
+                "MIXPREC_MEMORY_BUDGET on a machine with the memory")
+        plan.append((info, name[:-4]))
+    arrays = {}
+    for info, key in plan:
+        try:
+            with zf.open(info) as f:
+                arrays[key] = np.lib.format.read_array(f, allow_pickle=False, max_header_size=NPY_MAX_HEADER)
+        except (ValueError, zipfile.BadZipFile, OSError, EOFError, RuntimeError) as e:
+            raise _npz_refusal(label, f"member {key!r} cannot be read ({e})") from e
+    return arrays
+
+
+def _starts_with_zip(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> bool:
+    try:
+        with zf.open(info) as f:
+            return f.read(4) == b"PK\x03\x04"
+    except Exception:  # noqa: BLE001 - only a hint for the message
+        return False
+
+
 def load_npz(source, model: LoadedModel | None = None, name: str | None = None, ws_root=None) -> Dataset:
     """Load a user ``.npz`` from a path or bytes. Pickled (object) arrays are refused. A path must be a
     regular file of at most ``$MIXPREC_MAX_DATA_BYTES`` (4 GiB), under ``$MIXPREC_MODEL_ROOT`` or the
@@ -127,21 +208,7 @@ def load_npz(source, model: LoadedModel | None = None, name: str | None = None, 
     if not raw.startswith(b"PK"):
         raise MixprecError(f"{label} is not a .npz archive (no zip header)",
                            "save the data with numpy.savez(path, <input name>=array, ...)")
-    arrays = {}
-    try:
-        with np.load(io.BytesIO(raw), allow_pickle=False) as z:
-            for k in z.files:
-                arrays[k] = z[k]
-    except ValueError as e:
-        if "pickle" in str(e).lower() or "object" in str(e).lower():
-            raise MixprecError(
-                f"{label} holds object (pickled) arrays, which mixprec refuses to load",
-                "save plain numeric arrays: np.savez(path, input_ids=np.asarray(ids, dtype=np.int64), ...)",
-            ) from e
-        raise MixprecError(f"{label} is not a readable .npz ({e})", "save the data with numpy.savez") from e
-    except (zipfile.BadZipFile, OSError, EOFError) as e:
-        raise MixprecError(f"{label} is not a .npz archive ({e})",
-                           "save the data with numpy.savez(path, <input name>=array, ...)") from e
+    arrays = read_npz_arrays(raw, label)
     if not arrays:
         raise MixprecError(f"{label} holds no arrays", "save one array per model input, keyed by input name")
     ds = Dataset(arrays, label)

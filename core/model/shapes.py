@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -467,6 +468,10 @@ SMALL_INITIALIZER = 4096  # elements: initializers up to this size keep their va
 ORT_SESSIONS = 2  # a build times the candidate and the FP32 reference side by side
 
 
+CGROUP_MEMORY_FILES = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                       ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
+
+
 def _available_memory() -> int:
     """Bytes this process can still allocate: MemAvailable, capped by a cgroup (container) limit."""
     avail = None
@@ -481,13 +486,15 @@ def _available_memory() -> int:
             avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         except (ValueError, OSError, AttributeError):
             avail = 8 << 30
-    try:
-        limit = open("/sys/fs/cgroup/memory.max").read().strip()
-        used = int(open("/sys/fs/cgroup/memory.current").read().strip())
-        if limit != "max":
+    for limit_file, used_file in CGROUP_MEMORY_FILES:  # cgroup v2, then v1 (its "no limit" is a huge number)
+        try:
+            limit = Path(limit_file).read_text().strip()
+            used = int(Path(used_file).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if limit != "max" and limit.isdigit() and int(limit) < (1 << 60):
             avail = min(avail, max(0, int(limit) - used))
-    except (OSError, ValueError):
-        pass
+        break
     return int(avail)
 
 
