@@ -7,7 +7,6 @@ was computed again) print as ``note: …`` lines on stderr and, with ``--json``,
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from core.model.shapes import batch_axes, shape_text, stacked_inputs
 from core.project import DEFAULT_TARGET, DEPLOY_TARGETS, TARGET_LABELS
 from core.quant.compile import TARGETS
 from core.quant.policy import CALIB_METHODS, NETWORK_DEFAULTS, load_policy
-from core.records import json_safe
+from core.cli.output import print_document, stdout_for_the_document
 from core.search import SearchConfig, search
 from core.sensitivity import MODES, RANK_METRICS, rank_layers, sensitivity
 from core.sensitivity.runners import RUNNERS
@@ -70,7 +69,7 @@ def _emit(args, doc: dict, text: str):
     notes = take_notes()
     _print_notes(notes)
     if args.json:
-        print(json.dumps(json_safe(doc | ({"notes": notes} if notes else {})), indent=2))
+        print_document(doc | ({"notes": notes} if notes else {}))
     else:
         print(text)
 
@@ -531,7 +530,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        rc = args.func(args)
+        with stdout_for_the_document(bool(getattr(args, "json", False))):
+            rc = args.func(args)
     except MixprecError as e:
         _print_notes()
         print(f"error: {e}", file=sys.stderr)

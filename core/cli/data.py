@@ -6,7 +6,6 @@ command's (``--shape``, ``--dim``, ``--batch``); the recipe is written beside th
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import replace
 
 from core.cli.source import parse_branches, parse_dims, parse_shapes
@@ -14,7 +13,7 @@ from core.model.data_import import import_data, parse_recipe, write_npz
 from core.model.load import load_model
 from core.model.samples import SAMPLES
 from core.model.shapes import resolve_input_shapes, shape_text
-from core.records import json_safe
+from core.cli.output import print_document
 from core.workspace import Workspace
 
 RECIPE_HELP = ("the preprocessing recipe: a JSON file, inline JSON, or key=value pairs separated by commas (lists "
@@ -72,6 +71,6 @@ def cmd_data(args):
              + ", ".join(f"{k} {shape_text(v)}" for k, v in r.shapes.items()), f"recipe: {r.recipe_path}"]
     lines += [f"note: {n}" for n in r.notes]
     if args.json:
-        print(json.dumps(json_safe(r.to_json() | {"kind": imported.kind, "recipe": recipe.to_json()}), indent=2))
+        print_document(r.to_json() | {"kind": imported.kind, "recipe": recipe.to_json()})
     else:
         print("\n".join(lines))

@@ -10,7 +10,6 @@ GPU that is in neither (the fields of a table row, validated by ``core.estimate.
 from __future__ import annotations
 
 import argparse
-import json
 
 from core.cli.source import source_from_args
 from core.errors import MixprecError
@@ -19,7 +18,7 @@ from core.estimate.gpus import FIELD_HELP, FIXTURE_GPU, GPU, GPUS, gpu as gpu_en
 from core.estimate.predict import PREDICTION_COLUMNS, Prediction, predict
 from core.model.samples import SAMPLES
 from core.quant.policy import NETWORK_DEFAULTS, load_policy
-from core.records import json_safe
+from core.cli.output import print_document
 from core.store.results import load_gpu_calibration, read_gpu_specs, resolve_gpu
 from core.workspace import Workspace, default_root
 
@@ -117,7 +116,7 @@ def run(args) -> int:
                              "input_shapes": {k: list(v) for k, v in p.input_shapes.items()},
                              "columns": PREDICTION_COLUMNS}
         doc["gpu"] = {**doc.get("gpu", {}), **gpu_doc(g)}
-        print(json.dumps(json_safe(doc), indent=2))
+        print_document(doc)
     else:
         print(_text(r, args.top))
     return 0

@@ -250,3 +250,26 @@ def test_data_command_writes_the_npz_of_an_image_folder(cli, tmp_path):
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "Fix:" in bad.stderr
     assert "Traceback" not in bad.stderr and not (tmp_path / "x.npz").exists()
     assert "key=value" in cli("data", "--help", check=False).stdout
+
+
+def test_json_stdout_carries_the_document_only(cli, tiny_cnn, monkeypatch):
+    """Issue 23, fault 6: with --json, what a child process (a raylet, a trial worker) or a C library writes to
+    fd 1 while the command runs goes to stderr; stdout is the JSON document alone."""
+    import os
+
+    from core.cli import commands
+
+    real = commands.kv_cache
+
+    def noisy(m):
+        subprocess.run(["echo", "(raylet) [2026-12-03] worker died"], check=True)  # a child inheriting fd 1
+        os.write(1, b"a C library's line on fd 1\n")
+        print("a print of this process")
+        return real(m)
+
+    monkeypatch.setattr(commands, "kv_cache", noisy)
+    p = cli("inspect", "sample:tiny-cnn", "--json")
+    doc = json.loads(p.stdout)  # the whole of stdout parses: nothing else is on it
+    assert doc["model"]["name"] and "raylet" in p.stderr and "C library" in p.stderr and "a print" in p.stderr
+    p = cli("inspect", "sample:tiny-cnn")  # without --json stdout is the report, the child's line on it too
+    assert "raylet" in p.stdout
