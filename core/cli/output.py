@@ -27,17 +27,29 @@ def stdout_for_the_document(on: bool):
     if not on:
         yield
         return
-    sys.stdout.flush()
+    py_stdout = sys.stdout
+    py_stdout.flush()
     saved = os.dup(1)
     os.dup2(2, 1)
-    _DOCUMENT_OUT, py_stdout = os.fdopen(os.dup(saved), "w"), sys.stdout
+    # The document goes where sys.stdout went: through fd 1's duplicate when sys.stdout wrote to fd 1 (now
+    # stderr), else to that stream itself (an embedding program's or a test's capture, which owns it).
+    own = _writes_to_fd1(py_stdout)
+    _DOCUMENT_OUT = os.fdopen(os.dup(saved), "w") if own else py_stdout
     sys.stdout = sys.stderr  # this process's prints too (sys.stdout need not be fd 1)
     try:
         yield
     finally:
         sys.stdout = py_stdout
         sys.stderr.flush()
-        _DOCUMENT_OUT.close()
+        if own:
+            _DOCUMENT_OUT.close()
         _DOCUMENT_OUT = None
         os.dup2(saved, 1)
         os.close(saved)
+
+
+def _writes_to_fd1(stream) -> bool:
+    try:
+        return stream.fileno() == 1
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError
+        return False

@@ -17,7 +17,7 @@ import numpy as np
 from core.errors import MixprecError
 from core.model.kv_cache import decoding_positions, fill_cache, kv_cache
 from core.model.load import LoadedModel
-from core.model.shapes import batch_axes, fixed_batch, resolve_input_shapes, stacked_inputs
+from core.model.shapes import batch_axes, fixed_batch, memory_budget, resolve_input_shapes, stacked_inputs
 from core.workspace import env_bytes, read_user_file
 
 
@@ -130,8 +130,6 @@ def read_npz_arrays(raw: bytes, label: str) -> dict[str, np.ndarray]:
     declared shapes and sizes of all members together are checked against the memory budget
     (``core.model.shapes.memory_budget``) *before* anything is decompressed, so a small archive that would
     inflate to gigabytes (a decompression bomb) is refused, not read."""
-    from core.model.shapes import memory_budget
-
     try:
         zf = zipfile.ZipFile(io.BytesIO(raw))
         infos = [i for i in zf.infolist() if not i.is_dir()]

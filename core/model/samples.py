@@ -29,6 +29,7 @@ import hashlib
 import importlib
 import inspect
 import io
+import json
 import os
 import re
 import shutil
@@ -40,9 +41,10 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import onnx
 
 from core.errors import MixprecError
-from core.workspace import Workspace, atomic_save_npz, atomic_write_bytes, atomic_write_text
+from core.workspace import Workspace, atomic_save_npz, atomic_write_bytes, atomic_write_json, atomic_write_text, sha256_file
 
 SAMPLES = ("minilm", "tiny-cnn", "tiny-transformer", "tiny-decoder")
 FORMAT_VERSION = 1
@@ -73,6 +75,64 @@ def _complete(paths: SamplePaths) -> bool:
     return all(p.is_file() for p in (paths.model, paths.calib, paths.eval))
 
 
+MANIFEST = "manifest.json"  # {file name: [size, sha256]} of a built sample, written last
+_VERIFIED: dict[tuple, bool] = {}  # (folder, the files' (name, size, mtime_ns)) -> intact, once per process
+
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.name != MANIFEST and not p.name.startswith("."))
+
+
+def _write_manifest(folder: Path) -> None:
+    atomic_write_json(folder / MANIFEST, {p.name: [p.stat().st_size, sha256_file(p)] for p in _files(folder)})
+
+
+def _readable(paths: SamplePaths) -> bool:
+    """A sample folder of an earlier version (no manifest): its model parses and its data reads."""
+    try:
+        onnx.load(str(paths.model), load_external_data=False)
+        for npz in (paths.calib, paths.eval):
+            with np.load(npz, allow_pickle=False) as z:  # our own file, a sample build wrote it
+                for k in z.files:
+                    z[k].sum()
+        return True
+    except Exception:  # noqa: BLE001 - any failure to read means: build it again
+        return False
+
+
+def _intact(paths: SamplePaths) -> bool:
+    """The sample folder is complete and every file is the one that was built (size and sha256 of the
+    manifest; checked once per process and file version). A folder without a manifest that reads gets one."""
+    if not _complete(paths):
+        return False
+    folder = paths.model.parent
+    try:
+        stamp = (str(folder), tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in _files(folder)))
+    except OSError:
+        return False
+    if stamp in _VERIFIED:
+        return _VERIFIED[stamp]
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except FileNotFoundError:
+        manifest = None
+    except (OSError, ValueError):
+        manifest = {}
+    if manifest is None:
+        ok = _readable(paths)
+        if ok:
+            try:
+                _write_manifest(folder)
+            except OSError:
+                pass
+    else:
+        ok = isinstance(manifest, dict) and all(
+            isinstance(manifest.get(p.name), list) and manifest[p.name] == [p.stat().st_size, sha256_file(p)]
+            for p in (paths.model, paths.calib, paths.eval))
+    _VERIFIED[stamp] = ok
+    return ok
+
+
 def _check_name(name: str) -> None:
     if name not in SAMPLES:
         raise MixprecError(f"there is no sample model named {name!r}", "use one of " + ", ".join(SAMPLES))
@@ -81,27 +141,30 @@ def _check_name(name: str) -> None:
 def materialize_sample(name: str, ws: Workspace | None = None, progress: Progress | None = None) -> SamplePaths:
     """Build sample ``name`` once into ``ws.samples/<name>-v<FORMAT_VERSION>`` and reuse it afterwards.
 
-    The folder appears atomically: it is built in a temp folder beside it, then renamed.
+    The folder appears atomically: it is built in a temp folder beside it, then renamed. Its files are checked
+    against the manifest written with them (size, sha256): a corrupt or truncated sample is built again (it
+    heals), never reported as a problem of the user's model or data.
     """
     _check_name(name)
     ws = ws or Workspace.default()
     final = ws.samples / f"{name}-v{FORMAT_VERSION}"
     paths = _paths(name, final)
-    if _complete(paths):
+    if _intact(paths):
         if progress:
             progress(1.0, f"{name}: using {final}")
         return paths
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
         write_sample(name, tmp, progress=progress)
-        if final.exists() and not _complete(paths):  # an incomplete leftover: move it aside, then drop it
+        _write_manifest(tmp)
+        if final.exists() and not _intact(paths):  # an incomplete or corrupt leftover: move it aside, drop it
             stale = tempfile.mkdtemp(prefix=f".{final.name}.stale.", dir=final.parent)
             os.replace(final, stale)
             shutil.rmtree(stale, ignore_errors=True)
         try:
             os.rename(tmp, final)
         except OSError:
-            if not _complete(paths):  # a concurrent build that finished first is fine; anything else is not
+            if not _intact(paths):  # a concurrent build that finished first is fine; anything else is not
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -72,6 +72,34 @@ def test_materialise_twice_reuses_and_repairs(tmp_path):
     assert [p.name for p in ws.samples.iterdir()] == [f"tiny-transformer-v{FORMAT_VERSION}"]  # no temp leftovers
 
 
+@pytest.mark.parametrize("damage", ["garbage model", "truncated data", "same size, flipped bytes", "no manifest"])
+def test_a_corrupt_sample_heals(tmp_path, damage):
+    """Issue 23, fault 8: a corrupt bundled sample (a damaged file in the workspace's samples folder) is built
+    again on its next use, never an error about the user's model; a folder of an earlier version without a
+    manifest that reads is kept (and gets one)."""
+    from core.model.load import load_model
+
+    ws = Workspace(tmp_path)
+    paths = materialize_sample("tiny-cnn", ws)
+    content = _content(paths)
+    model_stamp = paths.model.stat().st_mtime_ns
+    if damage == "garbage model":
+        paths.model.write_bytes(b"\x00garbage" * 100)
+    elif damage == "truncated data":
+        paths.calib.write_bytes(paths.calib.read_bytes()[:200])
+    elif damage == "same size, flipped bytes":
+        raw = bytearray(paths.model.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        paths.model.write_bytes(bytes(raw))
+    else:
+        (paths.model.parent / "manifest.json").unlink()
+    model = load_model("sample:tiny-cnn", ws)  # loads the healed sample
+    assert model.path == paths.model and _content(paths) == content
+    assert (paths.model.parent / "manifest.json").is_file()
+    assert (paths.model.stat().st_mtime_ns == model_stamp) == (damage == "no manifest")  # rebuilt only if damaged
+    assert [p.name for p in ws.samples.iterdir()] == [f"tiny-cnn-v{FORMAT_VERSION}"]
+
+
 def test_minilm_materialised_once(minilm_sample, samples_workspace):
     stamp = minilm_sample.model.stat().st_mtime_ns, sha256_file(minilm_sample.calib)
     assert materialize_sample("minilm", samples_workspace) == minilm_sample
