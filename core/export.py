@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from core.backends.tensorrt import STRONG_TYPING_FROM, legacy_postprocess_script, parse_version, require_trt_opset
+from core.display.markdown import code_span, md_text
 from core.errors import MixprecError
 from core.estimate.predict import Prediction
 from core.measure.reference import timing_feed
@@ -440,17 +441,9 @@ def export_bundle(project: Project, policy: Policy, *, trt_version: str = DEFAUL
     if legacy:
         files.update({BUNDLE_SCRIPTS["legacy"] if n == "" else n: d for n, d in legacy.items()})
     readme = bundle_readme(project, policy, files, left_out, trt_version=trt_version, source=source,
-                           estimate=estimate)
+                           estimate=estimate, tf32=tf32)
     ordered = {README_NAME: readme, **files}
     return ExportBundle({n: d.encode() if isinstance(d, str) else d for n, d in ordered.items()}, tuple(left_out))
-
-
-_MARKDOWN = re.compile(r"([\\`*_{}\[\]<>()#+!|~$:&^=])")
-
-
-def _md(text) -> str:
-    """User text (a model or layer name, a label) literal in the README's Markdown."""
-    return _MARKDOWN.sub(r"\\\1", str(text))
 
 
 def estimate_json(estimate: Prediction) -> str:
@@ -465,8 +458,8 @@ def _estimate_lines(estimate: Prediction | None) -> list[str]:
     if estimate is None:
         return []
     return ["## Estimated TensorRT time (an estimate, not measured)", "",
-            f"{_md(estimate.caption())}. Made by mixprec without a GPU (`{ESTIMATE_NAME}` has it per predicted "
-            "engine layer); the profile of step 3 measures the real engine.", ""]
+            f"{md_text(estimate.caption())}. Made by mixprec without a GPU (`{ESTIMATE_NAME}` has it per predicted "
+            "engine layer); the Profile step below measures the real engine.", ""]
 
 
 def _file_notes(files: dict, trt_version: str) -> dict[str, str]:
@@ -506,55 +499,90 @@ def _profile_lines(project: Project) -> list[str]:
     fixed = all(r[0] == r[1] == r[2] for r in ranges.values())
     return ["Optimisation profile of the engine (min:opt:max per dynamic input; trtexec `--minShapes/--optShapes/"
             "--maxShapes`, Polygraphy `--trt-min-shapes/--trt-opt-shapes/--trt-max-shapes`): "
-            + ", ".join(f"{_md(n)}={_md(range_text(r))}" for n, r in ranges.items())
+            + ", ".join(code_span(f"{n}={range_text(r)}") for n, r in ranges.items())
             + (". Every input is fixed at the project's shape (min = opt = max); give `--profile INPUT=MIN:OPT:MAX` "
                "to build for a range." if fixed else
                ". mixprec calibrated, evaluated and estimated this policy at opt."), ""]
 
 
-def bundle_readme(project: Project, policy: Policy, files: dict, left_out: list[str], *,
-                  trt_version: str = DEFAULT_TRT_VERSION, source: str = "", estimate: Prediction | None = None) -> str:
-    """The bundle's README.md: what each file is, then how to build, check, profile and import the
-    reports back into mixprec."""
-    c = policy.precision_counts()
-    shapes = ", ".join(f"{n}={shape_text(s)}" for n, s in project.input_shapes.items())
-    notes = _file_notes(files, trt_version)
-    lines = [f"# mixprec export: {_md(policy.model_name)}", "",
-             (f"{_md(source)}. " if source else "") + f"Policy sha256 `{policy.sha256[:16]}` of model sha256 "
-             f"`{policy.model_sha256[:16]}`: fp32 {c['fp32']} · fp16 {c['fp16']} · int8 {c['int8']} layers. "
-             f"Input shapes: {_md(shapes) or 'static'}.", "", *_profile_lines(project), "## Files", ""]
-    lines += [f"- `{n}`: {notes.get(n, '')}" for n in [README_NAME, *files]]
-    lines += ["", *_estimate_lines(estimate)] if estimate is not None else []
-    lines += ["", "## 1. Build the engine (on the GPU machine)", "",
-              "Copy this folder to the machine with TensorRT and run the script for its version:", ""]
+def polygraphy_typed_build_command(model: LoadedModel, compiled_path: str = "model.mixprec.onnx", shapes=None, *,
+                                   tf32: bool = False, engine: str = "model.plan", profiles: dict | None = None) -> str:
+    """TensorRT >= 10.12 / 11 through Polygraphy: the compiled explicit-precision ONNX built strongly typed
+    (Polygraphy's shape lists take names trtexec's cannot)."""
+    args = ["polygraphy", "convert", compiled_path, "--convert-to", "trt", "--strongly-typed", "-o", engine,
+            *(["--tf32"] if tf32 else []), "--profiling-verbosity", "detailed",
+            *_polygraphy_shapes(model, shapes, profiles)]
+    return shlex.join(args)
+
+
+def _build_lines(project: Project, files: dict, trt_version: str, tf32: bool) -> list[str]:
+    """The README's build step: the script for each TensorRT version the bundle has one for; without any,
+    why (see *Left out*) and, with the compiled ONNX there, the Polygraphy command that builds it."""
+    scripts = []
     if BUNDLE_SCRIPTS["typed"] in files:
-        lines.append(f"- TensorRT 10.12 or newer (11 included): `bash {BUNDLE_SCRIPTS['typed']}`. trtexec builds "
-                     f"`{BUNDLE_STEM}.mixprec.onnx` strongly typed: each layer runs at the precision its tensors have.")
+        scripts.append(f"- TensorRT 10.12 or newer (11 included): `bash {BUNDLE_SCRIPTS['typed']}`. trtexec builds "
+                       f"`{BUNDLE_STEM}.mixprec.onnx` strongly typed: each layer runs at the precision its tensors have.")
     if BUNDLE_SCRIPTS["legacy"] in files:
-        lines.append(f"- TensorRT 10.11 or older: `bash {BUNDLE_SCRIPTS['legacy']}`. It builds the original ONNX "
-                     f"with per-layer precision constraints, written for TensorRT {trt_version} (its calibration "
-                     "cache header names that version: another one rejects it, so export again for yours).")
-    lines += ["", "Each writes the engine `model.plan`. FP32 layers stay FP32 (`--noTF32`) unless TF32 was allowed "
-              "at export.", ""]
+        scripts.append(f"- TensorRT 10.11 or older: `bash {BUNDLE_SCRIPTS['legacy']}`. It builds the original ONNX "
+                       f"with per-layer precision constraints, written for TensorRT {trt_version} (its calibration "
+                       "cache header names that version: another one rejects it, so export again for yours).")
+    if scripts:
+        return ["Copy this folder to the machine with TensorRT and run the script for its version:", "", *scripts, "",
+                "Each writes the engine `model.plan`. FP32 layers stay FP32 (`--noTF32`) unless TF32 was allowed "
+                "at export."]
+    lines = ["This bundle has no build script: mixprec could not write one for this model (*Left out* below says "
+             "why; fix that in the ONNX, e.g. rename what it names, and export again)."]
+    if f"{BUNDLE_STEM}.mixprec.onnx" in files:
+        build = _attempt([], "", lambda: polygraphy_typed_build_command(
+            project.model, f"{BUNDLE_STEM}.mixprec.onnx", project.input_shapes, tf32=tf32, profiles=project.profiles))
+        if build:
+            lines += ["", f"Until then, TensorRT 10.12 or newer builds `{BUNDLE_STEM}.mixprec.onnx` strongly typed "
+                          "through Polygraphy (`pip install polygraphy`), writing the engine `model.plan`:", "",
+                      "```bash", build, "```"]
+    return lines
+
+
+def bundle_readme(project: Project, policy: Policy, files: dict, left_out: list[str], *,
+                  trt_version: str = DEFAULT_TRT_VERSION, source: str = "", estimate: Prediction | None = None,
+                  tf32: bool = False) -> str:
+    """The bundle's README.md: what each file is, then how to build, check, profile and import the
+    reports back into mixprec; each step numbered in turn and never empty. Names, shapes and file names are
+    code spans (literal, no escapes); other user text (the source, the estimate's caption, what was left
+    out) is escaped only where Markdown would read it (``core.display.markdown``)."""
+    c = policy.precision_counts()
+    shapes = ", ".join(code_span(f"{n}={shape_text(s)}") for n, s in project.input_shapes.items())
+    notes = _file_notes(files, trt_version)
+    lines = [f"# mixprec export: {code_span(policy.model_name)}", "",
+             (f"{md_text(source)}. " if source else "") + f"Policy sha256 `{policy.sha256[:16]}` of model sha256 "
+             f"`{policy.model_sha256[:16]}`: fp32 {c['fp32']} · fp16 {c['fp16']} · int8 {c['int8']} layers. "
+             f"Input shapes: {shapes or 'static'}.", "", *_profile_lines(project), "## Files", ""]
+    lines += [f"- {code_span(n)}: {notes.get(n, '')}" for n in [README_NAME, *files]]
+    lines += ["", *_estimate_lines(estimate)] if estimate is not None else []
+    steps = [("Build the engine (on the GPU machine)", _build_lines(project, files, trt_version, tf32))]
     if BUNDLE_SCRIPTS["polygraphy"] in files:
-        lines += ["## 2. Check its accuracy (optional)", "",
-                  f"`bash {BUNDLE_SCRIPTS['polygraphy']}`: Polygraphy runs the FP32 original on ONNX Runtime, then "
-                  f"TensorRT on `{BUNDLE_STEM}.mixprec.onnx`, and compares the outputs at the tolerance measured for "
-                  "this policy (the script says how). Needs `pip install polygraphy onnxruntime`.", ""]
+        steps.append(("Check its accuracy (optional)", [
+            f"`bash {BUNDLE_SCRIPTS['polygraphy']}`: Polygraphy runs the FP32 original on ONNX Runtime, then "
+            f"TensorRT on `{BUNDLE_STEM}.mixprec.onnx`, and compares the outputs at the tolerance measured for "
+            "this policy (the script says how). Needs `pip install polygraphy onnxruntime`."]))
     profile = _attempt([], "", lambda: trtexec_profile_command(project.model, "model.plan", project.input_shapes))
-    lines += ["## 3. Profile", "",
-              "The build scripts profile as they build (`--profilingVerbosity=detailed`): `layers.json` is each "
-              "engine layer's precision, formats and tactic (`--exportLayerInfo`), `profile.json` its time "
-              "(`--exportProfile`)." + (" To profile the built engine again:" if profile else ""), "",
-              *(["```bash", profile, "```", ""] if profile else []),
-              "## 4. Import the reports into mixprec", "",
-              "Bring `layers.json` and `profile.json` back. In the dashboard: **Build and results** → *Import "
-              "TensorRT engine reports*, load both files (per-layer latency by precision, latency by layer type, "
-              "reformat overhead, and which of your layers sit next to a reformat). Or on the command line:", "",
-              "```bash",
-              "python -m core report layers.json profile.json", "```"]
+    built_by_script = any(BUNDLE_SCRIPTS[k] in files for k in ("typed", "legacy"))
+    steps.append(("Profile", [
+        ("The build scripts profile as they build (`--profilingVerbosity=detailed`): " if built_by_script else
+         "Build with detailed profiling (`--profilingVerbosity=detailed`, Polygraphy `--profiling-verbosity "
+         "detailed`), then export the reports: ")
+        + "`layers.json` is each engine layer's precision, formats and tactic (`--exportLayerInfo`), "
+          "`profile.json` its time (`--exportProfile`)."
+        + ((" To profile the built engine again:" if built_by_script else " With trtexec:") if profile else ""),
+        *(["", "```bash", profile, "```"] if profile else [])]))
+    steps.append(("Import the reports into mixprec", [
+        "Bring `layers.json` and `profile.json` back. In the dashboard: **Build and results** → *Import "
+        "TensorRT engine reports*, load both files (per-layer latency by precision, latency by layer type, "
+        "reformat overhead, and which of your layers sit next to a reformat). Or on the command line:", "",
+        "```bash", "python -m core report layers.json profile.json", "```"]))
+    for i, (title, body) in enumerate(steps, 1):
+        lines += ["", f"## {i}. {title}", "", *body]
     if left_out:
-        lines += ["", "## Left out", "", *(f"- {_md(n)}" for n in left_out)]
+        lines += ["", "## Left out", "", *(f"- {md_text(n)}" for n in left_out)]
     return "\n".join(lines) + "\n"
 
 

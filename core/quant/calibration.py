@@ -10,6 +10,7 @@ import re
 import sys
 import threading
 import time
+import unicodedata
 import zipfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -268,11 +269,33 @@ def trt_version_number(version: str) -> int:
 DEFAULT_CACHE_TRT_VERSION = "10.11.0"
 
 
+def _unprintable(name: str) -> bool:
+    """A character that ends or bends a line of a text file: C0/C1 controls (``\\n``, ``\\r``, tab, NUL…), DEL,
+    and the Unicode line and paragraph separators (``str.splitlines`` splits on all of them)."""
+    return any(unicodedata.category(ch) in ("Cc", "Zl", "Zp") for ch in name)
+
+
+def check_cache_names(names) -> None:
+    """A MixprecError naming (as Python literals, so a newline shows as ``\\n``) the tensors whose name a
+    calibration cache cannot hold: one with a control character or a line separator."""
+    bad = sorted(repr(str(n)) for n in names if _unprintable(str(n)))
+    if bad:
+        raise MixprecError(f"{len(bad)} tensor name(s) contain a line break or another control character, which a "
+                           "TensorRT calibration cache (one 'name: scale' line per tensor, no escapes) cannot hold: "
+                           "written as they are, they would add lines of their own to the cache",
+                           "rename those tensors in the ONNX (onnx-graphsurgeon, or the exporter's names), or build "
+                           "for TensorRT 10.12 or newer (--format trtexec-typed / polygraphy), which needs no "
+                           "calibration cache", details=bad)
+
+
 def trt_calibration_cache(result: CalibrationResult, trt_version: str = DEFAULT_CACHE_TRT_VERSION) -> str:
     """The ranges as a TensorRT calibration cache (``name: hex(float32 scale)``, scale = amax/127),
     readable by trtexec ``--calib`` for implicit-quantization builds (TensorRT <= 10.11). The header
     names the TensorRT version that reads it (``TRT-101100-EntropyCalibration2`` for 10.11.0): TensorRT
-    rejects a cache written for another version and calibrates again (issue 11, bug 1)."""
+    rejects a cache written for another version and calibrates again (issue 11, bug 1). The format has one
+    tensor a line and no escapes: a tensor name with a line break or another control character would
+    write lines of its own (a range TensorRT reads for another tensor), so such names are refused."""
+    check_cache_names(result.ranges)
     lines = [f"TRT-{trt_version_number(trt_version)}-EntropyCalibration2"]
     for name, (lo, hi) in sorted(result.ranges.items()):
         scale = np.float32(max(abs(lo), abs(hi), 1e-12) / 127.0)

@@ -141,7 +141,7 @@ def test_bundle_leaves_out_what_cannot_be_made_and_says_why(tmp_path):
     readme = _text(bundle, "README.md")
     assert "## Left out" in readme and "build-trt-10.12.sh" in readme.split("## Left out")[1]
     assert "bash build-trt-10.12.sh" not in readme  # not offered when it is not there
-    assert r"Run \*\*bold\*\* \<img src\=x\>" in readme and not re.search(r"(?<!\\)[<*]", readme.split("## Files")[0])
+    assert r"Run \*\*bold\*\* \<img src=x>" in readme and not re.search(r"(?<!\\)[<*]", readme.split("## Files")[0])
     _check_scripts(bundle)
 
 

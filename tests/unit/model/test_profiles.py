@@ -168,7 +168,7 @@ def test_bundle_readme_states_the_profile(tmp_path, fresh_ws):
     policy = p.default_policy()
     readme = bundle_readme(p, policy, {}, [])
     assert "Optimisation profile of the engine" in readme
-    assert r"input\_ids=1x16\:4x128\:8x512, attention\_mask=1x16\:4x128\:8x512" in readme
+    assert "`input_ids=1x16:4x128:8x512`, `attention_mask=1x16:4x128:8x512`" in readme  # code spans: no escapes
     plain = open_project(_text_model(tmp_path), ws=fresh_ws)
     assert "min = opt = max" in bundle_readme(plain, plain.default_policy(), {}, [])
 
