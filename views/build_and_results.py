@@ -3,7 +3,7 @@ import streamlit as st
 
 from core.display.charts import plot_quality_vs_latency, plot_run_latency, plot_run_layers, plot_run_quality, \
     plot_run_reformat
-from core.display.tables import local_time, ms_text, run_history, run_title
+from core.display.tables import local_time, metric_text, ms_text, run_history, run_title
 from core.jobs import build_params
 from core.measure.runs import GENERATED_NOTE, latency_caveat
 from core.project import TARGET_LABELS
@@ -48,7 +48,9 @@ session.speedup_metric(c[1], "Median latency", ms_text(last["latency_median_ms"]
 c[2].metric("Cosine (mean)", f"{last['cosine_mean']:.4f}",
             f"min {last['cosine_min']:.4f}" + (f" · {GENERATED_NOTE}" if last["data_generated"] else ""),
             delta_color="off", delta_arrow="off")
-c[3].metric("SNR", f"{last['snr_db']:.1f} dB" if last["snr_db"] == last["snr_db"] else "∞")
+snr = metric_text("snr_db", last["snr_db"])  # None (∞: outputs identical to FP32) in every run: an object column
+c[3].metric("SNR", snr.split(" (")[0], "outputs identical to FP32" if snr.startswith("∞") else None,
+            delta_color="off", delta_arrow="off")
 c[4].metric("Reformats", f"{int(last['reformat_count'])}", f"{last['reformat_pct']:.1f}% of per-layer time",
             delta_color="off", delta_arrow="off", help=f"{ms_text(last['reformat_ms'])} in precision conversions")
 try:

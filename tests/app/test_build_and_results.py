@@ -168,3 +168,28 @@ def test_results_page_shows_the_quality_headline_and_its_selector_reaches_the_bu
     at = ok(page("build_and_results"))
     head = next(m for m in at.metric if m.label.startswith("Quality headline"))
     assert head.label == "Quality headline: top-1 agreement of first"
+
+
+def _plant_infinite_snr(run) -> None:
+    """A stored run whose outputs are identical to FP32: SNR = ∞, stored as null."""
+    doc = json.loads((run.run_dir / "metrics.json").read_text())
+    doc["quality"]["snr_db"] = None
+    (run.run_dir / "metrics.json").write_text(json.dumps(doc))
+
+
+def test_results_page_with_infinite_snr_in_every_run(ws):
+    """Issue 23 fault 5: every run of the model has SNR = ∞ (outputs identical to FP32): the page draws its
+    metrics, history, charts and comparison without an exception (it raised a TypeError formatting None)."""
+    from core.measure.runs import build_and_measure
+    from core.quant.policy import uniform_policy
+
+    p = open_project("sample:tiny-cnn", ws=ws)
+    for label in ("fp32 a", "fp32 b"):
+        _plant_infinite_snr(build_and_measure(p, uniform_policy(p.model, p.layers, "fp32"), label=label,
+                                              iterations=3, profile_iterations=1))
+    at = ok(page("build_and_results"))
+    snr = next(m for m in at.metric if m.label == "SNR")
+    assert snr.value == "∞" and snr.delta == "outputs identical to FP32"
+    compared = at.dataframe[1].value  # Compare two runs
+    assert compared.at["SNR", compared.columns[0]] == "∞ (outputs identical)"
+    assert len(at.get("plotly_chart")) >= 5
