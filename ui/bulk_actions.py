@@ -1,6 +1,8 @@
-"""Precision page, bulk actions: by op type, by name (regex), the top-k most sensitive layers of
-the ranking the page uses → FP16, and reset to the defaults (after a confirmation). Every action
-is one undoable edit of the draft."""
+"""Precision page, bulk actions: the network default (FP32 / FP16: the precision of the layers the
+policy does not set otherwise, as ``--network-default`` sets it), everything that is not INT8 → FP16, by
+op type, by name (regex), the top-k most sensitive layers of the ranking the page uses → FP16, and reset
+to the defaults (after a confirmation). Every action is one undoable edit of the draft, and says what it
+changed ("102 layers FP32 → FP16")."""
 from __future__ import annotations
 
 import streamlit as st
@@ -9,6 +11,7 @@ from core.display.precision_edit import policy_diff, select_layers, set_precisio
 from core.errors import MixprecError
 from core.model.inventory import PRECISIONS
 from core.project import Project
+from core.quant.policy import NETWORK_DEFAULTS, change_summary, with_network_default
 from ui import draft, session
 from ui.session import md
 
@@ -17,18 +20,67 @@ NO_RANKING = MixprecError("there is no sensitivity ranking for this model and da
 
 
 def apply(p: Project, names: list[str], precision: str, what: str) -> None:
-    """Set ``names`` to ``precision`` in the session's policy, as one undoable edit; the outcome is
-    flashed. ``what`` is plain text (it is escaped here)."""
-    new, skipped = set_precision(draft.policy(p), p.layers, names, precision)
+    """Set ``names`` to ``precision`` in the session's policy, as one undoable edit; the outcome (what
+    changed: "2 layers FP32 → FP16, 1 INT8 → FP16") is flashed. ``what`` is plain text (it is escaped here)."""
+    before = draft.policy(p)
+    new, skipped = set_precision(before, p.layers, names, precision)
     done = len(names) - len(skipped)
     draft.set_policy(p, new, what=f"{what}: {done} layer(s) → {precision.upper()}")
-    session.flash(f"{md(what)}: {done} layer(s) → {precision.upper()}"
-                  + (f"; {len(skipped)} not INT8-eligible, left as they were" if skipped else ""))
+    changed = change_summary(before, new)
+    if changed == "no layer changed" and done:
+        changed += f": {'it was' if done == 1 else 'they were'} {precision.upper()} already"
+    session.flash(f"{md(what)}: {done} layer(s) → {precision.upper()} — {changed}"
+                  + (f"; {len(skipped)} {'not INT8-eligible' if precision == 'int8' else 'inside control flow (FP32)'}, "
+                     "left as they were" if skipped else "")
+                  + (". You can undo it." if changed[0].isdigit() else ""))
+
+
+def not_int8_to_fp16(p: Project) -> None:
+    """Every layer that is not INT8 → FP16 (layers inside control flow stay FP32): one undoable edit."""
+    pol = draft.policy(p)
+    apply(p, [l.name for l in p.layers if pol.layers.get(l.name) == "fp32" and l.subgraph is None], "fp16",
+          "everything not INT8")
+
+
+ND_WIDGET = "network_default"  # the network-default radio; written only when the draft's differs from it
+
+
+def set_network_default(p: Project, value: str | None = None) -> None:
+    """The radio's ``on_change`` (or a direct call with ``value``): the draft under the network default picked,
+    as ``--network-default`` makes it (``core.quant.policy.with_network_default``), one undoable edit."""
+    value = value or st.session_state.get(ND_WIDGET)
+    before = draft.policy(p)
+    if value not in NETWORK_DEFAULTS or value == before.network_default:
+        return
+    new = with_network_default(before, p.model, p.layers, value)
+    draft.set_policy(p, new, what=f"network default {value.upper()}")
+    said = change_summary(before, new)  # "network default FP32 → FP16; 102 layers FP32 → FP16"
+    session.flash(f"{said[0].upper()}{said[1:]}. You can undo it.")
+
+
+def _network_default(p: Project) -> None:
+    pol = draft.policy(p)
+    if st.session_state.get(ND_WIDGET) != pol.network_default:  # the draft's (after an undo, another tab's edit)
+        st.session_state[ND_WIDGET] = pol.network_default
+    left = sum(1 for l in p.layers if l.default_precision == "default" and pol.layers.get(l.name) == "fp32")
+    c1, c2 = st.columns([2, 3])
+    c1.radio("Network default", NETWORK_DEFAULTS, key=ND_WIDGET, horizontal=True, format_func=str.upper,
+             on_change=set_network_default, args=(p,),
+             help="The precision of the layers the policy does not set otherwise (bias Adds, activations, "
+                  "reshapes…), as `--network-default` sets it on the command line. A TensorRT build with "
+                  "`--fp16 --int8` runs them in FP16.")
+    fp32 = sum(1 for l in p.layers if pol.layers.get(l.name) == "fp32" and l.subgraph is None)
+    c2.caption(f"{left} layer(s) at the network default are FP32 now." if left else
+               "No layer at the network default is FP32.")
+    c2.button(f"Everything not INT8 → FP16 ({fp32} FP32 layer(s))", key="not_int8_fp16", on_click=not_int8_to_fp16,
+              args=(p,), disabled=fp32 == 0,
+              help="Every FP32 layer becomes FP16 (INT8 layers stay; layers inside control flow stay FP32).")
 
 
 def section(p: Project, rank) -> None:
     """``rank``: the page's ``ui.layer_picker.RankingChoice``, or None when nothing is ranked."""
     with st.expander("Bulk actions", expanded=True):
+        _network_default(p)
         b1, b2, b3 = st.columns(3)
         with b1:
             _by_type(p)
@@ -49,8 +101,10 @@ ERROR = "bulk_actions:error"  # a bad regular expression, shown under its form a
 
 
 def _reset(p: Project) -> None:
+    before = draft.policy(p)
     draft.set_policy(p, p.default_policy(), what="reset to the defaults")
-    session.flash("Reset: LayerNorm, Softmax and embeddings FP16; eligible layers INT8")
+    session.flash("Reset: LayerNorm, Softmax and embeddings FP16; eligible layers INT8; the rest FP32 — "
+                  f"{change_summary(before, p.default_policy())}")
 
 
 def _by_type(p: Project) -> None:

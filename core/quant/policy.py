@@ -93,6 +93,35 @@ def default_policy(model: LoadedModel, layers: list[Layer], network_default: str
     return Policy(model.name, model.sha256, network_default, mapping, calibration or CalibrationSettings())
 
 
+def with_network_default(policy: Policy, model: LoadedModel, layers: list[Layer], network_default: str) -> Policy:
+    """``policy`` under another network default, as ``--network-default`` makes it (:func:`default_policy`):
+    every layer at the network default — a layer whose default is the network default and whose precision
+    is still the old network default — moves to the new one; what was set otherwise (INT8, FP16 under an FP32
+    default, the LayerNorm / Softmax / embedding defaults) stays. The default policy under one network
+    default becomes the default policy under the other; the calibration and smoothing are kept."""
+    if network_default not in NETWORK_DEFAULTS:
+        raise MixprecError(f"network default {network_default!r} is not fp32 or fp16",
+                           "pick fp32 or fp16 (--network-default)")
+    old = default_policy(model, layers, policy.network_default if policy.network_default in NETWORK_DEFAULTS
+                         else "fp32").layers
+    new = default_policy(model, layers, network_default).layers
+    moved = {n: new[n] for n, p in policy.layers.items() if n in old and p == old[n] != new[n]}
+    return replace(policy.with_layers(moved), network_default=network_default)
+
+
+def change_summary(before: Policy, after: Policy) -> str:
+    """What an edit changed, in words: "102 layers FP32 → FP16, 3 INT8 → FP16" (the largest move first),
+    "no layer changed" when none did; a changed network default is said first."""
+    moves = Counter((before.layers.get(n, "fp32"), p) for n, p in after.layers.items()
+                    if before.layers.get(n, "fp32") != p)
+    parts = [f"{k} layer{'s' * (k != 1)} {a.upper()} → {b.upper()}" if i == 0 else f"{k} {a.upper()} → {b.upper()}"
+             for i, ((a, b), k) in enumerate(sorted(moves.items(), key=lambda m: (-m[1], m[0])))]
+    text = ", ".join(parts) or "no layer changed"
+    if before.network_default != after.network_default:
+        text = f"network default {before.network_default.upper()} → {after.network_default.upper()}; {text}"
+    return text
+
+
 def uniform_policy(model: LoadedModel, layers: list[Layer], precision: str) -> Policy:
     """Every layer at one precision (INT8 only where eligible; the rest FP32)."""
     mapping = {l.name: (precision if (precision != "int8" or l.eligible) and l.subgraph is None else "fp32")
