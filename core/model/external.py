@@ -22,8 +22,10 @@ in memory:
   them, else a copy that keeps the file's holes), and runtime files link that copy.
   Exported models get real copies (:func:`copy_file`), which onnx loads.
 
-The model's hash covers its data files, streamed (:func:`model_sha256`); the digest of a big file
-is cached in the workspace by its path, inode, size and mtime.
+The model's hash covers its data files, streamed (:func:`model_sha256`): the bytes its tensors read
+(:func:`referenced_ranges`; a data file that holds much more than those is read for them only, and only
+they count as the model's weights); the digest of a big file is cached in the workspace by its path,
+inode, size and mtime.
 """
 from __future__ import annotations
 
@@ -112,6 +114,58 @@ def data_files(proto: onnx.ModelProto) -> list[str]:
 
 def files_bytes(base_dir: Path, files: list[str]) -> int:
     return sum((Path(base_dir) / f).stat().st_size for f in files)
+
+
+def _int(value, default: int | None) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _extent(t: TensorProto, size: int) -> tuple[int, int]:
+    """The bytes ``[start, end)`` of its data file that tensor ``t`` is read from, within ``size``: its
+    offset and length; without a length, its dims × dtype size (onnx reads to the end of the file, so the
+    file's size is in the hash too); a value that is not a number or a dtype without a byte size: the
+    file from the offset on (what onnx reads, kept in the hash)."""
+    info = _info(t)
+    start = _int(info.get("offset") or 0, None)
+    if start is None or start < 0:
+        return 0, size
+    length = _int(info.get("length"), None) if info.get("length") not in (None, "") else None
+    if length is None:
+        dt = _np_dtype(t.data_type)
+        length = int(np.prod([int(d) for d in t.dims], dtype=np.int64)) * dt.itemsize if dt is not None else size - start
+    return min(start, size), min(start + max(length, 0), size)
+
+
+def referenced_ranges(proto: onnx.ModelProto, base_dir: Path) -> dict[str, list[tuple[int, int]]]:
+    """Per data file (location), the byte ranges the model's external tensors are read from, sorted and
+    merged (``[start, end)``, within the file). Bytes of a data file outside them are never read by the
+    model: they are neither its weights (:func:`referenced_bytes`) nor in its hash (:func:`file_sha256`)."""
+    spans: dict[str, list[tuple[int, int]]] = {}
+    for t in external_tensors(proto):
+        loc = location(t)
+        spans.setdefault(loc, []).append(t)
+    out: dict[str, list[tuple[int, int]]] = {}
+    for loc, tensors in spans.items():
+        size = (Path(base_dir) / loc).stat().st_size
+        merged: list[list[int]] = []
+        for a, b in sorted(_extent(t, size) for t in tensors):
+            if b <= a:
+                continue
+            if merged and a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        out[loc] = [(a, b) for a, b in merged]
+    return out
+
+
+def referenced_bytes(ranges: dict[str, list[tuple[int, int]]]) -> int:
+    """The bytes of the model's data files its tensors reference (:func:`referenced_ranges`): its external
+    weights, however big the files around them are."""
+    return sum(b - a for spans in ranges.values() for a, b in spans)
 
 
 def rename_location(proto: onnx.ModelProto, old: str, new: str) -> None:
@@ -505,20 +559,55 @@ def save_compiled(proto: onnx.ModelProto, path: Path, weights: ExternalWeights, 
 
 
 # --- hashes, streamed ----------------------------------------------------------------------------
-def file_sha256(path: Path, ws: Workspace | None) -> str:
-    """The sha256 of a file, streamed; for a big file cached in ``ws`` by its path, inode, size and
-    mtime (a rewritten file has a new mtime or inode, so it is hashed again)."""
+# A data file with more bytes than this outside the ranges its model references is hashed by those ranges
+# only (:func:`file_sha256`): a 20 GiB file holding 1 MB of the model's weights is read for that 1 MB.
+# Below it (tensors back to back, onnx's alignment gaps of at most 64 KiB) the whole file is hashed, so the
+# hash of an ordinary model is what it always was (its runs, caches and policies keep their key).
+RANGED_HASH_FROM = 64 << 20
+RANGED_HASH_TAG = b"mixprec-ranges-v1"
+_READ = 1 << 20
+
+
+def _ranges_sha256(path: Path, size: int, ranges: list[tuple[int, int]]) -> str:
+    """The sha256 of the file's size, each range's bounds and bytes (nothing else of the file is read)."""
+    h = hashlib.sha256(RANGED_HASH_TAG + b"\0" + str(size).encode())
+    with open(path, "rb") as f:
+        for a, b in ranges:
+            h.update(f"\0{a}-{b}\0".encode())
+            f.seek(a)
+            left = b - a
+            while left > 0:
+                chunk = f.read(min(_READ, left))
+                if not chunk:  # the file shrank while it was read: its bounds are in the hash, the rest is not there
+                    break
+                h.update(chunk)
+                left -= len(chunk)
+    return h.hexdigest()
+
+
+def file_sha256(path: Path, ws: Workspace | None, ranges: list[tuple[int, int]] | None = None) -> str:
+    """The sha256 of a file, streamed; with ``ranges`` (the byte ranges a model reads, :func:`referenced_ranges`)
+    that leave more than :data:`RANGED_HASH_FROM` bytes of it unread, the digest of its size and those ranges
+    only (a change of any byte the model reads, or of the file's size, changes it; bytes no tensor reads
+    do not matter to the model). For a big file it is cached in ``ws`` by its path, inode, size, mtime (and
+    ranges): a rewritten file has a new mtime or inode, so it is hashed again."""
     path = Path(path).resolve()
     st = path.stat()
+    if ranges is not None and st.st_size - sum(b - a for a, b in ranges) <= RANGED_HASH_FROM:
+        ranges = None  # (nearly) all of it is read: the whole file's digest, as always
+    read = st.st_size if ranges is None else sum(b - a for a, b in ranges)
     cached = None
-    if ws is not None and st.st_size >= HASH_CACHE_FROM:
-        key = sha256_bytes(f"{path}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}".encode())[:32]
+    if ws is not None and read >= HASH_CACHE_FROM:
+        stamp = f"{path}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}"
+        if ranges is not None:
+            stamp += "|" + ",".join(f"{a}-{b}" for a, b in ranges)
+        key = sha256_bytes(stamp.encode())[:32]
         cached = ws.file_hashes / f"{key}.json"
         try:
             return str(json.loads(cached.read_text())["sha256"])
         except (OSError, ValueError, KeyError, TypeError):
             pass
-    digest = sha256_file(path)
+    digest = sha256_file(path) if ranges is None else _ranges_sha256(path, st.st_size, ranges)
     if cached is not None:
         atomic_write_text(cached, json.dumps({"sha256": digest}))
     return digest
@@ -536,12 +625,15 @@ def saved_sha256(path: Path, weights: ExternalWeights | None = None) -> str:
     return model_sha256(data, path.parent, [f for f in data_files(proto) if f not in weights.sources])
 
 
-def model_sha256(data: bytes, base_dir: Path, files: list[str], ws: Workspace | None = None) -> str:
+def model_sha256(data: bytes, base_dir: Path, files: list[str], ws: Workspace | None = None,
+                 ranges: dict[str, list[tuple[int, int]]] | None = None) -> str:
     """The model's hash: of its bytes alone without external data (as always), else of its bytes and
-    each data file's name and streamed digest."""
+    each data file's name and streamed digest (:func:`file_sha256`; ``ranges``: the byte ranges the model
+    reads of each file, :func:`referenced_ranges`)."""
     if not files:
         return sha256_bytes(data)
     h = hashlib.sha256(data)
     for f in sorted(files):
-        h.update(b"\0" + f.encode() + b"\0" + bytes.fromhex(file_sha256(Path(base_dir) / f, ws)))
+        digest = file_sha256(Path(base_dir) / f, ws, None if ranges is None else ranges.get(f, []))
+        h.update(b"\0" + f.encode() + b"\0" + bytes.fromhex(digest))
     return h.hexdigest()

@@ -29,8 +29,8 @@ from onnx.external_data_helper import _get_all_tensors, load_external_data_for_m
 
 from core.errors import MixprecError
 from core.model.external import (EXTERNAL_FROM, HASH_CACHE_FROM, ExternalWeights, Spill, check_graph, data_files, externalize,
-                                 files_bytes, folder_lock, inline_small, model_sha256, rename_location, save_with_data,
-                                 sweep_tmp)
+                                 folder_lock, inline_small, model_sha256, referenced_bytes, referenced_ranges,
+                                 rename_location, save_with_data, sweep_tmp)
 from core.model.graph import without_weights
 from core.model.branches import branch_inputs, branch_sha256, default_branches, fold_branches
 from core.model.ms_ops import unfuse_ms_ops
@@ -379,10 +379,11 @@ def model_from_bytes(data: bytes, path: Path, name: str | None = None, sample: s
     model = _parse(data, path)
     _check_external_data(model, path.parent)  # before anything reads external data
     files = data_files(model)
-    extra = files_bytes(path.parent, files)
+    ranges = referenced_ranges(model, path.parent)  # the weights are what the tensors read, not the files around them
+    extra = referenced_bytes(ranges)
     if ws is None and extra >= HASH_CACHE_FROM:
         ws = Workspace.default()
-    sha, size = model_sha256(data, path.parent, files, ws), len(data) + extra
+    sha, size = model_sha256(data, path.parent, files, ws, ranges), len(data) + extra
     del data  # parsed and hashed: a caller that passed it without keeping it frees its bytes here
     folded, chosen = _fold_branches(model, branches, path.name)
     sha = branch_sha256(sha, chosen[0])
