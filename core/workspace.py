@@ -31,6 +31,8 @@ Layout::
     projects/<id>/                a saved dashboard project: project.json, drafts/<key>.json
     policies/                     policies the CLI's search writes when no --out is given
     scratch/                      the diagnostic job kinds' files (tests)
+    tmp/<prefix><random>/         temp work (a calibration's model copies, a trial pool's data), claimed by
+                                  its process: removed when done, or swept once that process is gone
 
 Where each stored result lives and how it is read back: ``core.store.results`` and ``core.store.runs``.
 
@@ -38,7 +40,13 @@ Every write is atomic: a temp file in the same folder, then ``os.replace``. A wr
 (a full disk, a read-only folder) removes its temp file and raises a MixprecError naming the
 folder, the workspace and the space needed (:func:`write_error`). A folder written in several steps
 (a run) is built under a temp name with an owner file and renamed when complete
-(:func:`claim_folder`); one that no live process owns is removed (:func:`clean_temp_runs`).
+(:func:`claim_folder`); one that no live process owns is removed (:func:`clean_temp_runs`). Temp work
+never goes to the system's temp folder: a :class:`TempFolder` in ``tmp/`` (or a model's ``external/<sha>/tmp/``)
+is claimed the same way, and one whose process was killed is removed by the next one made there and when a
+job manager starts (:func:`clean_temp_folders`).
+
+Processes that work for another (a trial pool's workers, a job's child) die with it: :func:`die_with_parent`
+(the kernel's parent-death signal) and :func:`exit_when_gone` (a thread that watches the owner).
 
 Cache reads never fail a build: a corrupt cache file is removed and computed again, with a note
 (:func:`discard_corrupt`, :func:`cache_note`; :func:`take_notes` hands the notes to the CLI, the
@@ -48,6 +56,7 @@ through :func:`read_user_file`: regular files only, size-limited, and confined u
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import hashlib
 import io
@@ -55,12 +64,15 @@ import json
 import logging
 import os
 import shutil
+import signal
 import socket
 import stat
+import sys
 import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from multiprocessing.connection import wait as wait_ready
 from pathlib import Path
 
 from core.errors import MixprecError
@@ -362,7 +374,7 @@ def env_bytes(name: str, default: int) -> int:
 # --- the layout -----------------------------------------------------------------------------------
 # Every folder directly under the workspace root (what it holds: the module docstring's layout).
 FOLDERS = ("models", "data", "samples", "external", "calib", "reference", "engines", "runs", "rankings",
-           "searches", "search", "jobs", "gpus", "gpu_calibrations", "projects", "policies", "scratch")
+           "searches", "search", "jobs", "gpus", "gpu_calibrations", "projects", "policies", "scratch", "tmp")
 UPLOAD_FOLDERS = {"model": "models", "data": "data"}  # an upload's kind -> its folder
 # The files of a run folder runs/<id>/ (the compiled model and the engine artifacts are the backend's)
 POLICY_FILE, METRICS_FILE, PER_LAYER_FILE = "policy.json", "metrics.json", "per_layer.csv"
@@ -511,6 +523,11 @@ class Workspace:
         """Files of the diagnostic job kinds."""
         return self.folder("scratch")
 
+    @property
+    def tmp(self) -> Path:
+        """Temp work of running processes (:class:`TempFolder`), swept by :func:`clean_temp_folders`."""
+        return self.folder("tmp")
+
 
 def analysis_key(model_sha256: str, calib_sha256: str, eval_sha256: str, method: str,
                  mode: str = "cumulative") -> str:
@@ -522,20 +539,25 @@ def analysis_key(model_sha256: str, calib_sha256: str, eval_sha256: str, method:
 
 # --- folders written in several steps (a run): built under a temp name, claimed by their process --------
 def process_start(pid) -> str | None:
-    """The start time of process ``pid`` (from /proc, so a reused pid does not pass for it); None if gone."""
+    """The start time of process ``pid`` (from /proc, so a reused pid does not pass for it); None if gone (a
+    zombie, dead but not yet reaped, is gone)."""
     try:
-        stat_line = Path(f"/proc/{int(pid)}/stat").read_text()
+        fields = Path(f"/proc/{int(pid)}/stat").read_text().rsplit(")", 1)[-1].split()
     except (OSError, ValueError, TypeError):
         return None
-    return stat_line.rsplit(")", 1)[-1].split()[19]
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+def _write_owner(folder: Path) -> None:
+    (folder / OWNER_FILE).write_text(json.dumps({"pid": os.getpid(), "start": process_start(os.getpid()),
+                                                 "host": socket.gethostname()}))
 
 
 def claim_folder(folder: Path) -> Path:
     """Create ``folder`` (a temp folder, e.g. :meth:`Workspace.temp_run_dir`) with an owner file naming
     this process, so that a clean-up spares it while the process lives. Raises the OSError."""
     folder.mkdir(parents=True)
-    (folder / OWNER_FILE).write_text(json.dumps({"pid": os.getpid(), "start": process_start(os.getpid()),
-                                                 "host": socket.gethostname()}))
+    _write_owner(folder)
     return folder
 
 
@@ -575,3 +597,120 @@ def clean_temp_runs(ws: Workspace) -> list[Path]:
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed
+
+
+# --- temp work: in the workspace, claimed by its process, swept once that process is gone -------------
+TEMP_PREFIX = "mixprec-"
+
+
+def clean_temp_folders(root: Workspace | str | os.PathLike) -> list[Path]:
+    """Remove the folders in ``root`` (a workspace: its ``tmp/``; or a model's ``external/<sha>/tmp``) that no
+    live process owns (:func:`owned_by_live_process`): the temp work of a process that was killed. Files are
+    left alone (an external model's spill files are swept by age, ``core.model.external.sweep_tmp``)."""
+    root = root.tmp if isinstance(root, Workspace) else Path(root)
+    removed = []
+    try:
+        entries = list(root.iterdir())
+    except OSError:
+        return removed
+    for folder in entries:
+        if folder.is_dir() and not folder.is_symlink() and not owned_by_live_process(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+class TempFolder:
+    """A temp folder in ``root`` (a workspace's ``tmp/``, or a folder given: a model's ``external/<sha>/tmp``
+    beside its data files, so that links to them are hard links) with an owner file naming this process; removed
+    by :meth:`cleanup` (or at the end of a ``with`` block, which gives its path as a str, as
+    ``tempfile.TemporaryDirectory`` does). Making one first removes the folders in ``root`` whose process is gone
+    (:func:`clean_temp_folders`): what a killed calibration or search left is swept at the next start."""
+
+    def __init__(self, root: Workspace | str | os.PathLike, prefix: str = TEMP_PREFIX):
+        root = root.tmp if isinstance(root, Workspace) else Path(root)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            clean_temp_folders(root)
+            self.path = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
+        except OSError as e:
+            raise write_error(root / prefix, e) from e
+        try:
+            _write_owner(self.path)
+        except OSError as e:
+            shutil.rmtree(self.path, ignore_errors=True)
+            raise write_error(self.path / OWNER_FILE, e) from e
+
+    @property
+    def name(self) -> str:
+        return str(self.path)
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    def __enter__(self) -> str:
+        return str(self.path)
+
+    def __exit__(self, *exc) -> None:
+        self.cleanup()
+
+
+# --- processes that die with the process they work for ------------------------------------------------
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+OWNER_WATCH_SECONDS = 0.5
+
+
+def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> bool:
+    """Ask the kernel to send ``sig`` to this process when its parent (the thread that started it) exits
+    (Linux ``prctl(PR_SET_PDEATHSIG)``); False where that cannot be done (then :func:`exit_when_gone` alone
+    watches). A parent already gone (this process is no longer the child of ``parent``, default: the parent
+    it had when called) sends ``sig`` at once: the kernel only signals a death after the call."""
+    if not sys.platform.startswith("linux"):
+        return False
+    parent = os.getppid() if parent is None else parent
+    try:
+        if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    if os.getppid() != parent:
+        os.kill(os.getpid(), sig)
+    return True
+
+
+def exit_when_gone(pid: int, start: str | None, sentinel: int | None = None, code: int = 1) -> threading.Thread:
+    """Start a daemon thread that ends this process (``os._exit(code)``, whatever its main thread is doing) once
+    the process ``pid`` (started at ``start``, :func:`process_start`: a reused pid does not pass for it) is gone,
+    or once ``sentinel`` (a file descriptor that becomes readable when the owner dies, e.g. a multiprocessing
+    parent sentinel) is ready. The fallback of :func:`die_with_parent`, for a process whose parent is not the one
+    it works for (a trial worker forked by multiprocessing's forkserver)."""
+    def watch():
+        while True:
+            if sentinel is not None:
+                ready = wait_ready([sentinel], timeout=OWNER_WATCH_SECONDS)
+            else:
+                time.sleep(OWNER_WATCH_SECONDS)
+                ready = False
+            if ready or (start is not None and process_start(pid) != start):
+                os._exit(code)
+
+    t = threading.Thread(target=watch, name=f"exit-when-{pid}-is-gone", daemon=True)
+    t.start()
+    return t
+
+
+def detach_output(log: str | os.PathLike | None = None) -> None:
+    """Point this process's stdout and stderr (file descriptors 1 and 2, and so ``sys.stdout`` and C libraries'
+    output) at ``log`` (appended), or at /dev/null: a helper process must not hold its parent's stdout, else a
+    pipeline reading the parent waits for the helper too (and a killed parent's output never ends)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    fd = os.open(str(log) if log else os.devnull, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+    finally:
+        os.close(fd)

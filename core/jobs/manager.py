@@ -10,7 +10,8 @@ to ``<id>.progress.json`` and its outcome to ``<id>.outcome.json``, and the supe
 both into the record. A record left ``queued``/``running`` by a server that is gone becomes
 ``interrupted`` when the next manager opens the workspace — unless its child finished and wrote its
 outcome meanwhile: then the real outcome (done with its result, or failed with its error) is recorded.
-A starting manager also removes the temp run folders and write temp files no live process owns.
+A starting manager also removes the temp run folders, the temp work folders (``tmp/``: a killed calibration's
+model copies, a killed search's trial data) and write temp files no live process owns.
 
 Owners: a job records the token of the session that submitted it (``submit(..., owner=token)``).
 Everyone sees every job; only its owner can cancel it (``cancel(job_id, owner=token)``), unless the
@@ -37,7 +38,8 @@ from core.jobs.kinds import ANALYSIS_KINDS, KINDS
 from core.jobs.params import BuildParams, job_label
 from core.jobs.record import Job
 from core.model.data_errors import feed_error, is_ort_run_error
-from core.workspace import REPO_ROOT, Workspace, atomic_write_json, clean_temp_runs, sweep_stale_temp, take_notes
+from core.workspace import (REPO_ROOT, Workspace, atomic_write_json, clean_temp_folders, clean_temp_runs,
+                            process_start, sweep_stale_temp, take_notes)
 
 POLL_SECONDS = 0.1
 KILL_GRACE_SECONDS = 3.0
@@ -137,6 +139,19 @@ def _is_job_child(pid: int | None, job_id: str) -> bool:
     return b"core.jobs" in cmdline and job_id.encode() in cmdline
 
 
+def _stop(pid: int, timeout: float = KILL_GRACE_SECONDS) -> None:
+    """SIGKILL process ``pid`` and wait (up to ``timeout``) until it is dead, so that the sweep after it removes
+    the temp work it owned."""
+    start = process_start(pid)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        return
+    deadline = time.monotonic() + timeout
+    while start is not None and process_start(pid) == start and time.monotonic() < deadline:
+        time.sleep(POLL_SECONDS / 10)
+
+
 def describe_exit(code: int | None) -> str:
     """A failure reason for a child that died without writing its outcome."""
     if code is None:
@@ -219,7 +234,8 @@ class JobManager:
     def recover(self) -> list[str]:
         """Settle jobs left queued/running by a server that is gone: a child that finished meanwhile
         has its outcome recorded (done or failed); the others are interrupted (a child still running
-        is stopped). Then remove temp run folders and temp files no live process owns."""
+        is stopped, and its trial workers with it). Then remove the temp run folders, temp folders (``tmp/``) and
+        temp files no live process owns."""
         changed = []
         with self._lock:
             for job in self.jobs():
@@ -228,13 +244,11 @@ class JobManager:
                 if job.server_pid == self.pid or _pid_alive(job.server_pid):
                     continue  # its server is alive (this one, or another on the same workspace)
                 if _is_job_child(job.child_pid, job.id):
-                    try:  # an orphaned child of the dead server: stop it
-                        os.kill(job.child_pid, signal.SIGKILL)
-                    except OSError:
-                        pass
+                    _stop(job.child_pid)  # an orphaned child of the dead server (its trial workers follow it)
                 self._settle_orphan(job)
                 changed.append(job.id)
         clean_temp_runs(self.ws)
+        clean_temp_folders(self.ws)
         sweep_stale_temp(self.ws.root)
         return changed
 

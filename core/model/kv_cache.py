@@ -11,7 +11,6 @@ own keys and values, not random ones), with the positions and mask of the tokens
 from __future__ import annotations
 
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,7 +125,7 @@ def fill_cache(model: LoadedModel, kv: KvCache, arrays: dict, vocab: int | None,
     import onnxruntime as ort
 
 
-    with tempfile.TemporaryDirectory(prefix="mixprec-kv-") as tmp:
+    with model.scratch("mixprec-kv-") as tmp:  # in the workspace, swept if this process is killed
         path = model.save(Path(tmp) / "model.onnx")
         opts = ort.SessionOptions()
         opts.log_severity_level = 3

@@ -17,7 +17,6 @@ is read into the graph. Either way the hash covers the data files, streamed.
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,7 +35,7 @@ from core.model.branches import branch_inputs, branch_sha256, default_branches, 
 from core.model.ms_ops import unfuse_ms_ops
 from core.model.normalize import NormStep, default_opset, normalize_model, refuse_quantized
 from core.model.samples import SAMPLES, materialize_sample
-from core.workspace import Workspace, atomic_write_bytes, check_confined, env_bytes, read_user_file
+from core.workspace import TempFolder, Workspace, atomic_write_bytes, check_confined, env_bytes, read_user_file
 
 FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
 SAMPLE_PREFIX = "sample:"
@@ -90,6 +89,7 @@ class LoadedModel:
     branch_inputs: list[str] = field(default_factory=list)  # the model's inputs that pick an If branch
     no_batch: frozenset = frozenset()  # inputs the user marked "no batch axis" (core.model.shapes.batch_axes)
     max_batch: int | None = None  # the largest batch the graph runs at, where it runs at fewer than it declares
+    ws: Workspace | None = field(default=None, repr=False, compare=False)  # loaded from: its temp work goes there
 
     @property
     def external(self) -> bool:
@@ -129,14 +129,14 @@ class LoadedModel:
             return atomic_write_bytes(path, proto.SerializeToString())
         return save_with_data(proto, Path(path), self.weights, copy=copy)
 
-    def scratch(self, prefix: str = "mixprec-") -> tempfile.TemporaryDirectory:
-        """A temp folder for files made from the model; with external weights on the workspace's disk,
-        so that the data files are hard-linked there, not copied."""
-        where = None
+    def scratch(self, prefix: str = "mixprec-") -> TempFolder:
+        """A temp folder for files made from the model (a ``with`` block gives its path), in the workspace, never
+        the system's temp folder: ``tmp/`` of the workspace it was loaded from; with external weights beside
+        them (``external/<sha>/tmp``), so that the data files are hard-linked there, not copied. Claimed by this
+        process: what a killed process left is swept by the next one (``core.workspace.TempFolder``)."""
         if self.weights is not None:
-            where = self.weights.folder / "tmp"
-            where.mkdir(parents=True, exist_ok=True)
-        return tempfile.TemporaryDirectory(prefix=prefix, dir=where)
+            return TempFolder(self.weights.folder / "tmp", prefix)
+        return TempFolder(self.ws or Workspace.default(), prefix)
 
     def runtime_path(self) -> Path | None:
         """The normalised model as a file a runtime can open, in the workspace beside copies of its
@@ -307,7 +307,7 @@ def _infer_path(graph: Path, path: Path) -> onnx.ModelProto:
 
 def _finish(inferred: onnx.ModelProto, path: Path, name: str | None, sample: str | None, sha: str, size: int,
             steps: list[NormStep], original_opset: int, weights: ExternalWeights | None = None,
-            branches: tuple[dict, list] = ({}, [])) -> LoadedModel:
+            branches: tuple[dict, list] = ({}, []), ws: Workspace | None = None) -> LoadedModel:
     generated = assign_stable_names(inferred)
     outputs = [_spec(o) for o in inferred.graph.output]
     if not any(o.is_float for o in outputs):
@@ -323,7 +323,7 @@ def _finish(inferred: onnx.ModelProto, path: Path, name: str | None, sample: str
     return LoadedModel(path=path, name=name or (sample if sample else path.stem), sha256=sha, proto=inferred,
                        inputs=inputs, outputs=outputs, opset=default_opset(inferred), size_bytes=size, sample=sample,
                        generated_names=generated, normalization=steps, original_opset=original_opset,
-                       weights=weights, branches=dict(branches[0]), branch_inputs=list(branches[1]))
+                       weights=weights, branches=dict(branches[0]), branch_inputs=list(branches[1]), ws=ws)
 
 
 def _load_external(model: onnx.ModelProto, path: Path, sha: str, ws: Workspace, checked: bool = True):
@@ -390,7 +390,7 @@ def model_from_bytes(data: bytes, path: Path, name: str | None = None, sample: s
     if files and (extra >= env_bytes("MIXPREC_EXTERNAL_WEIGHTS_FROM", EXTERNAL_FROM) or size >= MAX_MODEL_BYTES):
         inferred, steps, original_opset, weights = _load_external(model, path, sha, ws or Workspace.default(),
                                                                   checked=not folded)
-        return _finish(inferred, path, name, sample, sha, size, folded + steps, original_opset, weights, chosen)
+        return _finish(inferred, path, name, sample, sha, size, folded + steps, original_opset, weights, chosen, ws)
     if files:
         load_external_data_for_model(model, str(path.parent))
     _check(model, path, "" if not folded else " after " + ", ".join(s.step for s in folded))
@@ -401,7 +401,7 @@ def model_from_bytes(data: bytes, path: Path, name: str | None = None, sample: s
         _check(model, path, " after normalisation (" + ", ".join(s.step for s in steps) + ")")
     inferred = _infer_light(model, path)
     del model  # the inferred graph holds the only copy of the weights from here
-    return _finish(inferred, path, name, sample, sha, size, steps, original_opset, branches=chosen)
+    return _finish(inferred, path, name, sample, sha, size, steps, original_opset, branches=chosen, ws=ws)
 
 
 def load_model(spec: str | os.PathLike, ws: Workspace | None = None, progress=None,

@@ -328,7 +328,7 @@ def _prepare(project: Project, config: SearchConfig, progress, should_stop) -> _
 
 
 def _isolated(ctx: _Context, method: str, base: Policy, sw: Switchable, progress) -> Sensitivity:
-    with open_trial_pool(sw, ctx.data, ctx.config.workers, ctx.config.ray) as pool:
+    with open_trial_pool(sw, ctx.data, ctx.config.workers, ctx.config.ray, ctx.project.ws) as pool:
         return sensitivity(ctx.project, "isolated", method, base, ctx.dev, ctx.config.workers, progress,
                            ctx.should_stop, pool, metrics=ctx.config.metrics)
 
@@ -431,7 +431,7 @@ def _search_variant(ctx: _Context, v: Variant, lat: LatencyModel) -> tuple[Candi
     eps = 1e-6
     gain = {l.name: (l.macs if ctx.objective == "mac_share" else lat.wall.gain_ms[l.name]) for l in ctx.eligible}
     order = sorted(gain, key=lambda n: (gain[n] > eps, -(v.drop[n] / max(gain[n], eps))))
-    with open_trial_pool(v.switchable, ctx.data, ctx.config.workers, ctx.config.ray) as pool:
+    with open_trial_pool(v.switchable, ctx.data, ctx.config.workers, ctx.config.ray, ctx.project.ws) as pool:
         s = _Searcher(ctx.budget, pool, lat, v.name, ctx.margin, ctx.eligible, ctx.objective)
         return s.run(order), list(s.seen.values())
 

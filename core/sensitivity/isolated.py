@@ -15,9 +15,11 @@ parallel worker processes (:class:`TrialPool`); the search (``core.search``) use
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing as mp
-import tempfile
+import os
+import signal
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -44,7 +46,8 @@ from core.quant.policy import Policy
 from core.records import check_format, frame_from_json, frame_to_json
 from core.sensitivity.distributed import RayTrialPool, ray_address, run_trial, trial_arrays, trial_session
 from core.sensitivity.memory import release_memory
-from core.workspace import analysis_key, atomic_write_json, discard_corrupt, file_stamp, sha256_bytes
+from core.workspace import (TempFolder, Workspace, analysis_key, atomic_write_json, die_with_parent, detach_output,
+                            discard_corrupt, exit_when_gone, file_stamp, process_start, sha256_bytes)
 
 # in the cache keys of switchable models; 2: one shared QuantizeLinear per tensor; 3: a weight's switch is an
 # If (int8 DequantizeLinear / float16 copy cast to float32), no float32 copy of the weight
@@ -94,8 +97,24 @@ def _load_trial_data(path: str, out_name: str, metrics: MetricSpec | None = None
     return TrialData(batches, ref, out_name, labels, metrics, extra or None)
 
 
-def _worker_init(model_path: str, data_path: str, switch_inputs: list[str], out_name: str, threads: int,
-                 metrics: MetricSpec | None = None):
+WORKER_LOG = "workers.log"  # in the pool's temp folder: what the workers print (their fds 1 and 2)
+
+
+def _guard_worker(owner: tuple[int, str | None], log: str) -> None:
+    """A worker lives only as long as the process that opened its pool (``owner``: pid, start time), and holds
+    none of its output: fds 1 and 2 go to the pool's log (a pipeline reading a killed CLI's stdout ends; issue 23
+    fault 3). Its parent is the forkserver, which lives while any worker does, so the kernel's parent-death
+    signal alone would not fire: a thread watches the owner (multiprocessing's parent sentinel, ready the moment
+    the owner dies; its pid as a fallback) and ends the worker, in the middle of a trial too."""
+    detach_output(log)
+    die_with_parent(signal.SIGKILL)  # the forkserver killed
+    parent = mp.parent_process()
+    exit_when_gone(owner[0], owner[1], getattr(parent, "sentinel", None))
+
+
+def _worker_init(owner: tuple[int, str | None], log: str, model_path: str, data_path: str, switch_inputs: list[str],
+                 out_name: str, threads: int, metrics: MetricSpec | None = None):
+    _guard_worker(owner, log)
     data = _load_trial_data(data_path, out_name, metrics)
     _W.update(sess=trial_session(model_path, threads), batches=data.batches, switches=switch_inputs, ref=data.ref,
               out=out_name, labels=data.labels, metrics=metrics, extra=data.extra)
@@ -151,25 +170,34 @@ def worker_context():
 
 class TrialPool:
     """Worker processes that each hold one session of the switchable model (the default; trials on a
-    Ray cluster: ``core.sensitivity.distributed.RayTrialPool``, see :func:`open_trial_pool`)."""
+    Ray cluster: ``core.sensitivity.distributed.RayTrialPool``, see :func:`open_trial_pool`). The trial data
+    and the workers' log are in a temp folder of the workspace ``ws`` (``tmp/mixprec-trials-*``, swept if this
+    process is killed); the workers die with this process (:func:`_guard_worker`)."""
 
     def __init__(self, model_path, batches, switch_inputs: dict[str, str], ref, out_name, workers: int = 2,
-                 labels=None, metrics: MetricSpec | None = None, extra: dict | None = None):
+                 labels=None, metrics: MetricSpec | None = None, extra: dict | None = None,
+                 ws: Workspace | None = None):
         self.names = switch_inputs  # layer -> input name
         self.where = f"local process pool ({workers} worker{'s' * (workers != 1)})"
         threads = 1 if workers > 1 else 0
-        self._tmp = tempfile.TemporaryDirectory(prefix="mixprec-trials-")
-        data_path = Path(self._tmp.name) / "trial-data.npz"
-        _save_trial_data(data_path, TrialData(batches, ref, out_name, labels, metrics, extra))
-        self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=worker_context(),
-                                        initializer=_worker_init,
-                                        initargs=(str(model_path), str(data_path), list(switch_inputs.values()),
-                                                  out_name, threads, metrics))
+        self._tmp = TempFolder(ws or Workspace.default(), "mixprec-trials-")
+        data_path = self._tmp.path / "trial-data.npz"
+        self.log = self._tmp.path / WORKER_LOG
+        try:
+            _save_trial_data(data_path, TrialData(batches, ref, out_name, labels, metrics, extra))
+            owner = (os.getpid(), process_start(os.getpid()))
+            self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=worker_context(),
+                                            initializer=_worker_init,
+                                            initargs=(owner, str(self.log), str(model_path), str(data_path),
+                                                      list(switch_inputs.values()), out_name, threads, metrics))
+        except BaseException:
+            self._tmp.cleanup()
+            raise
 
     @classmethod
-    def on(cls, switchable: Switchable, data: TrialData, workers: int = 2) -> "TrialPool":
+    def on(cls, switchable: Switchable, data: TrialData, workers: int = 2, ws: Workspace | None = None) -> "TrialPool":
         return cls(switchable.path, data.batches, switchable.switches, data.ref, data.out_name, workers, data.labels,
-                   data.metrics, data.extra)
+                   data.metrics, data.extra, ws)
 
     def evaluate(self, int8_sets: list[set[str]], progress=None, should_stop=None) -> list[Quality]:
         # what calibrating, the FP32 reference and compiling freed goes back to the OS before the workers
@@ -185,31 +213,54 @@ class TrialPool:
             try:
                 results.append(f.result())
             except BrokenProcessPool as e:
-                raise MixprecError("a search worker process died (out of memory, or a crash in ONNX Runtime)",
+                last = self._last_words()
+                raise MixprecError("a search worker process died (out of memory, or a crash in ONNX Runtime)"
+                                   + (f"; its last output: {last}" if last else ""),
                                    "run with --workers 1, or free memory, and try again") from e
             if progress:
                 progress((i + 1) / len(futures), f"trial {i + 1}/{len(futures)}")
         return results
 
-    def close(self):
-        self.pool.shutdown(wait=True, cancel_futures=True)
+    def _last_words(self, lines: int = 3, chars: int = 400) -> str:
+        """The last lines the workers printed (their log), for the error of a worker that died."""
+        try:
+            with open(self.log, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 4 * chars))
+                text = f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+        return " | ".join([l.strip() for l in text.splitlines() if l.strip()][-lines:])[-chars:]
+
+    def close(self, wait: bool = True):
+        """Shut the workers down and remove the temp folder. ``wait=False`` (the pool is left on an error, a
+        cancel, a SIGTERM): queued trials are dropped and the workers killed at once, running trials and all."""
+        if wait:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+        else:
+            workers = list((getattr(self.pool, "_processes", None) or {}).values())  # the executor's own list
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            for w in workers:
+                with contextlib.suppress(OSError, ValueError, AttributeError):
+                    w.kill()
         self._tmp.cleanup()
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, *exc):
+        self.close(wait=exc_type is None)
 
 
-def open_trial_pool(switchable: Switchable, data: TrialData, workers: int = 2, ray: str | None = None):
+def open_trial_pool(switchable: Switchable, data: TrialData, workers: int = 2, ray: str | None = None,
+                    ws: Workspace | None = None):
     """The pool trials run on: Ray tasks when an address is given (``ray``, else
     ``$MIXPREC_RAY_ADDRESS``; see ``core.sensitivity.distributed``), else local worker processes. A switchable
     model whose weights are in external data files is opened by the workers from the workspace (which
-    must then be on storage every node reads), never sent through the object store."""
+    must then be on storage every node reads), never sent through the object store. ``ws``: the workspace the
+    local pool's temp folder goes in (default: ``Workspace.default()``)."""
     address = ray_address(ray)
     if address is None:
-        return TrialPool.on(switchable, data, workers)
+        return TrialPool.on(switchable, data, workers, ws)
     if data.metrics is not None and not data.metrics.is_default:
         raise MixprecError("trials on a Ray cluster measure the first float output only: --metric-output, --task and "
                            "--metric-file are not sent to Ray workers yet", "run the trials locally (leave out --ray)")
@@ -410,13 +461,10 @@ def sensitivity(project: Project, mode: str = "isolated", method: str = "minmax"
     if own:
         step(0.05, "compiling the switchable model")
         pool = open_trial_pool(switchable_model(project, base, calib, method), trial_data(project, data, metrics),
-                               workers, ray)
-    try:
+                               workers, ray, project.ws)
+    with pool if own else contextlib.nullcontext():  # a pool of its own is closed here (at once on an error)
         res = pool.evaluate(_trial_sets(mode, [l.name for l in eligible]),
                             lambda f, t: step(0.1 + 0.9 * f, f"{mode}: {t}"), should_stop)
-    finally:
-        if own:
-            pool.close()
     sens = Sensitivity(_table(mode, method, eligible, res[0], res[1:]), mode, method, res[0],
                        time.perf_counter() - t0, False, getattr(pool, "where", ""))
     write_sensitivity(path, sens, key)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 import time
 from collections import OrderedDict
 from contextlib import contextmanager
@@ -110,9 +109,7 @@ class MarkedModel:
         """The marked model as a file beside links of the model's data files (external weights: the
         proto is the graph only, so ModifyOutputs' copy costs nothing); removed after the block."""
         marked = ModifyOutputs(self.proto, outputs=self.outputs, copy=True)()
-        tmp_root = self.model.weights.folder / "tmp"
-        tmp_root.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="rank-", dir=tmp_root) as tmp:
+        with self.model.scratch("rank-") as tmp:  # external/<sha>/tmp, claimed by this process
             yield str(self.model.save(Path(tmp) / "marked.onnx", marked))
 
     def loader(self, from_bytes, from_path=None, **kw):

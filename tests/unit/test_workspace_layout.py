@@ -109,7 +109,7 @@ def test_the_paths_are_those_of_earlier_versions(tmp_path):
         ws.legacy_sensitivity_file(sha, "isolated", "k"): f"search/{sha[:16]}/sensitivity-isolated-k.json",
         ws.jobs: "jobs", ws.gpu_specs(): "gpus", ws.gpu_calibration_file("t4", 3): "gpu_calibrations/t4.v3.json",
         ws.project_dir("p1"): "projects/p1", ws.drafts_dir("p1"): "projects/p1/drafts", ws.policies: "policies",
-        ws.scratch: "scratch"}
+        ws.scratch: "scratch", ws.tmp: "tmp"}
     assert {str(p.relative_to(ws.root)): v for p, v in expected.items()} == {v: v for v in expected.values()}
     assert {Path(v).parts[0] for v in expected.values()} == set(FOLDERS)  # every folder, and only those
     fresh = Workspace(tmp_path / "fresh")  # a reader's path creates nothing
