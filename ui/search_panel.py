@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import math
 
-import plotly.graph_objects as go
 import streamlit as st
 
 from core.display.charts import plot_pareto
 from core.display.precision_edit import policy_diff
+from core.display.tables import front_table
 from core.errors import MixprecError
 from core.estimate.gpus import FIXTURE_GPU, GPU, GPUS
 from core.jobs import search_params
@@ -20,7 +20,7 @@ from core.search import BUDGET_METRICS
 from core.search.searcher import MAC_SHARE_NOTE, TRT_ESTIMATE_NOTE, search_objective
 from core.store.results import searched_gpu_name
 from ui import cluster
-from ui import draft, job_panel, quality_panel, results, saved_project, session
+from ui import draft, job_panel, quality_panel, results, saved_project, session, tables
 from ui import estimate_panel
 from ui.session import md
 
@@ -112,15 +112,14 @@ def _result(p: Project, result, objective: str) -> None:
         basis = "estimate from " + (result.run.latency_source.replace(", measured", "") if result.run
                                     else "the backend's") \
             + " profiles" + (", not the objective" if MAC_SHARE_NOTE in result.message else "")
-    fig = plot_pareto(result.candidates, result.chosen, result.budget, basis)
-    _mark_failing(fig, result.candidates)
+    fig = plot_pareto(result.candidates, result.chosen, result.budget, basis)  # it marks the failing candidates
     st.plotly_chart(fig, key="pareto_chart")
     front = result.front
     shown = front if _has_band(front) else front.drop(columns=["est_low_ms", "est_high_ms"])
-    st.dataframe(shown, hide_index=True, column_config={
-        "meets_budget": st.column_config.CheckboxColumn("meets budget", help="on the dev half"),
-        "est_low_ms": st.column_config.NumberColumn("likely from (ms)", help="the estimate's band: low end"),
-        "est_high_ms": st.column_config.NumberColumn("likely to (ms)", help="the estimate's band: high end")})
+    tables.show(front_table(shown, getattr(result.budget, "metric", "")), hide_index=True, column_config={
+        "meets budget": st.column_config.CheckboxColumn("meets budget", help="on the dev half"),
+        "likely from (ms)": st.column_config.NumberColumn("likely from (ms)", help="the estimate's band: low end"),
+        "likely to (ms)": st.column_config.NumberColumn("likely to (ms)", help="the estimate's band: high end")})
     fails = {int(r.candidate) for r in front.itertuples() if not bool(r.meets_budget)}
     points = {int(r.candidate): f"#{r.candidate}{' (chosen)' if r.candidate == result.chosen else ''}: "
               f"{r.n_int8} layers INT8, {r.method}, {r.est_ms:.3f} ms est.{_likely(r)}, "
@@ -171,13 +170,3 @@ def _has_band(frame) -> bool:
 def _likely(r) -> str:
     lo, hi = float(getattr(r, "est_low_ms", math.nan)), float(getattr(r, "est_high_ms", math.nan))
     return f" (likely {lo:.3f}–{hi:.3f})" if math.isfinite(lo) and math.isfinite(hi) else ""
-
-
-def _mark_failing(fig, candidates) -> None:
-    """Circle the candidates that fail the budget on the Pareto chart (their own legend entry)."""
-    bad = candidates[~candidates["meets_budget"].astype(bool)]
-    if bad.empty:
-        return
-    fig.add_trace(go.Scatter(x=bad["est_ms"].tolist(), y=bad["quality"].tolist(), mode="markers",
-                             name="fails the budget", hoverinfo="skip",
-                             marker={"symbol": "x-thin-open", "size": 12, "color": "#E45756", "line": {"width": 2}}))

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import html
 import math
+import re
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from core.backends.reports import LAYER_COLUMNS, PCT_LABEL, PRECISION_COLUMNS, REFORMAT_COLUMNS, TYPE_COLUMNS
-from core.display.tables import LAYER_COMPARE_COLUMNS, local_time
+from core.display.tables import LAYER_COMPARE_COLUMNS, local_time, simulated_fp16  # noqa: F401 - charts' name too
 from core.errors import MixprecError
 from core.estimate.predict import PREDICTION_COLUMNS
-from core.quant.compile import ORT_CPU_FP16_KERNELS
 from core.sensitivity import ranking_comparison
 
 PRECISION_COLORS = {
@@ -73,6 +74,89 @@ def fit_range(values, pad: float = 0.1, lo: float | None = None, hi: float | Non
     a, b = min(a, mid - span / 2), max(b, mid + span / 2)
     a, b = a - pad * span, b + pad * span
     return [a if lo is None else max(lo, a), b if hi is None else min(hi, b)]
+
+
+def robust_range(values, keep=(), k: float = 3.0, pad: float = 0.1) -> tuple[list[float] | None, int]:
+    """An axis range that outliers do not stretch, and how many ``values`` fall outside it: the values
+    within ``k`` interquartile ranges of the quartiles, and every one of ``keep`` (a threshold, a chosen
+    point), ``pad`` of the span around them. With fewer than 4 values, or none far out, it fits them all."""
+    finite = np.asarray([float(v) for v in values if v is not None and math.isfinite(float(v))])
+    kept = [float(v) for v in keep if v is not None and math.isfinite(float(v))]
+    if len(finite) >= 4:
+        q1, q3 = np.percentile(finite, [25, 75])
+        iqr = q3 - q1
+        span = iqr if iqr > 0 else max(abs(float(np.median(finite))) * 0.01, 1e-9)
+        inside = finite[(finite >= q1 - k * span) & (finite <= q3 + k * span)]
+    else:
+        inside = finite
+    rng = fit_range([*inside, *kept], pad=pad)
+    if rng is None:
+        return None, 0
+    return rng, int(((finite < rng[0]) | (finite > rng[1])).sum())
+
+
+_REFORMAT_PREFIX = re.compile(r"^Reformatting CopyNode for (?:Input|Output) Tensor \d+ to ")
+_QDQ = ("QuantizeLinear", "DequantizeLinear")
+SHORT_NAME = 44  # at most this many characters of a layer's name on an axis (the full name is on hover)
+
+
+def _tail(name: str, width: int) -> str:
+    """The end of a path-like name in at most ``width`` characters: whole segments after "…/", else its ends."""
+    if len(name) <= width:
+        return name
+    segs, out = name.strip("/").split("/"), ""
+    for seg in reversed(segs):
+        cand = f"{seg}/{out}" if out else seg
+        if len(cand) + 2 > width:
+            break
+        out = cand
+    if out:
+        return "…/" + out
+    half = (width - 1) // 2
+    return name[:half] + "…" + name[-(width - 1 - half):]
+
+
+def short_layer_name(name, nodes=None, width: int = SHORT_NAME) -> str:
+    """A layer's name as an axis shows it: a TensorRT fusion (``A + B + C``) as its first compute node (not a
+    Q/DQ) and how many more it fuses (``…/dense/MatMul +3``), a reformat as ``reformat → <its layer>``, a long
+    path as its last segments (``…/attention/self/query/MatMul``). ``nodes``: the ONNX nodes it runs."""
+    name = str(name)
+    m = _REFORMAT_PREFIX.match(name)
+    if m:
+        return "reformat → " + short_layer_name(name[m.end():], None, max(12, width - 11))
+    parts = [s for s in name.split(" + ") if s] or [name]
+    compute = [s for s in parts if not s.endswith(_QDQ)] or parts
+    head = compute[0]
+    listed = [str(n) for n in nodes] if isinstance(nodes, (list, tuple)) else []
+    if listed and head not in listed:
+        head = listed[0]
+    more = f" +{len(parts) - 1}" if len(parts) > 1 else ""
+    return _tail(head, width - len(more)) + more
+
+
+def short_layer_names(names, nodes=None) -> list[str]:
+    """:func:`short_layer_name` of each name, kept apart: a short name two layers share gets " #2", " #3"…"""
+    nodes = list(nodes) if nodes is not None else [None] * len(list(names))
+    out, seen = [], {}
+    for n, ns in zip(names, nodes):
+        s = short_layer_name(n, ns)
+        seen[s] = seen.get(s, 0) + 1
+        out.append(s if seen[s] == 1 else f"{s} #{seen[s]}")
+    return out
+
+
+def _full_name(name, limit: int = 10) -> str:
+    """A layer's whole name for a hover, drawn literally: one fused part per line (the first ``limit``)."""
+    parts = str(name).split(" + ")
+    shown = [plot_text(s) + (" +" if i < len(parts) - 1 else "") for i, s in enumerate(parts[:limit])]
+    if len(parts) > limit:
+        shown.append(f"… and {len(parts) - limit} more")
+    return "<br>".join(shown)
+
+
+def _sorted_categories(fig: go.Figure, categories: list[str]) -> None:
+    """The y axis in the given order (bottom to top), whatever trace each bar is in (Plotly would group them)."""
+    fig.update_yaxes(categoryorder="array", categoryarray=list(categories), automargin=True)
 
 
 def plot_layer_latency(layers_df: pd.DataFrame) -> go.Figure:
@@ -234,18 +318,26 @@ def plot_run_quality(runs: pd.DataFrame) -> go.Figure:
     return fig
 
 
+MAX_POINT_LABELS = 8  # more runs than this: a point's run is named on hover only
+
+
 def plot_quality_vs_latency(runs: pd.DataFrame) -> go.Figure:
     """Every run of the model as a point: median latency against mean cosine (up-left is better).
     The axes fit the points (cosine up to 1 at most); the colour is the number of INT8 layers, on
-    a scale from 0 that says so."""
+    a scale from 0 that says so. Up to MAX_POINT_LABELS runs are labelled, neighbours in latency above and
+    below their points in turn; more are named on hover only."""
     df = _runs(runs)
     names = _run_axis(df)
     n_int8 = df["n_int8"].astype(int)
+    labelled = len(df) <= MAX_POINT_LABELS
+    # neighbours in latency take turns above and below their points, so two close runs' labels do not overlap
+    turn = pd.Series(range(len(df)), index=df.sort_values("latency_median_ms", kind="stable").index) % 2
     fig = go.Figure(go.Scatter(
-        x=df["latency_median_ms"].tolist(), y=df["cosine_mean"].tolist(), mode="markers+text",
-        text=names, textposition="top center", name="runs", cliponaxis=False,
-        customdata=df[["n_fp32", "n_fp16", "n_int8"]].values.tolist(),
-        hovertemplate="%{text}<br>%{x:.3f} ms · cosine %{y:.4f}<br>"
+        x=df["latency_median_ms"].tolist(), y=df["cosine_mean"].tolist(), mode="markers+text" if labelled else "markers",
+        text=names if labelled else None, name="runs", cliponaxis=False,
+        textposition=["top center" if turn[i] == 0 else "bottom center" for i in df.index] if labelled else None,
+        customdata=[[*r, n] for r, n in zip(df[["n_fp32", "n_fp16", "n_int8"]].values.tolist(), names)],
+        hovertemplate="%{customdata[3]}<br>%{x:.3f} ms · cosine %{y:.4f}<br>"
                       "fp32 %{customdata[0]} · fp16 %{customdata[1]} · int8 %{customdata[2]} layers<extra></extra>",
         marker={"size": 12, "color": n_int8.tolist(), "colorscale": "Greens", "showscale": True,
                 "cmin": 0, "cmax": max(1, int(n_int8.max()) if len(df) else 1),
@@ -257,29 +349,21 @@ def plot_quality_vs_latency(runs: pd.DataFrame) -> go.Figure:
         y_range[1] = min(y_range[1], 1 + 0.25 * (y_range[1] - y_range[0]))  # room for the text, not to 1.5
     fig.update_xaxes(range=x_range)
     fig.update_yaxes(range=y_range, tickformat=".4f")
-    return _titled(fig, "Quality vs latency (all runs of this model)", "Median latency (ms)",
-                   "Cosine similarity to FP32 (mean)")
+    return _titled(fig, "Quality vs latency (all runs of this model)"
+                   + ("" if labelled else f"<br><sup>{len(df)} runs: hover a point for its run</sup>"),
+                   "Median latency (ms)", "Cosine similarity to FP32 (mean)")
 
 
 SIMULATED_FP16 = "FP16 (simulated on CPU)"  # the legend entry of FP16 nodes ORT's CPU provider computes in float32
 SIMULATED_NOTE = "FP16 simulated on the CPU (float32 compute, fp16 rounding): its time is not FP16 time"
 
 
-def simulated_fp16(per_layer: pd.DataFrame, backend: str = "onnxruntime") -> pd.Series:
-    """Which nodes of a run's per-layer table are FP16 layers simulated on the CPU: on the ONNX
-    Runtime backend, every FP16 compute node whose op has no float16 CPU kernel
-    (``core.quant.compile.ORT_CPU_FP16_KERNELS``); precision conversions are not layers."""
-    if backend != "onnxruntime":
-        return pd.Series(False, index=per_layer.index)
-    real = per_layer["op_type"].astype(str).map(lambda op: any(k in op for k in ORT_CPU_FP16_KERNELS))
-    reformat = per_layer["is_reformat"].astype(str).str.lower().isin(("true", "1"))
-    return (per_layer["precision"].astype(str).str.lower() == "fp16") & ~reformat & ~real
-
-
-def plot_run_layers(per_layer: pd.DataFrame, top: int = 30, backend: str = "onnxruntime") -> go.Figure:
-    """The ``top`` slowest nodes of one run (ms per inference), coloured by their layer's precision.
+def plot_run_layers(per_layer: pd.DataFrame, top: int = 30, backend: str = "onnxruntime", context: str = "") -> go.Figure:
+    """The ``top`` slowest nodes of one run (ms per inference), slowest on top whatever its precision,
+    coloured by their layer's precision.
     FP16 nodes simulated on the CPU (:func:`simulated_fp16`) are their own cross-hatched trace,
-    ``SIMULATED_FP16``, and the title says their time is not FP16 time. ``customdata[0]`` is the
+    ``SIMULATED_FP16``, and the title says their time is not FP16 time; ``context`` (the run's shapes, policy
+    and what measured it) is said under the title. ``customdata[0]`` is the
     node's name as it is, ``customdata[1]`` its policy layer."""
     _check(per_layer, ["name", "op_type", "precision", "ms", "pct", "is_reformat"], "per-layer run")
     df = per_layer.sort_values("ms", ascending=False).head(top).iloc[::-1]
@@ -297,9 +381,12 @@ def plot_run_layers(per_layer: pd.DataFrame, top: int = 30, backend: str = "onnx
             hovertemplate=f"%{{y}}<br>%{{customdata[2]}} · %{{x:.4f}} ms (%{{customdata[3]:.1f}} {PCT_LABEL})"
                           + ("<br>" + SIMULATED_NOTE if p == SIMULATED_FP16 else "")
                           + f"<extra>{plot_text(p)}</extra>"))
-    title = f"Per-layer latency of the run: top {len(df)} nodes (hatched: precision conversions)"
-    if sim.any():
-        title += f"<br><sup>cross-hatched: {int(sim.sum())} {SIMULATED_NOTE}</sup>"
+    _sorted_categories(fig, _texts(df["name"]))
+    title = f"Per-layer latency of the run: top {len(df)} nodes, slowest on top (hatched: precision conversions)"
+    notes = ([plot_text(context)] if context else []) + \
+        ([f"cross-hatched: {int(sim.sum())} {SIMULATED_NOTE}"] if sim.any() else [])
+    if notes:
+        title += "<br><sup>" + "<br>".join(notes) + "</sup>"
     return _titled(fig, title, "Mean time per inference (ms)", "", height=max(400, 22 * len(df)),
                    legend_title_text="Precision")
 
@@ -369,9 +456,14 @@ def plot_sensitivity_compare(cumulative_df: pd.DataFrame | None, isolated_df: pd
                           f"<extra>{label}</extra>"),
             row=1, col=col)
         fig.update_xaxes(title_text="Cosine drop vs FP32", row=1, col=col)
+    # the legend under both x axes' ticks and titles (about 60 px under the plot), in pixels of the plot area: a
+    # fraction of the figure would sit on the ticks of a short chart and far below a tall one
+    top, below, legend_px = 80, 80, 50
+    plot_h = max(250, 24 * len(df))
     fig.update_layout(title=f"Top {len(df)} layers by isolated sensitivity, against their cumulative drop",
-                      template=TEMPLATE, height=max(400, 24 * len(df)), legend_title_text="",
-                      legend={"orientation": "h", "y": -0.12 if len(df) < 12 else -0.05})
+                      template=TEMPLATE, height=plot_h + top + below + legend_px, legend_title_text="",
+                      margin={"t": top, "b": below + legend_px},
+                      legend={"orientation": "h", "yanchor": "top", "y": -below / plot_h, "x": 0})
     return fig
 
 
@@ -401,13 +493,21 @@ def plot_pareto(candidates_df: pd.DataFrame, chosen: int | None = None, budget=N
     """Quality against estimated latency of every evaluated candidate; the non-dominated ones
     highlighted and connected, ``chosen`` (a candidate id) starred. ``budget`` (a
     ``core.search.Budget``) names the y axis, draws its threshold, marks the candidates that fail
-    it (an open ✕, "fails the budget" in the hover) and flips the axis when lower is better.
+    it (an open ✕, "fails the budget" in the hover; the search's own verdict, ``meets_budget``, when the table
+    has it: one legend entry) and flips the axis when lower is better. The y axis fits the candidates
+    without their outliers (:func:`robust_range`; the budget and the chosen point always inside), and the title
+    says how many it leaves out.
     ``basis`` says what the latency estimate rests on (on the x axis). With a TensorRT estimate's band
     (``est_low_ms``/``est_high_ms``), the front and the chosen point carry it as horizontal error bars."""
     _check(candidates_df, PARETO_COLUMNS, "candidates")
     df = candidates_df.sort_values("est_ms")
     front = df["pareto"].astype(bool)
-    fails = ~_meets(budget, df["quality"]) if budget is not None else pd.Series(False, index=df.index)
+    if budget is None:
+        fails = pd.Series(False, index=df.index)
+    elif "meets_budget" in df.columns:
+        fails = ~df["meets_budget"].astype(str).str.lower().isin(("true", "1"))
+    else:
+        fails = ~_meets(budget, df["quality"])
     fig = go.Figure()
     for rows, name, style in ((df[~front], "other candidates", {"mode": "markers", "marker": {"color": OTHER_COLOR}}),
                               (df[front], "Pareto front", {"mode": "lines+markers", "marker": {
@@ -436,14 +536,20 @@ def plot_pareto(candidates_df: pd.DataFrame, chosen: int | None = None, budget=N
     if len(xs) and xs.max() - xs.min() <= 1e-12 * max(abs(xs.max()), 1.0):
         x = float(xs.iloc[0])  # one distinct latency: a range around it, not Plotly's -0.5..1 default
         fig.update_xaxes(range=[max(0.0, x * 0.8), x * 1.2] if x > 0 else [x - 1, x + 1])
+    keep = [budget.value] if budget is not None else []
+    keep += pd.to_numeric(df.loc[df["candidate"] == chosen, "quality"], errors="coerce").tolist()
+    y_range, outside = robust_range(pd.to_numeric(df["quality"], errors="coerce"), keep)
     if budget is not None:
         fig.add_hline(y=budget.value, line_dash="dash", line_color="#E45756",
                       annotation_text=plot_text(f"budget {budget}"))
-        if budget.op == "<=":
-            fig.update_yaxes(autorange="reversed")
-    return _titled(fig, f"Pareto front: {int(front.sum())} of {len(df)} candidates (quality on the dev half)",
-                   f"Estimated latency (ms{', ' + plot_text(basis) if basis else ''})", plot_text(metric),
-                   legend_title_text="")
+    if y_range is not None:  # lower is better: the axis is reversed (the better candidates on top)
+        fig.update_yaxes(range=y_range[::-1] if budget is not None and budget.op == "<=" else y_range)
+    title = f"Pareto front: {int(front.sum())} of {len(df)} candidates (quality on the dev half)"
+    if outside:
+        title += (f"<br><sup>{outside} candidate{'s' if outside > 1 else ''} outside the y range, far from the "
+                  "others (autoscale shows them)</sup>")
+    return _titled(fig, title, f"Estimated latency (ms{', ' + plot_text(basis) if basis else ''})",
+                   plot_text(metric), legend_title_text="")
 
 
 # --- two runs, layer by layer (core.display.tables.LAYER_COMPARE_COLUMNS) ---------------------------------
@@ -459,10 +565,13 @@ def plot_layer_comparison(df: pd.DataFrame, label_a: str = "A", label_b: str = "
     a, b = plot_text(label_a), plot_text(label_b)
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, column_widths=[0.78, 0.22], horizontal_spacing=0.02,
                         subplot_titles=("Time per inference (ms)", "Precision"))
-    for rank, run, color, ms, prec in ((2, b, RUN_COLORS[1], "ms_b", "precision_b"),  # B first: A on top in a group
-                                       (1, a, RUN_COLORS[0], "ms_a", "precision_a")):
+    simulated = {k: (rows[k].astype(bool) if k in rows.columns else pd.Series(False, index=rows.index))
+                 for k in ("simulated_a", "simulated_b")}
+    for rank, run, color, ms, prec, sim in ((2, b, RUN_COLORS[1], "ms_b", "precision_b", "simulated_b"),  # B first:
+                                            (1, a, RUN_COLORS[0], "ms_a", "precision_a", "simulated_a")):  # A on top
         fig.add_trace(go.Bar(
-            y=names, x=rows[ms].tolist(), orientation="h", name=run, marker={"color": color}, legendgroup="runs",
+            y=names, x=rows[ms].tolist(), orientation="h", name=run, legendgroup="runs",
+            marker={"color": color, "pattern": {"shape": ["x" if v else "" for v in simulated[sim]]}},
             legendgrouptitle_text="Run", legendrank=rank,
             customdata=list(zip(rows["layer"], _texts(rows["op_type"]), rows[prec].str.upper(), rows["delta_ms"])),
             hovertemplate=f"%{{y}}<br>%{{customdata[1]}} · {run}: %{{x:.4f}} ms at %{{customdata[2]}}"
@@ -489,41 +598,73 @@ def plot_layer_comparison(df: pd.DataFrame, label_a: str = "A", label_b: str = "
     fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="precision changed", legendrank=20,
                              marker={"color": OTHER_COLOR, "size": 11, "symbol": "diamond"}, hoverinfo="skip"),
                   row=1, col=2)
+    n_sim = int(simulated["simulated_a"].sum() + simulated["simulated_b"].sum())
+    if n_sim:  # the single-run chart's cross-hatch, and its legend entry
+        fig.add_trace(go.Bar(x=[None], y=[None], orientation="h", name=SIMULATED_FP16, legendrank=30,
+                             marker={"color": "white", "line": {"color": "#333", "width": 1},
+                                     "pattern": {"shape": "x", "fgcolor": "#333"}}, hoverinfo="skip"), row=1, col=1)
     fig.update_xaxes(title_text="ms", row=1, col=1)
     fig.update_xaxes(type="category", categoryorder="array", categoryarray=["A", "B"], title_text="run",
                      row=1, col=2)
     changed = int(df["changed"].sum())
+    sim_note = f"<br>cross-hatched: {n_sim} bar(s) of {SIMULATED_NOTE}" if n_sim else ""
     return _titled(fig, f"Per layer, A against B: top {len(rows)} layers by time"
                    f"<br><sup>{changed} layer(s) change precision (diamonds); a layer's time includes its "
-                   "precision conversions</sup>", "", "", barmode="group", height=max(420, 30 * len(rows)))
+                   f"precision conversions{sim_note}</sup>", "", "", barmode="group", height=max(420, 30 * len(rows)))
 
 
 ESTIMATE_NOTE = "estimate, not measured"
 
 
-def plot_estimate_layers(layers: pd.DataFrame, gpu_name: str = "", basis: str = "", top: int = 30) -> go.Figure:
+def plot_estimate_layers(layers: pd.DataFrame, gpu_name: str = "", basis: str = "", top: int = 30,
+                         context: str = "") -> go.Figure:
     """The ``top`` slowest engine layers of a TensorRT estimate (``core.estimate.predict``'s
-    PREDICTION_COLUMNS table), estimated ms each, one trace per precision; predicted reformat
-    layers hatched. The title says it is an estimate, on which GPU and on what basis.
-    ``customdata[0]`` is the engine layer's name as it is, ``customdata[1]`` its ONNX nodes."""
+    PREDICTION_COLUMNS table), estimated ms each, slowest on top whatever its precision (one trace per
+    precision); predicted reformat layers hatched, and on top one bar of every predicted reformat summed, so
+    the overhead shows even when each is small. The axis names a layer short (:func:`short_layer_name`), the
+    hover by its whole name. The title says it is an estimate, on which GPU, on what basis, and ``context``
+    (the shapes and policy it is for). ``customdata[0]`` is the engine layer's name as it is,
+    ``customdata[1]`` its ONNX nodes, ``customdata[4]`` its whole name as drawn on hover."""
     _check(layers, PREDICTION_COLUMNS, "TensorRT estimate")
     df = layers.sort_values("est_ms", ascending=False, kind="stable").head(top).iloc[::-1]
     total = float(layers["est_ms"].sum())
+    reformat = layers["is_reformat"].astype(str).str.lower().isin(("true", "1"))
+    ref_ms, n_ref = float(layers.loc[reformat, "est_ms"].sum()), int(reformat.sum())
+    short = pd.Series(_texts(short_layer_names(df["engine_layer"], df["onnx_nodes"])), index=df.index)
     fig = go.Figure()
     prec = df["precision"].astype(str).replace("", "other").str.upper()
     for p in dict.fromkeys(prec):
         rows = df[prec == p]
         nodes = [", ".join(map(str, n)) if isinstance(n, (list, tuple)) else str(n) for n in rows["onnx_nodes"]]
         pct = [100.0 * v / total if total > 0 else 0.0 for v in rows["est_ms"]]
+        hatched = rows["is_reformat"].astype(str).str.lower().isin(("true", "1"))
         fig.add_trace(go.Bar(
-            y=_texts(rows["engine_layer"]), x=rows["est_ms"].tolist(), orientation="h", name=plot_text(p),
-            marker={"color": precision_color(p), "pattern": {"shape": ["/" if r else "" for r in rows["is_reformat"]]}},
-            customdata=list(zip(rows["engine_layer"], nodes, _texts(rows["layer_class"]), pct)),
-            hovertemplate=f"%{{y}}<br>%{{customdata[2]}} · %{{x:.4f}} ms estimated (%{{customdata[3]:.1f}} % of "
-                          f"the estimate)<extra>{plot_text(p)}</extra>"))
+            y=short[rows.index].tolist(), x=rows["est_ms"].tolist(), orientation="h", name=plot_text(p),
+            marker={"color": precision_color(p), "pattern": {"shape": ["/" if r else "" for r in hatched]}},
+            customdata=list(zip(rows["engine_layer"], nodes, _texts(rows["layer_class"]), pct,
+                                [_full_name(n) for n in rows["engine_layer"]])),
+            hovertemplate=f"%{{customdata[4]}}<br>%{{customdata[2]}} · %{{x:.4f}} ms estimated (%{{customdata[3]:.1f}} "
+                          f"% of the estimate)<extra>{plot_text(p)}</extra>"))
+    categories = short.tolist()
+    ref_pct = 100.0 * ref_ms / total if total > 0 else 0.0
+    if n_ref:
+        label = f"all {n_ref} predicted reformats (sum)"
+        fig.add_trace(go.Bar(
+            y=[label], x=[ref_ms], orientation="h", name=f"all {n_ref} predicted reformats, summed",
+            marker={"color": OTHER_COLOR, "pattern": {"shape": "/"}}, customdata=[["", "", "reformat", ref_pct, label]],
+            hovertemplate=f"%{{customdata[4]}}<br>{n_ref} precision/format conversions TensorRT would insert: "
+                          "%{x:.4f} ms estimated "
+                          f"({ref_pct:.1f} % of the estimate)<extra></extra>"))
+        categories.append(label)
+    _sorted_categories(fig, categories)
     on = f" on {plot_text(gpu_name)}" if gpu_name else ""
-    title = (f"Estimated TensorRT time per engine layer{on}: top {len(df)} of {len(layers)} "
-             f"(hatched: predicted reformats)<br><sup>{ESTIMATE_NOTE}"
-             + (f"; basis: {plot_text(basis)}" if basis else "") + "</sup>")
-    return _titled(fig, title, "Estimated time per inference (ms)", "", height=max(400, 22 * len(df)),
-                   legend_title_text="Precision", xaxis_range=fit_range(df["est_ms"], lo=0.0))
+    overhead = (f"reformats {ref_ms:.3g} ms ({ref_pct:.1f} %) in {n_ref} layers" if n_ref
+                else "no predicted reformats")
+    title = (f"Estimated TensorRT time per engine layer{on}<br><sup>top {len(df)} of {len(layers)}, slowest on top; "
+             f"hatched: predicted reformats ({overhead})<br>{ESTIMATE_NOTE}"
+             + (f"; {plot_text(context)}" if context else "")
+             + (f"<br>basis: {plot_text(basis)}" if basis else "") + "</sup>")
+    x_range = fit_range([*df["est_ms"], ref_ms], lo=0.0)
+    return _titled(fig, title, "Estimated time per inference (ms)", "", height=max(400, 24 * len(categories) + 230),
+                   margin={"t": 130}, legend_title_text="Precision",
+                   xaxis_range=[0.0, x_range[1]] if x_range else None)  # bars start at 0

@@ -11,8 +11,10 @@ import pandas as pd
 
 from core.measure.runs import speedup_text
 from core.project import TARGET_LABELS
+from core.quant.compile import ORT_CPU_FP16_KERNELS
 
-LAYER_COMPARE_COLUMNS = ["layer", "op_type", "precision_a", "ms_a", "precision_b", "ms_b", "delta_ms", "changed"]
+LAYER_COMPARE_COLUMNS = ["layer", "op_type", "precision_a", "ms_a", "precision_b", "ms_b", "delta_ms", "changed",
+                         "simulated_a", "simulated_b"]  # simulated_*: FP16 computed in float32 (simulated_fp16)
 # The run history as shown: (column of core.measure.runs.RUN_COLUMNS, heading with its unit, decimals, "sig" for 4
 # significant digits, or None for text).
 HISTORY_COLUMNS = [
@@ -43,6 +45,7 @@ COMPARE_ROWS = [
 _MS = {"latency_median_ms", "latency_p95_ms", "fp32_median_ms", "reformat_ms"}
 _FRACTION = {"top1_agreement", "knn5_overlap", "int8_mac_fraction"}  # 0..1, shown as %
 _COUNT = {"reformat_count", "n_fp32", "n_fp16", "n_int8"}
+_SIGNIFICANT = {"kl_div", "perplexity"}  # 4 significant digits (a KL of 0.00124421334479979 reads 0.001244)
 
 
 def _missing(value) -> bool:
@@ -97,6 +100,8 @@ def metric_text(column: str, value) -> str:
         return f"{float(value):.1f} dB"
     if column == "max_abs":
         return f"{float(value):.3g}"
+    if column in _SIGNIFICANT:
+        return significant(value)
     if column == "build_seconds":
         return f"{float(value):.1f} s"
     if column == "data_generated":
@@ -147,8 +152,8 @@ def run_columns(runs: pd.DataFrame, a: str, b: str) -> tuple[str, str]:
 
 def _change(column: str, va, vb) -> str:
     """B against A for a numeric metric: ``+1.234 ms (+5.1 %)``; "" for text or missing values."""
-    if column not in _MS | _COUNT | _FRACTION | {"cosine_mean", "cosine_min", "snr_db", "reformat_pct", "speedup",
-                                                  "build_seconds", "max_abs"}:
+    if column not in _MS | _COUNT | _FRACTION | _SIGNIFICANT | {"cosine_mean", "cosine_min", "snr_db", "reformat_pct",
+                                                                "speedup", "build_seconds", "max_abs"}:
         return ""
     if _missing(va) or _missing(vb):
         return ""
@@ -170,6 +175,8 @@ def _change(column: str, va, vb) -> str:
         text = f"{d:+.1f} dB"
     elif column == "build_seconds":
         text = f"{d:+.1f} s"
+    elif column in _SIGNIFICANT:
+        text = f"{'+' if d >= 0 else '-'}{significant(abs(d))}"
     else:
         text = f"{d:+.3g}"
     if column in _MS and va:
@@ -189,25 +196,40 @@ def run_comparison_table(runs: pd.DataFrame, a: str, b: str) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["metric", col_a, col_b, "B vs A"]).set_index("metric")
 
 
-def _per_layer(per_layer: pd.DataFrame) -> pd.DataFrame:
+def simulated_fp16(per_layer: pd.DataFrame, backend: str = "onnxruntime") -> pd.Series:
+    """Which nodes of a run's per-layer table are FP16 layers simulated on the CPU: on the ONNX
+    Runtime backend, every FP16 compute node whose op has no float16 CPU kernel
+    (``core.quant.compile.ORT_CPU_FP16_KERNELS``); precision conversions are not layers."""
+    if backend != "onnxruntime":
+        return pd.Series(False, index=per_layer.index)
+    real = per_layer["op_type"].astype(str).map(lambda op: any(k in op for k in ORT_CPU_FP16_KERNELS))
+    reformat = per_layer["is_reformat"].astype(str).str.lower().isin(("true", "1"))
+    return (per_layer["precision"].astype(str).str.lower() == "fp16") & ~reformat & ~real
+
+
+def _per_layer(per_layer: pd.DataFrame, backend: str = "onnxruntime") -> pd.DataFrame:
     """One row per policy layer of a run's per-layer table: its time (its nodes and conversions
-    summed), its precision and op type (those of the node named like the layer, else its first)."""
+    summed), its precision and op type (those of the node named like the layer, else its first), and
+    whether its FP16 compute is simulated on the CPU (:func:`simulated_fp16`: one of its nodes is)."""
     df = per_layer[per_layer["layer"].astype(str) != ""].copy()
     df["ms"] = pd.to_numeric(df["ms"], errors="coerce").fillna(0.0)
     df["own"] = df["name"].astype(str) == df["layer"].astype(str)
+    df["simulated"] = simulated_fp16(df, backend)
     df = df.sort_values("own", ascending=False, kind="stable")
     g = df.groupby("layer", sort=False)
     return pd.DataFrame({"ms": g["ms"].sum(), "precision": g["precision"].first().astype(str),
-                         "op_type": g["op_type"].first().astype(str)})
+                         "op_type": g["op_type"].first().astype(str), "simulated": g["simulated"].any()})
 
 
-def layer_comparison(per_a: pd.DataFrame, per_b: pd.DataFrame) -> pd.DataFrame:
+def layer_comparison(per_a: pd.DataFrame, per_b: pd.DataFrame, backend_a: str = "onnxruntime",
+                     backend_b: str = "onnxruntime") -> pd.DataFrame:
     """The layers of two runs' per-layer tables (``core.backends.base.PER_LAYER_COLUMNS``) side by
     side (LAYER_COMPARE_COLUMNS): each layer's time in A and B (its nodes and their precision
-    conversions), its precision in each, B − A, and whether the precision changed; slowest
+    conversions), its precision in each, B − A, whether the precision changed, and whether its FP16
+    is simulated on the CPU in each (``backend_a``/``backend_b``: the runs' backends); slowest
     (in either run) first. A layer one run does not have (e.g. a Relu ONNX Runtime fused into the
     INT8 conv before it) reads NaN ms and precision "", and is not counted as changed."""
-    la, lb = _per_layer(per_a), _per_layer(per_b)
+    la, lb = _per_layer(per_a, backend_a), _per_layer(per_b, backend_b)
     names = list(dict.fromkeys([*la.index, *lb.index]))
     rows = []
     for n in names:
@@ -216,7 +238,43 @@ def layer_comparison(per_a: pd.DataFrame, per_b: pd.DataFrame) -> pd.DataFrame:
         ma = float(la.at[n, "ms"]) if n in la.index else float("nan")
         mb = float(lb.at[n, "ms"]) if n in lb.index else float("nan")
         op = la.at[n, "op_type"] if n in la.index else lb.at[n, "op_type"]
-        rows.append((n, op, pa, ma, pb, mb, mb - ma, bool(pa and pb and pa != pb)))
+        sa = bool(la.at[n, "simulated"]) if n in la.index else False
+        sb = bool(lb.at[n, "simulated"]) if n in lb.index else False
+        rows.append((n, op, pa, ma, pb, mb, mb - ma, bool(pa and pb and pa != pb), sa, sb))
     df = pd.DataFrame(rows, columns=LAYER_COMPARE_COLUMNS)
     order = df[["ms_a", "ms_b"]].max(axis=1, skipna=True).fillna(0.0)
     return df.loc[order.sort_values(ascending=False, kind="stable").index].reset_index(drop=True)
+
+
+# --- the search's front (core.search.result.FRONT_COLUMNS) as shown -------------------------------------------
+FRONT_HEADINGS = {  # column → heading with its unit; shares in percent, both of them
+    "candidate": "#", "method": "calibration", "n_int8": "INT8 layers", "quality": "quality",
+    "est_ms": "estimated time (ms)", "est_low_ms": "likely from (ms)", "est_high_ms": "likely to (ms)",
+    "int8_mac_share": "INT8 MAC share (%)", "est_reformat_pct": "reformat share (%)",
+    "boundaries": "INT8/FP16 boundaries", "meets_budget": "meets budget",
+}
+
+
+def front_table(front: pd.DataFrame, metric: str = "") -> pd.DataFrame:
+    """The search's front as shown: headings with units (the quality column named by the budget's ``metric``),
+    the INT8 MAC share in percent like the reformat share (the table mixed a fraction and a percent), times to
+    4 significant digits, quality to 6 (candidates differ in the fifth decimal of a cosine). Numbers stay
+    numbers (a column sorts); columns the front does not have are left out."""
+    out = {}
+    for col, heading in FRONT_HEADINGS.items():
+        if col not in front.columns:
+            continue
+        v = front[col]
+        if col == "int8_mac_share":
+            v = (100 * pd.to_numeric(v, errors="coerce")).round(1)
+        elif col == "est_reformat_pct":
+            v = pd.to_numeric(v, errors="coerce").round(1)
+        elif col.endswith("_ms"):
+            v = pd.to_numeric(v, errors="coerce").map(lambda x: float(significant(x)) if x == x else x)
+        elif col == "quality":
+            v = pd.to_numeric(v, errors="coerce").map(lambda x: float(significant(x, 6)) if x == x else x)
+            heading = f"{metric or heading} (dev half)"  # not a heading ui.tables rounds to 4 decimals
+        elif col == "meets_budget":
+            v = v.astype(str).str.lower().isin(("true", "1"))
+        out[heading] = v.reset_index(drop=True)
+    return pd.DataFrame(out)

@@ -86,8 +86,8 @@ def latency_caveat(target: str, backend: str) -> str:
 
 
 def speedup_text(speedup: float | None) -> tuple[str, str]:
-    """A speedup against FP32 as words and a direction: ``("1.50× faster than FP32", "up")``,
-    ``("0.78× · 1.28× slower than FP32", "down")``, ``("1.00× · same as FP32", "off")``; a slowdown
+    """A speedup against FP32 as words and a direction, said once: ``("1.50× faster than FP32", "up")``,
+    ``("1.28× slower than FP32", "down")`` (a speedup of 0.78), ``("1.00× · same as FP32", "off")``; a slowdown
     always reads as one."""
     if speedup is None or not math.isfinite(speedup) or speedup <= 0:
         return "no FP32 reference", "off"
@@ -95,7 +95,7 @@ def speedup_text(speedup: float | None) -> tuple[str, str]:
         return f"{speedup:.2f}× · same as FP32", "off"
     if speedup > 1:
         return f"{speedup:.2f}× faster than FP32", "up"
-    return f"{speedup:.2f}× · {1 / speedup:.2f}× slower than FP32", "down"
+    return f"{1 / speedup:.2f}× slower than FP32", "down"
 
 
 @dataclass
