@@ -1,8 +1,9 @@
-"""Jobs from the pages: submitting one as this session's own, the button behind a stored result,
-and the live job list (polled by a fragment, fast while a job runs), with Cancel for this session's jobs."""
+"""Jobs from the pages: submitting one as the project's own, the button behind a stored result,
+and the live job list (polled by a fragment, fast while a job runs: progress, stage, elapsed time and, from
+the trials done, the time left), with Cancel for the project's jobs. User text (a run label) is shown as
+code: literal, never a link."""
 from __future__ import annotations
 
-import secrets
 import time
 from pathlib import Path
 
@@ -10,15 +11,24 @@ import streamlit as st
 
 from core.errors import MixprecError
 from core.jobs import Job, can_cancel
+from core.jobs.record import project_owner
+from core.progress import eta_text
+from ui import saved_project
 from ui.session import code, fragment_rerun, manager, md
+
+OWNER, OWNER_OF = "owner_token", "owner_token:project"
 
 
 def owner_token() -> str:
-    """This browser session's token: the jobs it submits are its own, and only it may cancel them
-    (``core.jobs``; a reload is a new session, so ``?job=`` re-attaches read-only)."""
-    if "owner_token" not in st.session_state:
-        st.session_state["owner_token"] = secrets.token_hex(16)
-    return st.session_state["owner_token"]
+    """The owner of the jobs this session submits, who alone may cancel them (``core.jobs``): the token of the
+    session's saved project (``core.jobs.record.project_owner`` of the URL's ``?project=``), so a reload — a new
+    session on the same URL — or the project's link opened again can still cancel them. A token the session
+    holds for no project (set before its first run) stays its own."""
+    pid = saved_project.project_id()
+    if OWNER in st.session_state and st.session_state.get(OWNER_OF, pid) == pid:
+        return st.session_state[OWNER]
+    st.session_state[OWNER], st.session_state[OWNER_OF] = project_owner(pid), pid
+    return st.session_state[OWNER]
 
 
 SUBMIT_ERROR = "submit_error"  # why the last job could not be queued, for the next drawing (submit_error)
@@ -68,11 +78,32 @@ def job_button(kind: str, params: dict, label: str, button: str, key: str, store
         submit_error()
 
 
+def job_line(job: Job) -> str:
+    """What a job is, under its label: its kind, its queue when that says more ("build · `build-onnxruntime`",
+    "rank", not "rank · rank"), its status (a damaged record: "damaged record")."""
+    parts = [md(job.kind)]
+    if job.queue and job.queue != job.kind:
+        parts.append(code(job.queue))
+    parts.append(f"**{DAMAGED if job.damaged else md(job.status)}**")
+    return " · ".join(dict.fromkeys(parts))
+
+
+DAMAGED = "damaged record"
+
+
+def progress_text(job: Job, now: float | None = None) -> str:
+    """The progress bar's text: the stage, the time so far and, once two trials are done, the time left."""
+    now = time.time() if now is None else now
+    stage = md(job.stage) if job.stage and job.stage != job.status else ""
+    eta = eta_text(job.eta_seconds(now))
+    return " · ".join(t for t in (stage or md(job.status), f"{job.elapsed:.0f} s", eta) if t)
+
+
 def job_row(job: Job) -> None:
     mgr = manager()
     left, mid, right = st.columns([3, 4, 1])
-    left.markdown(f"**{md(job.label)}**  \n{job.kind} · {code(job.queue)} · **{job.status}**")
-    text = f"{job.stage} · {job.elapsed:.0f} s"
+    left.markdown(f"{code(job.label)}  \n{job_line(job)}")  # code: a label's URL or Markdown stays text
+    text = progress_text(job)
     if job.status == "queued":
         pos = mgr.queue_position(job.id)
         text = f"queued{f' (#{pos + 1} in {job.queue})' if pos is not None else ''} · waiting {job.elapsed:.0f} s"
@@ -80,7 +111,7 @@ def job_row(job: Job) -> None:
     if job.active:
         _cancel_button(right, job)
     if job.error and job.status in ("failed", "interrupted"):
-        st.error(f"{md(job.label)}: {md(job.error)}")
+        st.error(f"{code(job.label)}: {md(job.error)}")
 
 
 def _ask_cancel(job_id: str, ask: bool) -> None:
@@ -99,8 +130,8 @@ def _cancel_button(where, job: Job) -> None:
     """Cancel, for this session's own jobs (any job with MIXPREC_ADMIN=1), after a second click."""
     if not can_cancel(job, owner_token()):
         where.button("Cancel", key=f"cancel-{job.id}", disabled=True,
-                     help="Another session's job: only the session that started it can cancel it (or anyone, when "
-                          "the server runs with MIXPREC_ADMIN=1).")
+                     help="Another project's job: only a session on the project that started it can cancel it (or "
+                          "anyone, when the server runs with MIXPREC_ADMIN=1).")
     elif st.session_state.get(f"confirm:cancel-{job.id}"):
         where.button("Stop it", key=f"cancel-{job.id}-confirm", type="primary", on_click=_cancel, args=(job.id,),
                      help="The job's work so far is lost.")
