@@ -35,7 +35,7 @@ def test_minilm_toggle_rebuild_and_results(server, browser, tmp_path):
 
     goto(page, "Sensitivity")
     page.get_by_role("button", name="Run the ranking").click()
-    job_appears(server, "rank")
+    job_appears(server, "rank", page=page)
     page.get_by_text("Stored ranking of").wait_for(timeout=300_000)
     idle(page)
     shot(page, tmp_path, "2-sensitivity")
@@ -47,7 +47,7 @@ def test_minilm_toggle_rebuild_and_results(server, browser, tmp_path):
     idle(page)
     set_label(page, ws, LABEL)
     page.get_by_role("button", name="Rebuild").click()
-    job_appears(server, "build")
+    job_appears(server, "build", page=page)
     page.get_by_text(LABEL).first.wait_for()
     idle(page)
     shot(page, tmp_path, "3-precision")
@@ -157,11 +157,11 @@ def test_isolated_ranking_search_and_use_this_policy(server, browser, tmp_path):
     page = new_page(browser, url, f"/Sensitivity?model={model}")
     idle(page)
     page.get_by_role("button", name="Run the ranking").click()
-    job_appears(server, "rank")
+    job_appears(server, "rank", page=page)
     page.get_by_text("Stored ranking of").wait_for(timeout=120_000)
     idle(page)
     page.get_by_role("button", name="Isolated (one layer at a time)").click()
-    job_appears(server, "isolated")
+    job_appears(server, "isolated", page=page)
     compare = page.get_by_test_id("stPlotlyChart").filter(has_text="On its own (isolated)")
     compare.wait_for(timeout=120_000)
     idle(page)
@@ -175,7 +175,7 @@ def test_isolated_ranking_search_and_use_this_policy(server, browser, tmp_path):
     idle(page)
     page.get_by_text("Search under a budget").click()
     page.get_by_role("button", name="Start the search").click()
-    job_appears(server, "search")
+    job_appears(server, "search", page=page)
     pareto = page.get_by_test_id("stPlotlyChart").filter(has_text="Pareto front")
     _wait_for_the_run(server, pareto, "search", page=page, tmp_path=tmp_path)
     idle(page)
@@ -225,7 +225,7 @@ def test_shape_editor_320_is_used_in_the_build(server, browser, tmp_path):
 
     goto(page, "Precision")
     page.get_by_role("button", name="Rebuild").click()
-    job_appears(server, "build")
+    job_appears(server, "build", page=page)
     page.get_by_text("Your builds").wait_for()
     idle(page)
     goto(page, "Build and results")
@@ -255,7 +255,7 @@ def test_slowdown_in_red_and_latency_labelled_for_what_it_is(server, browser, tm
     assert sidebar.get_by_text("Target: TensorRT (GPU)").count() == 1
     assert sidebar.get_by_text("does not predict TensorRT latency").count() == 1
     page.get_by_role("button", name="Build the all-FP16 baseline").click()
-    job_appears(server, "build")
+    job_appears(server, "build", page=page)
     _wait_for_the_run(server, page.get_by_test_id("stMetric").filter(has_text="Latest run").get_by_text("all-FP16"))
     # the per-layer chart's run picker keeps the run it showed when the page opened (an earlier test's tiny-cnn
     # build, if any): a new session (reload) opens on the newest run
