@@ -15,7 +15,7 @@ from core.estimate.gpus import GPUS, custom_gpu
 from core.jobs.params import BuildParams, IsolatedParams, RankParams, SearchParams
 from core.measure.evaluation import MetricSpec
 from core.measure.runs import build_and_measure
-from core.quant.policy import policy_from_text
+from core.quant.policy import CALIB_METHODS, policy_from_text
 from core.search import SearchConfig, search
 from core.sensitivity import rank_layers, sensitivity, sensitivity_file
 from core.store.results import cached_ranking, load_gpu_calibration, resolve_gpu, save_ranking, save_search
@@ -63,7 +63,8 @@ def run_search(params: dict, ws: Workspace, progress) -> str:
     g = custom_gpu(p.gpu_spec, "the job's GPU") if p.gpu_spec else resolve_gpu(ws, p.gpu)
     config = SearchConfig(budget=p.budget, smooth=bool(p.smooth), workers=int(p.workers),
                           gpu=g.key if GPUS.get(g.key) == g else g, cost_params=load_gpu_calibration(ws, g),
-                          ray=p.ray, metrics=MetricSpec.from_json(p.metrics))
+                          ray=p.ray, metrics=MetricSpec.from_json(p.metrics),
+                          methods=tuple(p.methods) if p.methods else CALIB_METHODS, refine=bool(p.refine))
     result = search(project, config, progress=progress)
     return str(save_search(ws, project, result, bool(p.smooth), g, p.metrics))  # kept per GPU and metric spec
 

@@ -18,6 +18,7 @@ from core.errors import MixprecError
 from core.estimate.gpus import FIXTURE_GPU, GPU, GPUS, custom_gpu, gpu as gpu_entry
 from core.measure.evaluation import MetricSpec
 from core.project import ProjectSource
+from core.quant.policy import CALIB_METHODS
 from core.search import Budget
 from core.sensitivity import parse_memory
 from core.sensitivity.distributed import LOCAL, OFF
@@ -83,6 +84,8 @@ class SearchParams(_Params):
     gpu_spec: dict | None = None  # a GPU not in the table: its figures (GPU.to_json), the job computes with them
     ray: str | None = None  # where the trials run (see the module's docstring)
     metrics: dict | None = None  # MetricSpec.to_json (None: the first float output)
+    methods: list | None = None  # the calibration methods searched (None: all of core.quant.policy.CALIB_METHODS)
+    refine: bool = True  # the put-back pass (False, with one method: the quick search)
 
 
 def ray_param(text: str | None) -> str | None:
@@ -165,12 +168,20 @@ def isolated_params(source: ProjectSource | str, method: str = IsolatedParams.me
 
 def search_params(source: ProjectSource | str, budget: str = SearchParams.budget, smooth: bool = SearchParams.smooth,
                   gpu: str | GPU = SearchParams.gpu, ray: str | None = None,
-                  metrics: MetricSpec | dict | None = None) -> dict:
+                  metrics: MetricSpec | dict | None = None, methods=None, refine: bool = SearchParams.refine) -> dict:
     """The parameters of a ``search`` job; the budget, the GPU and the Ray address are checked
     (MixprecError) and normalised here (the GPU to its table key: ``NVIDIA A100-SXM4-80GB`` → ``a100``; a
     :class:`GPU` that is not a table row, a ``--gpu-spec`` or a GPU saved in the workspace, travels with its
-    figures in ``gpu_spec``)."""
+    figures in ``gpu_spec``). ``methods``: the calibration methods to search (None: all), ``refine``: the put-back
+    pass — one method without it is the quick search."""
+    if methods is not None:
+        bad = [m for m in methods if m not in CALIB_METHODS]
+        if bad or not methods:
+            raise MixprecError(f"calibration method(s) {', '.join(map(repr, bad)) or 'none'} cannot be searched",
+                               f"pick from {', '.join(CALIB_METHODS)}")
+        methods = list(dict.fromkeys(methods))
     g = custom_gpu(gpu) if isinstance(gpu, GPU) else gpu_entry(gpu)
     spec = None if GPUS.get(g.key) == g else g.to_json()
     return SearchParams(source, budget=str(Budget.parse(budget)), smooth=bool(smooth), gpu=g.key, gpu_spec=spec,
-                        ray=ray_param(ray), metrics=metrics_param(metrics)).to_params()
+                        ray=ray_param(ray), metrics=metrics_param(metrics), methods=methods,
+                        refine=bool(refine)).to_params()

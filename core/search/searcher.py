@@ -42,6 +42,7 @@ from core.project import Project
 from core.quant.calibration import calibrate, calibrate_policy
 from core.quant.policy import CALIB_METHODS, Policy
 from core.search.budget import Budget, default_margin
+from core.search.duration import CountedPool, TrialCount, expected_trials, variant_trials
 from core.search.estimated import EstimatedLatency, estimated_latency
 from core.search.latency import LatencyModel, latency_model
 from core.search.result import Candidate, SearchResult, candidate_number, candidate_table, chosen_candidate
@@ -98,6 +99,17 @@ class SearchConfig:
     cost_params: CostParams | None = None  # trt_estimate: a calibration for ``gpu`` (default: the fixture fit)
     tf32: bool = True                   # trt_estimate: FP32 layers may use TF32 (trtexec's default)
     metrics: MetricSpec | None = None   # what quality is measured on (core.measure.evaluation): trials and the build
+    refine: bool = True                 # the put-back pass after the fallback search (False: a quick search)
+
+
+QUICK_NOTE = "Quick search"  # what the verdict of a search of one method or without the put-back pass starts with
+
+
+def quick_note(config: SearchConfig) -> str:
+    """What a quick search left out, for its verdict ("" for a full search)."""
+    left = ([f"{', '.join(config.methods)} calibration only"] if len(config.methods) < len(CALIB_METHODS) else []) \
+        + ([] if config.refine else ["no put-back pass"])
+    return f"{QUICK_NOTE}: {'; '.join(left)} (the full search may keep more layers INT8)" if left else ""
 
 
 @dataclass
@@ -130,6 +142,7 @@ class _Context:
     timings: dict = field(default_factory=dict)
     objective: str = "latency"  # resolved: "latency", "trt_estimate" or "mac_share"
     skipped: list = field(default_factory=list)  # calibration methods that could not run, and why
+    trials: TrialCount = field(default_factory=TrialCount)  # over every pool (core.search.duration), in the stage
 
     def check_stop(self):
         if self.should_stop and self.should_stop():
@@ -137,8 +150,10 @@ class _Context:
 
 
 class _Searcher:
-    def __init__(self, budget, pool, lat: LatencyModel, method, margin, eligible, objective: str = "latency"):
+    def __init__(self, budget, pool, lat: LatencyModel, method, margin, eligible, objective: str = "latency",
+                 put_back: bool = True):
         self.budget, self.pool, self.lat, self.method, self.margin = budget, pool, lat, method, margin
+        self.put_back = put_back
         self.objective = objective
         self.macs = {l.name: l.macs for l in eligible}
         self.total_macs = max(sum(self.macs.values()), 1)
@@ -169,7 +184,8 @@ class _Searcher:
             mid = (lo + hi) // 2
             ok = self.eval([set(order[mid:])])[0].meets_budget
             lo, hi = (lo, mid) if ok else (mid, hi)
-        self.refine(set(order[hi:]), [l for l in order[:hi] if l not in slow])
+        if self.put_back:
+            self.refine(set(order[hi:]), [l for l in order[:hi] if l not in slow])
         return self.best()
 
     def gain(self, layer: str) -> float:
@@ -323,14 +339,40 @@ def _prepare(project: Project, config: SearchConfig, progress, should_stop) -> _
         raise MixprecError(f"the budget metric {budget.metric} does not apply to {project.model.name}'s output",
                            "use cosine_mean, cosine_min or snr_db (top-1 needs logits, knn5_overlap needs embeddings, "
                            "mask_iou a dense map, score_cosine/score_topk/box_iou a detection head, user --metric-file)")
+    trials = TrialCount(0, expected_trials(len(eligible), len(config.methods), config.smooth, config.refine))
     return _Context(project, config, budget, margin, dev, test, eligible, project.default_policy(), data,
-                    progress or (lambda f, t: None), should_stop, objective=objective)
+                    _Step(progress, trials), should_stop, objective=objective, trials=trials)
+
+
+class _Step:
+    """The search's progress: each stage text with its count over every trial (``core.progress``, where the job
+    list reads the time left); a finished trial says the last stage again with the new count."""
+
+    def __init__(self, progress, trials: TrialCount):
+        self.progress, self.trials, self.last = progress, trials, (0.0, "starting")
+
+    def __call__(self, fraction: float, text: str) -> None:
+        self.last = (fraction, text)
+        if self.progress is not None:
+            count = self.trials.text()
+            self.progress(fraction, f"{text} · {count}" if count else text)
+
+    def trial(self) -> None:
+        self.trials.add()
+        self(*self.last)
+
+
+def _counted(ctx: _Context, pool) -> CountedPool:
+    return CountedPool(pool, ctx.step.trial if isinstance(ctx.step, _Step) else ctx.trials.add)
 
 
 def _isolated(ctx: _Context, method: str, base: Policy, sw: Switchable, progress) -> Sensitivity:
     with open_trial_pool(sw, ctx.data, ctx.config.workers, ctx.config.ray, ctx.project.ws) as pool:
-        return sensitivity(ctx.project, "isolated", method, base, ctx.dev, ctx.config.workers, progress,
-                           ctx.should_stop, pool, metrics=ctx.config.metrics)
+        sens = sensitivity(ctx.project, "isolated", method, base, ctx.dev, ctx.config.workers, progress,
+                           ctx.should_stop, _counted(ctx, pool), metrics=ctx.config.metrics)
+    if sens.cache_hit:  # stored already: its trials are not run
+        ctx.trials.expect(-(len(ctx.eligible) + 1))
+    return sens
 
 
 def _drops(sens: Sensitivity) -> dict[str, float]:
@@ -399,6 +441,10 @@ def _variants(ctx: _Context) -> tuple[list[Variant], Sensitivity]:
     mixed = _mixed_variant(ctx, sens)
     if mixed:
         variants.append(mixed)
+    elif len(ctx.config.methods) > 1:  # expected, not made: its search is not run
+        ctx.trials.expect(-variant_trials(len(ctx.eligible), ctx.config.refine))
+    n, skipped = len(ctx.eligible), len(ctx.config.methods) - len(sens)  # methods whose calibration failed
+    ctx.trials.expect(-skipped * (n + 1 + variant_trials(n, ctx.config.refine)))
     if ctx.config.smooth:
         variants.append(_smoothed_variant(ctx, variants[0], sens[variants[0].name])[0])
     return variants, sens[variants[0].name]
@@ -432,8 +478,11 @@ def _search_variant(ctx: _Context, v: Variant, lat: LatencyModel) -> tuple[Candi
     gain = {l.name: (l.macs if ctx.objective == "mac_share" else lat.wall.gain_ms[l.name]) for l in ctx.eligible}
     order = sorted(gain, key=lambda n: (gain[n] > eps, -(v.drop[n] / max(gain[n], eps))))
     with open_trial_pool(v.switchable, ctx.data, ctx.config.workers, ctx.config.ray, ctx.project.ws) as pool:
-        s = _Searcher(ctx.budget, pool, lat, v.name, ctx.margin, ctx.eligible, ctx.objective)
-        return s.run(order), list(s.seen.values())
+        s = _Searcher(ctx.budget, _counted(ctx, pool), lat, v.name, ctx.margin, ctx.eligible, ctx.objective,
+                      ctx.config.refine)
+        best = s.run(order)
+    ctx.trials.expect(len(s.seen) - variant_trials(len(ctx.eligible), ctx.config.refine))  # its real count
+    return best, list(s.seen.values())
 
 
 def _choose(ctx: _Context, variants: list[Variant], lat: LatencyModel) \
@@ -512,6 +561,8 @@ def search(project: Project, config: SearchConfig, progress=None, should_stop=No
         message += ". " + TRT_ESTIMATE_NOTE.format(label=lat.label())
     if ctx.skipped:
         message += ". " + "; ".join(ctx.skipped)
+    if quick_note(config):
+        message += ". " + quick_note(config)
     ctx.step(1.0, "done")
     return SearchResult(ctx.budget, policy, met_on_dev, ctx.budget.met(run.quality) if run else None,
                         run.quality if run else None, message, table, sens, run, time.perf_counter() - t_start,
