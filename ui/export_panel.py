@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import streamlit as st
 
+from core.display.markdown import md_text
 from core.display.tables import local_time, run_title
 from core.errors import MixprecError
 from core.export import (BUNDLE_SCRIPTS, BUNDLE_STEM, DEFAULT_ATOL, DEFAULT_TRT_VERSION, POLICY_NAME, README_NAME,
@@ -122,7 +123,7 @@ def downloads(p: Project, choice: Choice, version: str, tf32: bool) -> dict:
                          help=f"{md(policy_filename(pol))}: import it here or pass it to `python -m core --policy`")
     for col, name, text, err, what in ((c[1], BUNDLE_SCRIPTS["typed"], typed, typed_err, "TensorRT ≥ 10.12 / 11"),
                                        (c[2], BUNDLE_SCRIPTS["legacy"], legacy, legacy_err, "TensorRT ≤ 10.11")):
-        col.download_button(f"{md(name)} ({what})", text or "", name, _mime(name), key=f"dl_{name}",
+        col.download_button(f"{md_text(name)} ({what})", text or "", name, _mime(name), key=f"dl_{name}",
                             icon=":material/terminal:", disabled=text is None,
                             help=md(err) if err else "Build + profile script; it names the files of the bundle")
     bundle = _bundle(p, choice, version, tf32)
@@ -168,7 +169,7 @@ def _bundle_downloads(pol: Policy, choice: Choice, bundle) -> None:
     """The bundle zip, then each of its files (the same names, so the scripts find them side by side)."""
     size = sum(len(d) for d in bundle.files.values())
     zip_name = bundle_filename(pol, choice.run_id)
-    st.download_button(f"Bundle: {md(zip_name)} ({_size(size)})", bundle.zip, zip_name, _mime(".zip"),
+    st.download_button(f"Bundle: {md_text(zip_name)} ({_size(size)})", bundle.zip, zip_name, _mime(".zip"),
                        key="dl_bundle", type="primary", icon=":material/folder_zip:",
                        help=f"Every file below and a {README_NAME} on how to build, profile and import the reports")
     for note in bundle.left_out:
@@ -179,7 +180,7 @@ def _bundle_downloads(pol: Policy, choice: Choice, bundle) -> None:
     cols = st.columns(3)
     for i, name in enumerate(names):
         data = bundle.files[name]
-        cols[i % 3].download_button(f"{md(name)} ({_size(len(data))})", lambda d=data: d, name, _mime(name),
+        cols[i % 3].download_button(f"{md_text(name)} ({_size(len(data))})", lambda d=data: d, name, _mime(name),
                                     key=f"dl_{name}_file", icon=":material/description:")
 
 

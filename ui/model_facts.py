@@ -7,6 +7,7 @@ import streamlit as st
 
 from core.measure.runs import GENERATED_NOTE, is_generated
 from core.project import Project
+from ui.labels import widget
 from ui.session import md
 
 
@@ -43,11 +44,11 @@ def branches(p: Project) -> None:
         options = [saved_project.BRANCH_TRUE, saved_project.BRANCH_FALSE]
         options += [] if is_cache_branch(name) else [saved_project.BRANCH_OPEN]  # a cache branch is always fixed
         if fixed is None:
-            st.warning(f"{name} picks the branch at run time: the If's compute stays FP32 until a branch is fixed.",
+            st.warning(f"{md(name)} picks the branch at run time: the If's compute stays FP32 until a branch is fixed.",
                        icon=":material/warning:")
         key = f"branch_pick:{name}"
         st.session_state.setdefault(key, options[2] if fixed is None else options[0] if fixed else options[1])
-        st.radio(name, options, key=key, horizontal=True, on_change=saved_project.set_branch, args=(name, key))
+        widget(st, "radio", name, options, key=key, horizontal=True, on_change=saved_project.set_branch, args=(name, key))
 
 
 def data_origin(p: Project) -> None:

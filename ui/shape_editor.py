@@ -15,6 +15,7 @@ from core.model.profiles import profile_from_text, range_text
 from core.model.shapes import batch_axes, shape_text, stacked_inputs
 from core.project import Project
 from ui import saved_project, session
+from ui.labels import widget
 from ui.session import code, md
 
 _SOURCE_TEXT = {"given": "set by you", "batch": "batch", "data": "from the data", "default": "default",
@@ -31,7 +32,7 @@ def status(c) -> str:
 
 def _label(c) -> str:
     sym = "unnamed" if c.symbol in (None, "?") else c.symbol
-    return f"{c.input} · axis {c.axis} · {sym}"  # no brackets: md() would escape them in the aria-label
+    return f"{c.input} · axis {c.axis} · {sym}"  # plain text (ui.labels): it is the input's accessible name
 
 
 def section(p: Project) -> None:
@@ -61,8 +62,8 @@ def section(p: Project) -> None:
             cols = st.columns(min(4, max(1, sum(c.source != "fixed" for c in dims))))
             for k, c in enumerate(d for d in dims if d.source != "fixed"):
                 keys[(c.input, c.axis)] = key = f"shape:{p.model.sha256[:12]}:{version}:{c.input}:{c.axis}"
-                cols[k % len(cols)].number_input(md(_label(c)), min_value=1, value=int(c.value), step=1,
-                                                 help=md(c.note) or None, key=key)
+                widget(cols[k % len(cols)], "number_input", _label(c), min_value=1, value=int(c.value), step=1,
+                       help=md(c.note) or None, key=key)
                 cols[k % len(cols)].caption(md(status(c)))
             ranges[name] = _range_fields(p, name, version, profiles.get(name))
             flags[name] = _no_batch_field(p, name, version, axes.get(name), name in stacked, name in marked)
@@ -85,11 +86,11 @@ def _range_fields(p: Project, name: str, version: int, saved) -> tuple[str, str]
     keys = tuple(f"profile:{p.model.sha256[:12]}:{version}:{name}:{end}" for end in ("min", "max"))
     lo, hi = st.columns(2)
     for col, key, what, value in zip((lo, hi), keys, ("min", "max"), (saved[0], saved[2]) if saved else ("", "")):
-        col.text_input(f"{md(name)} · {what} shape (optional)", value=shape_text(value) if saved else "", key=key,
-                       placeholder="the shape above",
-                       help=f"The {what} shape of {md(name)} in the exported TensorRT engine's optimisation profile "
-                            "(trtexec --minShapes/--maxShapes), e.g. 1x16; the shape above is its opt, which "
-                            "mixprec calibrates, evaluates and times at. Empty: the shape above.")
+        widget(col, "text_input", f"{name} · {what} shape (optional)", value=shape_text(value) if saved else "",
+               key=key, placeholder="the shape above",
+               help=f"The {what} shape of {md(name)} in the exported TensorRT engine's optimisation profile "
+                    "(trtexec --minShapes/--maxShapes), e.g. 1x16; the shape above is its opt, which "
+                    "mixprec calibrates, evaluates and times at. Empty: the shape above.")
     return keys
 
 
@@ -102,10 +103,10 @@ def _no_batch_field(p: Project, name: str, version: int, axis, stacked: bool, ma
                    "the data.")
         return None
     key = f"nobatch:{p.model.sha256[:12]}:{version}:{name}"
-    st.checkbox(f"{md(name)} · no batch axis", value=marked, key=key,
-                help=(f"mixprec reads axis {axis} as the batch. " if axis is not None else "")
-                + "Checked: this input has no batch axis (e.g. an audio model's [frames, bins]); it is fed whole, "
-                  "one sample per array along a new leading axis of the .npz (python -m core … --no-batch INPUT).")
+    widget(st, "checkbox", f"{name} · no batch axis", value=marked, key=key,
+           help=(f"mixprec reads axis {axis} as the batch. " if axis is not None else "")
+           + "Checked: this input has no batch axis (e.g. an audio model's [frames, bins]); it is fed whole, "
+             "one sample per array along a new leading axis of the .npz (python -m core … --no-batch INPUT).")
     return key
 
 
