@@ -16,6 +16,7 @@ that may use a TensorRT API deprecated in 10.12 or removed in 11 (tests/unit/bac
 from __future__ import annotations
 
 import functools
+import json
 
 import numpy as np
 
@@ -239,7 +240,9 @@ def legacy_postprocess_script(policy, calib) -> str:
         return "{\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in d.items()) + "}"
 
     return POSTPROCESS_SCRIPT.format(
-        policy_sha=policy.sha256[:12], model_name=policy.model_name, layers=literal(dict(policy.layers)),
+        # the name as a JSON string (quotes and line breaks escaped): a file name with '"""' and a newline would
+        # otherwise end the docstring and write code into a script that polygraphy runs
+        policy_sha=policy.sha256[:12], model_name=json.dumps(policy.model_name), layers=literal(dict(policy.layers)),
         amax=literal(amax), int8_compute=INT8_COMPUTE,
         no_precision=NO_PRECISION, onnx_layer=ONNX_LAYER.pattern)
 

@@ -152,3 +152,19 @@ def test_markdown_text_renders_as_the_text(text):
 
 def test_a_code_span_keeps_spaces_and_backticks():
     assert code_span(" padded ") == "`  padded  `" and code_span("a`b") == "``a`b``" and code_span("`x") == "`` `x ``"
+
+
+def test_a_model_name_cannot_write_code_into_the_postprocess_script(tmp_path):
+    """The Polygraphy post-process script names the model in its docstring: a file name with '\"\"\"' and a
+    line break stays inside it (the script parses to its docstring, then imports), never a statement."""
+    import ast
+
+    from core.backends.tensorrt.legacy import legacy_postprocess_script
+
+    hostile = 'm"""\nimport os; os.system("echo pwned")\n"""'
+    p = open_project(str(odd_names_model(tmp_path / f"{hostile}.onnx")), ws=Workspace(tmp_path / "ws"))
+    pol = p.default_policy()
+    assert pol.model_name == hostile
+    tree = ast.parse(legacy_postprocess_script(pol, None))
+    doc = ast.get_docstring(tree)
+    assert hostile in doc and "pwned" not in ast.unparse(tree.body[1:])
