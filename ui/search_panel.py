@@ -1,7 +1,9 @@
 """Precision page, search under a quality budget: the budget, the GPU of the estimate (for the
-TensorRT target: the estimate panel's GPU unless picked here), the search job, its Pareto front
+TensorRT target: the estimate panel's GPU unless picked here), a full or a quick search (one calibration
+method, no put-back pass) with the time each is expected to take, the search job, its Pareto front
 (points failing the budget marked) and "Use this policy" for a front point: the chosen point
-preselected, applied after a confirmation, as one undoable edit."""
+preselected, applied after a confirmation, as one undoable edit. The panel stays open while a search of
+the model runs (a reload does not hide it)."""
 from __future__ import annotations
 
 import math
@@ -17,7 +19,10 @@ from core.jobs import search_params
 from core.measure.runs import GENERATED_NOTE
 from core.project import Project
 from core.search import BUDGET_METRICS
-from core.search.searcher import MAC_SHARE_NOTE, TRT_ESTIMATE_NOTE, search_objective
+from core.quant.policy import CALIB_METHODS
+from core.progress import minutes_text
+from core.search.duration import expected_text, expected_trials, per_trial_seconds
+from core.search.searcher import MAC_SHARE_NOTE, QUICK_NOTE, TRT_ESTIMATE_NOTE, search_objective
 from core.store.results import searched_gpu_name
 from ui import cluster
 from ui import draft, job_panel, quality_panel, results, saved_project, session, tables
@@ -54,9 +59,55 @@ def _picked() -> None:
     st.session_state[GPU_OWN] = st.session_state.get(GPU_WIDGET)
 
 
+FULL, QUICK = "full", "quick"
+KIND_WIDGET = "search_kind"
+
+
+def search_running(model: str) -> bool:
+    """Whether a search of ``model`` is queued or running (any session's)."""
+    return any(j.active and j.params.get("model") == model for j in job_panel.jobs(kind="search"))
+
+
+def _per_trial(p: Project) -> float | None:
+    """The time per trial measured on this model and data: its stored isolated and leave-one-out rankings'
+    times (their trials: a baseline and one per layer), None when none was measured here."""
+    stored = [results.sensitivity(p, m, mode) for m in CALIB_METHODS for mode in ("isolated", "leave-one-out")]
+    return per_trial_seconds((s.seconds, len(s.table) + 1) for s in stored if s is not None and not s.cache_hit)
+
+
+def _trials(p: Project, methods: tuple[str, ...], smooth: bool, refine: bool) -> int:
+    ranked = sum(results.sensitivity(p, m, "isolated") is not None for m in methods)  # stored: not measured again
+    return expected_trials(sum(1 for l in p.layers if l.eligible), len(methods), smooth, refine, ranked)
+
+
+def expected_caption(full: int, quick: int, per_trial: float | None) -> str:
+    """What each search is expected to take, from the trials it runs (``full``, ``quick``) and the time per trial
+    measured on this model (None: not measured yet, so the time is unknown)."""
+    if per_trial is None:
+        return (f"Expected time unknown: no trial of this model has been timed yet (an isolated ranking on the "
+                f"Sensitivity page times them). The full search runs about {full} trials, the quick one about "
+                f"{quick}.")
+    return (f"Expected: full search {expected_text(full, per_trial)}; quick search "
+            f"{minutes_text(quick * per_trial)} (about {quick} trials).")
+
+
+def _kind(p: Project, smooth: bool) -> tuple[bool, str]:
+    """The full / quick choice with the time each is expected to take; (quick?, the quick search's method)."""
+    method = draft.policy(p).calibration.method
+    labels = {FULL: f"Full: {', '.join(CALIB_METHODS)} calibration and their per-tensor mix, with the put-back pass",
+              QUICK: f"Quick: {method} calibration only (the draft's), no put-back pass"}
+    kind = st.radio("Search", (FULL, QUICK), key=KIND_WIDGET, format_func=labels.get, horizontal=True,
+                    persist_state="session",
+                    help="The quick search measures one isolated ranking instead of three and stops once the fallback "
+                         "search meets the budget; the full one may keep more layers INT8.")
+    st.caption(expected_caption(_trials(p, CALIB_METHODS, smooth, True), _trials(p, (method,), smooth, False),
+                                _per_trial(p)))
+    return kind == QUICK, method
+
+
 def section(p: Project) -> None:
-    with st.expander("Search under a budget"):
-        src = saved_project.source()
+    src = saved_project.source()
+    with st.expander("Search under a budget", expanded=search_running(src.model)):
         objective = search_objective("auto", saved_project.target(), session.auto_backend_name())
         trt = objective == "trt_estimate"
         s1, s2, s3 = st.columns([3, 2, 1]) if trt else (*st.columns([3, 1]), None)
@@ -68,9 +119,11 @@ def section(p: Project) -> None:
                                     + ", ".join(BUDGET_METRICS))
         g = search_gpu(s2) if trt else GPUS[FIXTURE_GPU]
         smooth = (s3 or s2).checkbox("SmoothQuant-style smoothing", key="search_smooth", persist_state="session")
+        quick, method = _kind(p, smooth)
         try:
             metrics = quality_panel.current()  # what the Build page measures quality on (outputs, slices, task, user)
-            params = search_params(src, budget, smooth, gpu=g, ray=cluster.ray_address(), metrics=metrics)
+            params = search_params(src, budget, smooth, gpu=g, ray=cluster.ray_address(), metrics=metrics,
+                                   methods=[method] if quick else None, refine=not quick)
         except MixprecError as e:
             st.error(md(e))
             return
@@ -91,10 +144,15 @@ def section(p: Project) -> None:
                        f"{md(g.name)}: start it for the {md(g.name)}.")
             result = None
         gpu_text = f" on the {g.name}" if trt else ""
-        job_panel.job_button("search", params, f"search {params['budget']}{gpu_text} · {p.model.name}",
-                             "Start the search", "start_search", result is not None,
-                             f"Not searched yet for this budget{md(gpu_text)}: the search chooses on half of the "
-                             "evaluation data and verifies on the other half (MiniLM: a few minutes).")
+        stored_quick = result is not None and QUICK_NOTE in result.message
+        missing = (f"The stored search for this budget{md(gpu_text)} is a quick one: start the full search for a "
+                   "policy that may keep more layers INT8." if stored_quick else
+                   f"Not searched yet for this budget{md(gpu_text)}: the search chooses on half of the evaluation "
+                   "data and verifies on the other half.")
+        job_panel.job_button("search", params,
+                             f"{'quick ' if quick else ''}search {params['budget']}{gpu_text} · {p.model.name}",
+                             "Start the quick search" if quick else "Start the search", "start_search",
+                             result is not None and (quick or not stored_quick), missing)
         if result is not None:
             _result(p, result, objective)
 

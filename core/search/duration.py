@@ -102,5 +102,6 @@ def expected_text(trials: int, per_trial: float | None) -> str:
     if per_trial is None:
         return (f"expected time unknown: about {trials} trials, and no trial of this model has been timed yet "
                 "(an isolated ranking on the Sensitivity page times them)")
-    return (f"{minutes_text(expected_seconds(trials, per_trial))} (about {trials} trials × {per_trial:.1f} s, the "
+    each = f"{per_trial:.1f}" if per_trial >= 1 else f"{per_trial:.2g}"
+    return (f"{minutes_text(expected_seconds(trials, per_trial))} (about {trials} trials × {each} s, the "
             "time per trial measured on this model; calibrating and the verifying build come on top)")

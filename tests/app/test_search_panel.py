@@ -1,0 +1,53 @@
+"""Issue 23 §8 and the Search expander on the Precision page (ui/search_panel.py): the full or a quick search
+with the time each is expected to take (unknown until a trial of the model was timed), the quick search's
+job and stored result, and the panel kept open while a search of the model runs."""
+from __future__ import annotations
+
+import os
+
+from core.jobs import Job, JobManager
+from core.workspace import atomic_write_json
+from tests.fixtures.apptest import captions_text, ok, page, shown, wait_all
+
+MODEL = "sample:tiny-transformer"
+
+
+def _search_expander(at):
+    return next(e for e in at.expander if e.label == "Search under a budget")
+
+
+def test_expected_time_is_unknown_until_trials_were_timed_then_the_quick_search_runs(ws):
+    at = ok(page("precision", model=MODEL))
+    kind = at.radio(key="search_kind")
+    assert kind.value == "full" and kind.options[1].startswith("Quick: minmax calibration only")
+    assert "Expected time unknown: no trial of this model has been timed yet" in captions_text(at)
+    mgr = JobManager.for_workspace(ws)
+    at.switch_page("views/sensitivity.py").run()
+    at.button(key="run_isolated").click().run()  # times 9 trials of this model
+    wait_all(ws)
+    at.switch_page("views/precision.py").run()
+    text = captions_text(ok(at))
+    assert "Expected: full search" in text and "the time per trial measured on this model" in text
+    assert "quick search" in text and "Expected time unknown" not in text
+    at.radio(key="search_kind").set_value("quick").run()
+    assert at.button(key="start_search").label == "Start the quick search"
+    at.button(key="start_search").click().run()
+    job = next(j for j in mgr.jobs(kind="search"))
+    assert job.params["methods"] == ["minmax"] and job.params["refine"] is False and job.label.startswith("quick ")
+    wait_all(ws)
+    at.run()
+    verdicts = [shown(s) for s in ok(at).success] + [shown(w) for w in at.warning]
+    assert any("Quick search: minmax calibration only; no put-back pass" in v for v in verdicts)
+    assert not [b for b in at.button if b.key == "start_search"]  # the quick search is stored
+    at.radio(key="search_kind").set_value("full").run()  # the full one is not: it can be started
+    assert at.button(key="start_search").label == "Start the search"
+    assert any("is a quick one" in i.value for i in ok(at).info)
+
+
+def test_the_search_panel_stays_open_while_a_search_of_the_model_runs(ws):
+    assert not _search_expander(ok(page("precision", model=MODEL))).proto.expanded
+    job = Job(id="20250101-000000-00000001", kind="search", label="search", queue="rank",
+              params={"model": MODEL}, status="running", stage="isolated: trial 3/9", server_pid=os.getpid())
+    atomic_write_json(ws.jobs / f"{job.id}.json", job.__dict__)
+    assert _search_expander(ok(page("precision", model=MODEL))).proto.expanded  # a reload shows it running
+    assert not _search_expander(ok(page("precision"))).proto.expanded  # another model's page: not its search
