@@ -1,5 +1,6 @@
-"""Sensitivity: the cumulative Polygraphy ranking (all eligible layers INT8 vs FP32) next to the
-isolated one (one layer at a time, core.sensitivity), each computed once by a background job."""
+"""Sensitivity: the cumulative Polygraphy ranking (all eligible layers INT8 vs FP32; its chart and table
+show the INT8-eligible layers unless the user asks for every layer: the others only inherit their drop) next
+to the isolated one (one layer at a time, core.sensitivity), each computed once by a background job."""
 from dataclasses import replace
 
 import streamlit as st
@@ -28,13 +29,24 @@ if table is not None:
     where = RUNNER_LABELS.get(ranking.runner, ranking.runner)
     st.caption(f"Stored ranking of {len(table)} layers, compared on {where} (kept per model, calibration and "
                "evaluation data, and method: revisiting does not recompute).")
-    c1, c2 = st.columns([2, 1])
+    c1, c2, c3 = st.columns([2, 1, 1])
     metric = c1.radio("Metric", RANK_METRICS, horizontal=True, key="rank_metric",
                       format_func={"cos_drop": "cosine drop", "added_cos_drop": "added cosine drop",
                                    "snr_db": "SNR", "max_abs": "max abs"}.get)
-    top = c2.number_input("Top N", 1, max(1, len(table)), min(20, max(1, len(table))), key="rank_top")
-    st.plotly_chart(plot_ranking(table, metric, top), key="ranking_chart")
-    tables.show(table, hide_index=True, height=400)
+    eligible = c3.toggle("INT8-eligible only", value=True, key="rank_eligible", on_change=st.session_state.pop,
+                         args=("rank_top", None),  # Top N starts again from its default for the other list
+                         help="Layers that cannot be INT8 (bias Adds, Muls, activations…) stay FP32 in the ranking: "
+                              "their drop is inherited from the INT8 layers before them.")
+    shown = table[table["eligible"].astype(bool)] if eligible else table
+    if shown.empty:  # no eligible layer: every layer, said so
+        shown = table
+        c3.caption("No INT8-eligible layer: every layer is shown.")
+    top = c2.number_input("Top N", 1, max(1, len(shown)), min(20, max(1, len(shown))), key="rank_top")
+    st.plotly_chart(plot_ranking(shown, metric, top), key="ranking_chart")
+    if eligible and len(shown) < len(table):
+        st.caption(f"{len(shown)} INT8-eligible layer(s) of {len(table)}: turn off “INT8-eligible only” for every "
+                   "layer.")
+    tables.show(shown, hide_index=True, height=400)
 
 st.subheader("Isolated (one layer at a time)")
 labels = {"isolated": "Isolated (one layer at a time)", "leave-one-out": "Leave-one-out (all but one layer INT8)"}
@@ -42,7 +54,7 @@ mode = st.radio("Mode", MODES, horizontal=True, key="iso_mode", format_func=labe
 sens = results.sensitivity(p, method, mode)
 job_panel.job_button("isolated",
                      isolated_params(src, method, mode, ray=cluster.ray_address()),
-                     f"{mode} {p.model.name}", labels[mode], "run_isolated", sens is not None,
+                     f"{mode} {p.model.name}", f"Run the {mode} ranking", "run_isolated", sens is not None,
                      f"No {mode} ranking yet for this model, data and calibration method: each eligible layer is "
                      "measured on the dev half of the evaluation data (calibrated once, trials in parallel).")
 if sens is not None:

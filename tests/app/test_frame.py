@@ -165,6 +165,8 @@ def test_models_with_0_1_2_eligible_layers_on_every_page(ws, tmp_path):
         at.button(key="run_rank").click().run()
         wait_all(ws)
     at = ok(page("sensitivity", model=models[2]))
+    assert next(b for b in at.number_input if b.key == "rank_top").max == 2  # the 2 INT8-eligible layers first
+    at.toggle(key="rank_eligible").set_value(False).run()
     top = next(b for b in at.number_input if b.key == "rank_top")
     assert top.max == 5 and top.value == 5  # the cumulative ranking lists all 5 layers
     top.set_value(5).run()

@@ -38,6 +38,24 @@ def test_isolated_ranking_next_to_cumulative(ws):
     assert [t["xaxis"] for t in fig["data"]] == ["x", "x2"] and len(fig["data"][0]["y"]) == 8
     at.radio(key="iso_mode").set_value("leave-one-out").run()
     ok(at)
-    assert at.button(key="run_isolated").label.startswith("Leave-one-out")
+    assert at.button(key="run_isolated").label == "Run the leave-one-out ranking"  # not its heading again
     again = ok(page("sensitivity", model="sample:tiny-transformer"))  # stored: nothing to recompute
     assert not again.main.button and len(again.get("plotly_chart")) == 2
+
+
+def test_the_cumulative_ranking_shows_eligible_layers_unless_asked(ws):
+    """Issue 23: the cumulative top-N of non-eligible FP32 layers (their drop is inherited) is hidden by default."""
+    at = ok(page("sensitivity"))
+    at.button(key="run_rank").click().run()
+    wait_all(ws)
+    at.run()
+    assert at.toggle(key="rank_eligible").value is True
+    table = ok(at).dataframe[0].value
+    assert len(table) and table["eligible"].all()
+    chart = json.loads(at.get("plotly_chart")[0].proto.spec)
+    assert sum(len(t["y"]) for t in chart["data"]) == len(table)
+    assert any("INT8-eligible layer(s) of" in c.value for c in at.caption)
+    at.toggle(key="rank_eligible").set_value(False).run()
+    every = ok(at).dataframe[0].value
+    assert len(every) > len(table) and not every["eligible"].all()
+    assert at.button(key="run_isolated").label == "Run the isolated ranking"

@@ -160,7 +160,7 @@ def test_isolated_ranking_search_and_use_this_policy(server, browser, tmp_path):
     job_appears(server, "rank", page=page)
     page.get_by_text("Stored ranking of").wait_for(timeout=120_000)
     idle(page)
-    page.get_by_role("button", name="Isolated (one layer at a time)").click()
+    page.get_by_role("button", name="Run the isolated ranking").click()
     job_appears(server, "isolated", page=page)
     compare = page.get_by_test_id("stPlotlyChart").filter(has_text="On its own (isolated)")
     compare.wait_for(timeout=120_000)
