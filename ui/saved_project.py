@@ -231,7 +231,8 @@ def autosave(write) -> bool:
 
 def save(**changes) -> None:
     """Save the session's source with the project (and ``changes``: ``model_name``, ``settings``);
-    nothing is written when nothing changed."""
+    nothing is written when nothing changed, and only what this session changed is written over what
+    another tab on the project saved (``core.store.drafts.merge_save_project``)."""
     old = saved() or drafts.SavedProject(project_id(), source())
     new = replace(old, **changes, source=source(), models=dict(_per_model()))
     if new.source.model != old.source.model and "model_name" not in changes:
@@ -240,7 +241,9 @@ def save(**changes) -> None:
         {k: v for k, v in new.to_json().items() if k not in ("created", "updated")}
     if saved() is not None and same:
         return
-    if autosave(lambda: drafts.save_project(workspace(), new)):
+    # merged over the stored project: what another tab saved meanwhile (its settings, its models) stays; the
+    # session keeps its own view (``saved``: what it changed is compared against it at the next save)
+    if autosave(lambda: drafts.merge_save_project(workspace(), saved(), new)):
         st.session_state["saved_project"] = new
 
 

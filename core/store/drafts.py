@@ -8,26 +8,39 @@ Layout (under the workspace root)::
 
     projects/<id>/project.json        the SavedProject record (its ProjectSource, name and settings)
     projects/<id>/drafts/<key>.json   one Draft per model + calibration data (key: draft_key)
+    projects/<id>/drafts/<key>.lock   its lock (``fcntl.flock``): one read-check-write of the draft at a time
+    projects/<id>/project.lock        the project file's lock, likewise
 
 Writes are atomic (``core.workspace``). Undo and redo steps store only what an edit changed (the
-layers' previous precisions and the policy's other fields), at most ``MAX_UNDO`` of them. Two
-sessions on one shared project write the same files: the last write wins, and a session sees the
-other's edits when the file's stamp (:func:`file_stamp`) changes. No Streamlit here: the pages
-call these through ``ui.saved_project`` and ``ui.draft``."""
+layers' previous precisions and the policy's other fields), at most ``MAX_UNDO`` of them.
+
+Two sessions (browser tabs) on one project write the same files, and neither loses the other's edits.
+A draft carries a ``version``, one more at every write. A session writes its edit with
+:func:`commit_draft`, a compare-and-swap under the draft's lock: if the stored draft is still the
+version the session edited, the edit is written; if another session wrote meanwhile, the session's
+change (the layers and fields it changed) is applied to the newer draft, one undoable step on its
+history. Where both changed the same layer or field differently, the other session's value stays and
+the session is told (:class:`DraftWrite`'s ``conflicts``): nothing is dropped without a word. Undo and
+redo (:func:`update_draft`) work on the stored draft under the lock. The project file is merged the
+same way (:func:`merge_save_project`: the fields and settings this session changed, over the stored
+ones). A session sees another's edits when the file's stamp (:func:`file_stamp`) changes. No Streamlit
+here: the pages call these through ``ui.saved_project`` and ``ui.draft``."""
 from __future__ import annotations
 
+import fcntl
 import json
 import re
 import secrets
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 from core.errors import MixprecError
 from core.project import ProjectSource
 from core.records import check_format
-from core.workspace import Workspace, atomic_write_json, sha256_bytes
+from core.workspace import Workspace, atomic_write_json, sha256_bytes, write_error
 
 MAX_UNDO = 100
 PROJECT_ID = re.compile(r"[a-z0-9]{8,32}")
@@ -67,14 +80,32 @@ def draft_path(ws: Workspace, project_id: str, key: str) -> Path:
     return ws.drafts_dir(project_id) / f"{key}.json"
 
 
-def file_stamp(path: Path) -> tuple[int, int] | None:
-    """(mtime in ns, size) of a stored file, None if there is none: a cached read is still good
-    while its stamp is unchanged."""
+def file_stamp(path: Path) -> tuple[int, int, int] | None:
+    """(mtime in ns, size, inode) of a stored file, None if there is none: a cached read is still good
+    while its stamp is unchanged (every atomic write is a new file, so a new inode, even when two writes
+    of the same size fall in one tick of the file system's clock)."""
     try:
         st = path.stat()
     except OSError:
         return None
-    return st.st_mtime_ns, st.st_size
+    return st.st_mtime_ns, st.st_size, st.st_ino
+
+
+@contextmanager
+def _locked(lock: Path):
+    """An exclusive ``fcntl.flock`` on the file ``lock`` (created beside what it guards) for one
+    read-check-write; every process and thread that writes it takes it (each open is its own lock)."""
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        f = open(lock, "a+b")
+    except OSError as e:
+        raise write_error(lock, e) from e
+    with f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 # --- the project -----------------------------------------------------------------------------
@@ -148,7 +179,50 @@ def _opt_str(v) -> str | None:
 def save_project(ws: Workspace, project: SavedProject) -> Path:
     now = time.time()
     project = replace(project, created=project.created or now, updated=now)
-    return atomic_write_json(project_path(ws, project.id), project.to_json())
+    path = project_path(ws, project.id)
+    with _locked(path.with_name("project.lock")):
+        return atomic_write_json(path, project.to_json())
+
+
+def _merged_map(base: dict, new: dict, stored: dict) -> dict:
+    """``stored`` with the keys this session changed (``base`` → ``new``: set, changed or removed)."""
+    out = dict(stored)
+    for k in {*base, *new}:
+        if k not in new:
+            out.pop(k, None)
+        elif k not in base or not _same(base[k], new[k]):
+            out[k] = new[k]
+    return out
+
+
+def merge_save_project(ws: Workspace, base: SavedProject | None, new: SavedProject) -> SavedProject:
+    """Save ``new``, this session's project made from ``base`` (the project as this session last read or saved
+    it; None: it had none), over what is stored now, under the project's lock: what this session changed is its
+    own — its source (model, data, shapes, target… as one: the parts of two sources never mix) with the model's
+    name, each kept setting and each per-model source — and the rest stays as another session (tab) saved it
+    meanwhile. Returns the project written."""
+    path = project_path(ws, new.id)
+    with _locked(path.with_name("project.lock")):
+        try:
+            stored = load_project(ws, new.id)
+        except MixprecError:
+            stored = None  # a damaged file is replaced (the session said so when it read it)
+        out = new
+        if stored is not None and base is not None:
+            b, n, s = base.to_json(), new.to_json(), stored.to_json()
+            source_keys = list(new.source.to_json())
+            doc = {**s, **{k: n[k] for k in ("kind", "format_version", "id")}}
+            if any(not _same(b.get(k), n.get(k)) for k in source_keys):
+                doc.update({k: n[k] for k in (*source_keys, "model_name")})
+            elif not _same(b.get("model_name"), n["model_name"]) and s.get("model") == n.get("model"):
+                doc["model_name"] = n["model_name"]
+            for k in ("settings", "models"):
+                doc[k] = _merged_map(b[k], n[k], s[k])
+            out = SavedProject.from_json(doc)
+        now = time.time()
+        out = replace(out, created=(stored.created if stored is not None else 0) or out.created or now, updated=now)
+        atomic_write_json(path, out.to_json())
+        return out
 
 
 def load_project(ws: Workspace, project_id: str) -> SavedProject | None:
@@ -224,11 +298,12 @@ class Draft:
     policy: dict
     undo: tuple[Step, ...] = ()
     redo: tuple[Step, ...] = ()
+    version: int = field(default=0, compare=False)  # of the stored file: 0 never stored, one more at each write
 
     def edited(self, policy: dict, what: str) -> "Draft":
         if _same(policy, self.policy):
             return self
-        return Draft(policy, (*self.undo, _step(what, self.policy, policy))[-MAX_UNDO:], ())
+        return Draft(policy, (*self.undo, _step(what, self.policy, policy))[-MAX_UNDO:], (), self.version)
 
     def undone(self) -> "Draft":
         """The draft before its last edit (unchanged if there is nothing to undo)."""
@@ -236,14 +311,14 @@ class Draft:
             return self
         step = self.undo[-1]
         before = _apply(self.policy, step)
-        return Draft(before, self.undo[:-1], (*self.redo, _step(step.what, self.policy, before)))
+        return Draft(before, self.undo[:-1], (*self.redo, _step(step.what, self.policy, before)), self.version)
 
     def redone(self) -> "Draft":
         if not self.redo:
             return self
         step = self.redo[-1]
         after = _apply(self.policy, step)
-        return Draft(after, (*self.undo, _step(step.what, self.policy, after)), self.redo[:-1])
+        return Draft(after, (*self.undo, _step(step.what, self.policy, after)), self.redo[:-1], self.version)
 
     @property
     def undo_what(self) -> str | None:
@@ -254,26 +329,139 @@ class Draft:
         return self.redo[-1].what if self.redo else None
 
     def to_json(self) -> dict:
-        return {"kind": self.KIND, "format_version": self.FORMAT_VERSION, "policy": self.policy,
-                "undo": [s.to_json() for s in self.undo], "redo": [s.to_json() for s in self.redo]}
+        return {"kind": self.KIND, "format_version": self.FORMAT_VERSION, "version": self.version,
+                "policy": self.policy, "undo": [s.to_json() for s in self.undo],
+                "redo": [s.to_json() for s in self.redo]}
 
     @classmethod
     def from_json(cls, doc: dict) -> "Draft":
         doc = check_format(doc, cls.KIND, cls.FORMAT_VERSION, "draft")
         if not isinstance(doc["policy"], dict):
             raise TypeError("the draft's policy is an object")
+        version = doc.get("version") or 0  # a file written before versions: 0
+        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            raise TypeError("the draft's version is a count")
         return cls(doc["policy"], tuple(Step.from_json(s) for s in doc.get("undo") or [])[-MAX_UNDO:],
-                   tuple(Step.from_json(s) for s in doc.get("redo") or [])[-MAX_UNDO:])
+                   tuple(Step.from_json(s) for s in doc.get("redo") or [])[-MAX_UNDO:], version)
 
 
 def _same(a: dict, b: dict) -> bool:
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
-def save_draft(ws: Workspace, project_id: str, key: str, draft: Draft) -> Path:
-    return atomic_write_json(draft_path(ws, project_id, key), draft.to_json())
-
-
 def load_draft(ws: Workspace, project_id: str, key: str) -> Draft | None:
     """The saved draft, None if there is none; a MixprecError if its file is damaged."""
     return _load(draft_path(ws, project_id, key), "draft policy", Draft.from_json)
+
+
+@contextmanager
+def _draft_locked(ws: Workspace, project_id: str, key: str):
+    """The draft's lock held; yields (its path, the stored draft or None: none, or a damaged file, which
+    the write replaces)."""
+    path = draft_path(ws, project_id, key)
+    with _locked(path.with_suffix(".lock")):
+        try:
+            stored = _load(path, "draft policy", Draft.from_json)
+        except MixprecError:
+            stored = None
+        yield path, stored
+
+
+def _write(path: Path, draft: Draft, stored: Draft | None) -> Draft:
+    """``draft`` written as the version after ``stored``'s (the lock held)."""
+    out = replace(draft, version=(stored.version if stored is not None else 0) + 1)
+    atomic_write_json(path, out.to_json())
+    return out
+
+
+def save_draft(ws: Workspace, project_id: str, key: str, draft: Draft) -> Draft:
+    """Write ``draft`` over whatever is stored (a reset, a test): the version after the stored one. Returns
+    the draft written. A session's edit goes through :func:`commit_draft`, which loses no other session's."""
+    with _draft_locked(ws, project_id, key) as (path, stored):
+        return _write(path, draft, stored)
+
+
+@dataclass(frozen=True)
+class DraftWrite:
+    """What :func:`commit_draft` did. ``draft``: the draft stored now (with its ``version``), what the
+    session shows from here; ``stamp``: its file's stamp, taken under the lock; ``merged``: the layers and
+    fields another session changed since this session's base, kept beside this session's change;
+    ``conflicts``: those both changed to different values, where the other session's value stays and this
+    session's change of them was not applied (say so: applying it again overwrites)."""
+
+    draft: Draft
+    stamp: tuple | None = None
+    merged: tuple[str, ...] = ()
+    conflicts: tuple[str, ...] = ()
+
+
+_ABSENT = object()
+
+
+def _changes(old: dict, new: dict) -> dict:
+    """What turns policy document ``old`` into ``new``: ``("layer", name)`` -> its precision (None: removed)
+    for each layer that differs, ``("field", key)`` -> its value (``_ABSENT``: removed) for every other field."""
+    out = {}
+    ol, nl = old.get("layers") or {}, new.get("layers") or {}
+    for n in (*ol, *(n for n in nl if n not in ol)):
+        if ol.get(n) != nl.get(n):
+            out[("layer", n)] = nl.get(n)
+    for k in (*old, *(k for k in new if k not in old)):
+        if k == "layers":
+            continue
+        if (k in old) != (k in new) or not _same(old[k], new[k]):
+            out[("field", k)] = new.get(k, _ABSENT)
+    return out
+
+
+def _changed(doc: dict, changes: dict) -> dict:
+    doc = {**doc, "layers": dict(doc.get("layers") or {})}
+    for (kind, name), value in changes.items():
+        where = doc["layers"] if kind == "layer" else doc
+        if value is None or value is _ABSENT:
+            where.pop(name, None)
+        else:
+            where[name] = value
+    return doc
+
+
+def _label(change_key: tuple) -> str:
+    return change_key[1] if change_key[0] == "layer" else f"the policy's {change_key[1]}"
+
+
+def _same_value(a, b) -> bool:
+    return a is b or (a is not _ABSENT and b is not _ABSENT and _same(a, b))
+
+
+def commit_draft(ws: Workspace, project_id: str, key: str, base: Draft, new: Draft, what: str) -> DraftWrite:
+    """Save ``new``, a session's draft made from ``base`` (the stored draft it last read or wrote, with its
+    ``version``; version 0: none was stored), as a compare-and-swap on the version under the draft's lock.
+    Still ``base``'s version stored: ``new`` is written (its own history). Another session wrote
+    meanwhile: this session's change (``base`` → ``new``, by layer and field) is applied to the stored draft
+    as one undoable step ``what``, except where the other changed the same layer or field to another value
+    (``conflicts``: its value stays). Returns what was done (:class:`DraftWrite`)."""
+    with _draft_locked(ws, project_id, key) as (path, stored):
+        if stored is None or stored.version == base.version:  # (none stored: a first write, or a file deleted)
+            out = _write(path, new, stored)
+            return DraftWrite(out, file_stamp(path))
+        mine = _changes(base.policy, new.policy)
+        theirs = _changes(base.policy, stored.policy)
+        conflicts = {k: v for k, v in mine.items() if k in theirs and not _same_value(theirs[k], v)}
+        applied = {k: v for k, v in mine.items() if k not in conflicts}
+        merged = tuple(_label(k) for k in theirs if k not in mine)
+        result = stored.edited(_changed(stored.policy, applied), what)
+        out = _write(path, result, stored) if result is not stored else stored
+        return DraftWrite(out, file_stamp(path), merged, tuple(_label(k) for k in conflicts))
+
+
+def update_draft(ws: Workspace, project_id: str, key: str, change: Callable[[Draft | None], Draft | None]
+                 ) -> tuple[Draft | None, Draft | None, tuple | None]:
+    """Apply ``change`` to the stored draft (None: there is none) under its lock and write what it returns
+    unless that is None or the same draft (e.g. an undo with nothing to undo). Returns (the stored draft before, the
+    draft stored after, its file's stamp): undo and redo of the shared history, on its latest version."""
+    with _draft_locked(ws, project_id, key) as (path, stored):
+        after = change(stored)
+        if after is None or after is stored:
+            return stored, stored, file_stamp(path)
+        out = _write(path, after, stored)
+        return stored, out, file_stamp(path)
