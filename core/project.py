@@ -3,12 +3,13 @@ data, ready to build policies. The CLI and the dashboard both start here."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 
 from core.errors import MixprecError
 from core.model.data import Dataset, MissingData, check_dataset, generate_dataset, generated_bytes, load_npz
 from core.model.inventory import Layer, build_inventory, inventory_frame
-from core.model.load import LoadedModel, load_model
+from core.model.load import LoadedModel, check_path_text, load_model
 from core.model.profiles import check_profiles, shapes_with_profiles
 from core.model.samples import materialize_sample
 from core.model.shapes import DimChoice, check_memory, with_no_batch, model_batch, shape_choices, shape_text, shapes_of
@@ -241,6 +242,9 @@ def open_project(model_spec, data=None, eval_data=None, ws: Workspace | None = N
     decoder's If branches to fix (``core.model.branches``; default: the cache branch). ``profiles``: the
     dynamic-shape profiles ``{input: (min, opt, max)}`` (``core.model.profiles``): the project runs at their opt."""
     check_target(target)
+    for given, what in ((data, "calibration data file"), (eval_data, "evaluation data file")):
+        if isinstance(given, (str, os.PathLike)):
+            check_path_text(given, what)  # (a link's ?data= is any text) before the model loads
     ws = ws or Workspace.default()
     model = with_no_batch(load_model(model_spec, ws, progress=progress, branches=branches), no_batch)
     profiles = check_profiles(model, profiles)

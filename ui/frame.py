@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import streamlit as st
 
 from core.measure.runs import latency_caveat
+from core.model.load import shown_path
 from core.project import DEPLOY_TARGETS, TARGET_LABELS
 from ui import cluster, draft, job_panel, saved_project, session
 from ui.session import code, md
@@ -52,9 +53,9 @@ def sidebar() -> None:
     with st.sidebar:
         saved = saved_project.saved()
         name = saved.model_name if saved is not None and saved.source.model == src.model and saved.model_name else None
-        st.markdown(f"**Model:** {code(name or src.model)}")
+        st.markdown(f"**Model:** {code(shown_path(name or src.model))}")  # (a link's ?model= is any text: cut short)
         if name and name != src.model:
-            st.caption(f"from {code(src.model)}")
+            st.caption(f"from {code(shown_path(src.model))}")
         target = saved_project.target()
         st.selectbox("Deployment target", DEPLOY_TARGETS, index=DEPLOY_TARGETS.index(target), key="target_pick",
                      format_func=TARGET_LABELS.get, on_change=_pick_target,

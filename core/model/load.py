@@ -17,6 +17,7 @@ is read into the graph. Either way the hash covers the data files, streamed.
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -168,19 +169,109 @@ def _spec(vi: onnx.ValueInfoProto) -> TensorSpec:
     return TensorSpec(vi.name, _dtype_name(tt.elem_type), tuple(dims))
 
 
+MAX_PATH_CHARS = 4096  # Linux's PATH_MAX: a longer model path or data location is no file
+
+
+def shown_path(text, n: int = 120) -> str:
+    """A path the user gave, for a message: at most ``n`` characters (a 5000-character one is cut in the
+    middle), control characters (a NUL, a newline) shown as escapes."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+    return text if len(text) <= n else f"{text[:n - 30]}…{text[-25:]} ({len(text)} characters)"
+
+
+def check_path_text(text, what: str, fix: str | None = None) -> None:
+    """A MixprecError if ``text`` cannot be a path at all: longer than ``MAX_PATH_CHARS`` or holding a NUL (which
+    no file name can), said before the file system is asked (it would raise, not answer). ``what``: "model path",
+    "calibration data file"…; ``fix``: what to give instead (default: the path of the file)."""
+    text = str(text)
+    fix = fix or f"give the path of the {what.removesuffix(' path')}"
+    if "\0" in text:
+        raise MixprecError(f"the {what} {shown_path(text)} has a NUL character in it, which no file name can hold",
+                           fix)
+    if len(text) > MAX_PATH_CHARS:
+        raise MixprecError(f"the {what} {shown_path(text)} is longer than a path can be (at most {MAX_PATH_CHARS} "
+                           "characters)", fix)
+
+
+def _count(value) -> int | None:
+    """An offset or length of an external reference: a decimal count, else None."""
+    text = str(value).strip()
+    return int(text) if text.isdigit() and len(text) <= 20 else None
+
+
+def _stored_bytes(t: TensorProto) -> int | None:
+    """The bytes tensor ``t`` takes in a data file (its dims × its element size; 4-bit types packed two to a
+    byte), None for a type without a fixed size (strings) or one unknown here."""
+    n = 1
+    for d in t.dims:
+        n *= int(d)
+    if t.data_type in {getattr(TensorProto, k) for k in ("INT4", "UINT4", "FLOAT4E2M1") if hasattr(TensorProto, k)}:
+        return (n + 1) // 2
+    if t.data_type in (TensorProto.STRING, TensorProto.UNDEFINED):
+        return None
+    try:
+        return n * np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def _check_external_data(model: onnx.ModelProto, base_dir: Path) -> None:
-    """Refuse external data outside the model's folder (never read it); report missing files."""
-    outside, missing = [], []
+    """Refuse external data outside the model's folder (never read it); report missing files; and refuse, each
+    with its fix, every reference that cannot be read as it is — a location with a NUL (or none, or longer than a
+    path), an offset or length that is not a count, a tensor that lies past its file's end or whose bytes there
+    are fewer than its shape needs (a truncated copy), a data file with several hard links (which onnx refuses).
+    Only the files' sizes and link counts are looked at here: nothing is read."""
+    outside, missing, unreadable, past_end, linked = [], [], [], [], {}
     base = base_dir.resolve()
+    sizes: dict[str, os.stat_result] = {}
     for t in _get_all_tensors(model):
         if not uses_external_data(t):
             continue
-        loc = {e.key: e.value for e in t.external_data}.get("location", "")
-        target = (base / loc).resolve()
+        info = {e.key: e.value for e in t.external_data}
+        loc = info.get("location", "")
+        if not loc or "\0" in loc or len(loc) > MAX_PATH_CHARS:
+            why = "no location" if not loc else "a NUL character in its location" if "\0" in loc else \
+                "a location longer than a path can be"
+            unreadable.append(f"{t.name} -> {shown_path(loc, 60)}: {why}")
+            continue
+        try:
+            target = (base / loc).resolve()
+        except (OSError, RuntimeError, ValueError) as e:
+            unreadable.append(f"{t.name} -> {shown_path(loc, 60)}: {getattr(e, 'strerror', None) or e}")
+            continue
         if os.path.isabs(loc) or (target != base and base not in target.parents):
-            outside.append(f"{t.name} -> {loc}")
-        elif not target.is_file():
-            missing.append(f"{t.name} -> {loc}")
+            outside.append(f"{t.name} -> {shown_path(loc, 60)}")
+            continue
+        if loc not in sizes:
+            try:
+                sizes[loc] = os.stat(target)
+            except (FileNotFoundError, NotADirectoryError):
+                missing.append(f"{t.name} -> {shown_path(loc, 60)}")
+                continue
+            except OSError as e:
+                unreadable.append(f"{t.name} -> {shown_path(loc, 60)}: {e.strerror or e}")
+                continue
+        st = sizes[loc]
+        if not stat.S_ISREG(st.st_mode):
+            missing.append(f"{t.name} -> {shown_path(loc, 60)} (not a file)")
+            continue
+        if st.st_nlink > 1:
+            linked[loc] = st.st_nlink
+        offset = _count(info.get("offset", "0") or "0")
+        length = _count(info["length"]) if info.get("length") not in (None, "") else None
+        if offset is None or (info.get("length") not in (None, "") and length is None):
+            unreadable.append(f"{t.name} -> {shown_path(loc, 60)}: offset {info.get('offset')!r:.30} / length "
+                              f"{info.get('length')!r:.30} is not a count of bytes")
+            continue
+        need, size = _stored_bytes(t), st.st_size
+        has = (size - offset) if length is None else length
+        if offset > size or offset + (length or 0) > size:
+            past_end.append(f"{t.name}: {length if length is not None else '?'} bytes at offset {offset} of "
+                            f"{shown_path(loc, 60)}, which has {size}")
+        elif need is not None and has != need and (length is not None or has < need):
+            past_end.append(f"{t.name}: its shape {list(t.dims)} needs {need} bytes, {shown_path(loc, 60)} has "
+                            f"{max(has, 0)} for it (offset {offset}" + (f", length {length})" if length is not None
+                                                                        else ", to the end of the file)"))
     if outside:
         raise MixprecError(
             "the model references external data outside its folder; mixprec refuses to read it",
@@ -188,11 +279,33 @@ def _check_external_data(model: onnx.ModelProto, base_dir: Path) -> None:
             "(onnx.save_model(..., save_as_external_data=True, location='weights.bin'))",
             details=outside,
         )
+    if unreadable:
+        raise MixprecError(
+            "the model's external data references cannot be read as they are",
+            "re-save the model with its data in a file beside it (onnx.save_model(..., save_as_external_data=True, "
+            "location='weights.bin')), or re-export it with its weights embedded",
+            details=unreadable,
+        )
     if missing:
         raise MixprecError(
             "the model's external data files are missing",
             f"put the data files next to the model in {base}, or re-export the model with its weights embedded",
             details=missing,
+        )
+    if past_end:
+        raise MixprecError(
+            "the model's external data does not hold what the model says its tensors are (a data file cut short, "
+            "or one of another export)",
+            "copy the model's data files again in full, or re-export the model",
+            details=past_end,
+        )
+    if linked:
+        first = next(iter(linked))
+        raise MixprecError(
+            "the model's external data " + ("file has" if len(linked) == 1 else "files have") + " several hard "
+            "links, and onnx refuses to read such a file (a guard against hard-link attacks)",
+            f"give each data file a copy of its own, e.g. cp {first} {first}.copy && mv {first}.copy {first}",
+            details=[f"{shown_path(loc, 60)}: {n} links" for loc, n in linked.items()],
         )
 
 
@@ -392,7 +505,11 @@ def model_from_bytes(data: bytes, path: Path, name: str | None = None, sample: s
                                                                   checked=not folded)
         return _finish(inferred, path, name, sample, sha, size, folded + steps, original_opset, weights, chosen, ws)
     if files:
-        load_external_data_for_model(model, str(path.parent))
+        try:
+            load_external_data_for_model(model, str(path.parent))
+        except (OSError, ValueError, onnx.checker.ValidationError) as e:  # checked before: a file changed meanwhile
+            raise MixprecError(f"the external data of {path.name} cannot be read: {str(e).splitlines()[0][:300]}",
+                               "copy the model's data files again, or re-export the model") from e
     _check(model, path, "" if not folded else " after " + ", ".join(s.step for s in folded))
     original_opset = default_opset(model)
     model, steps = normalize_model(model, path.parent, name=path.name)
@@ -414,14 +531,21 @@ def load_model(spec: str | os.PathLike, ws: Workspace | None = None, progress=No
         sample = spec_s[len(SAMPLE_PREFIX):]
         path = resolve_sample(spec_s, ws, progress).model
     else:
+        check_path_text(spec_s, "model path", "give the path of an .onnx file, or a bundled sample: "
+                        + ", ".join(f"sample:{n}" for n in SAMPLES))
         path = Path(spec_s).expanduser()
         check_confined(path, "model", ws.root)
-        if not path.exists():
+        try:
+            exists, is_dir = path.exists(), path.is_dir()
+        except OSError as e:  # a name too long for the file system, a loop of links…
+            raise MixprecError(f"the model path {shown_path(path)} cannot be looked up: {e.strerror or e}",
+                               "check the path") from e
+        if not exists:
             raise MixprecError(
-                f"the model path {path} does not exist",
+                f"the model path {shown_path(path)} does not exist",
                 "check the path, or use a bundled sample: " + ", ".join(f"sample:{n}" for n in SAMPLES),
             )
-        if path.is_dir():
+        if is_dir:
             onnx_files = sorted(p.name for p in path.glob("*.onnx"))
             raise MixprecError(
                 f"{path} is a folder, not a model file",
