@@ -1,7 +1,8 @@
 """Precision page, the per-layer table: filters (op type, name, precision), row selection synced
 with the working selection (ui.layer_picker), one click to set the selection to FP32 / FP16 /
-INT8, undo / redo of policy edits, the boundaries each layer's neighbours force, and the
-policy's summary metrics."""
+INT8, each row's precision a button that moves it on (FP32 → FP16 → INT8 → FP32: an edit in the table
+itself, not a read-only cell), undo / redo of policy edits, the boundaries each layer's neighbours force,
+and the policy's summary metrics."""
 from __future__ import annotations
 
 import hashlib
@@ -14,7 +15,7 @@ from core.display.precision_edit import editor_table, filter_table, policy_summa
 from core.model.inventory import PRECISIONS
 from core.model.placement import boundaries
 from core.project import Project
-from core.quant.policy import Policy
+from core.quant.policy import Policy, next_precision
 from ui import bulk_actions, draft, session
 from ui.layer_picker import EDIT_VERSION, SEL, TABLE_VERSION, RankingChoice, selection, set_selection
 from ui.session import md
@@ -72,6 +73,23 @@ def _to_selection(p: Project, precision: str) -> None:
         bulk_actions.apply(p, names, precision, f"{len(names)} selected layer(s)")
 
 
+PRECISION_CLICK = "layer_table:precision"  # the table's precision buttons (a ButtonColumn's click state)
+
+
+def _precision_clicked(p: Project, names: tuple[str, ...]) -> None:
+    """A precision button's ``on_click``: that row's layer moves to its next precision (``next_precision``),
+    one undoable edit that says what changed. ``names``: the table's rows as drawn (the click's row indexes them)."""
+    click = st.session_state.get(PRECISION_CLICK)
+    row = click.get("row") if click is not None else None
+    if not isinstance(row, int) or not 0 <= row < len(names):
+        return
+    layer = next((l for l in p.layers if l.name == names[row]), None)
+    if layer is None:
+        return
+    now = draft.policy(p).layers.get(layer.name, "fp32")
+    bulk_actions.apply(p, [layer.name], next_precision(layer, now), layer.name)
+
+
 def _boundary_counts(p: Project, pol: Policy) -> tuple[pd.DataFrame, dict[str, int]]:
     """``core.model.placement.boundaries`` of the draft, and how many each layer has."""
     df = boundaries(p.model, p.layers, pol)
@@ -108,6 +126,7 @@ def section(p: Project, pol: Policy, rank: RankingChoice | None) -> Policy:
                + (f" · sensitivity: the {rank.label}" if rank is not None else "")
                + " · boundaries: neighbours whose precision forces a conversion")
     _actions(p, shown, sel)
+    view = view.assign(precision=view["precision"].str.upper())  # the buttons' labels
     st.dataframe(view, key=key, on_select=partial(_picked_in_table, key, shown), selection_mode="multi-row",
                  hide_index=True,
                  height=HEADER_PX + ROW_PX * max(1, min(ROWS_SHOWN, len(view))),
@@ -115,6 +134,11 @@ def section(p: Project, pol: Policy, rank: RankingChoice | None) -> Policy:
                                     "sensitivity", format="%.5f",
                                     help=f"The {rank.label}" if rank is not None else "No ranking yet"),
                                 "macs": st.column_config.NumberColumn("MACs", format="compact"),
+                                "precision": st.column_config.ButtonColumn(
+                                    "precision", type="secondary", key=PRECISION_CLICK,
+                                    on_click=_precision_clicked, args=(p, shown),
+                                    help="Click to change the layer's precision: FP32 → FP16 → INT8 (where it can be "
+                                         "INT8) → FP32, one undoable edit. Or tick rows and use the buttons above."),
                                 "eligible": st.column_config.CheckboxColumn("INT8-eligible")})
     with st.expander("Edit the selection by name"):
         names = [l.name for l in p.layers]

@@ -122,6 +122,14 @@ def change_summary(before: Policy, after: Policy) -> str:
     return text
 
 
+def next_precision(layer: Layer, precision: str) -> str:
+    """The precision a click on a layer's precision moves it to: FP32 → FP16 → INT8 (where the layer can be
+    INT8, else back to FP32) → FP32; a layer inside control flow stays FP32."""
+    if layer.subgraph is not None:
+        return "fp32"
+    return {"fp32": "fp16", "fp16": "int8" if can_be_int8(layer) else "fp32"}.get(precision, "fp32")
+
+
 def uniform_policy(model: LoadedModel, layers: list[Layer], precision: str) -> Policy:
     """Every layer at one precision (INT8 only where eligible; the rest FP32)."""
     mapping = {l.name: (precision if (precision != "int8" or l.eligible) and l.subgraph is None else "fp32")

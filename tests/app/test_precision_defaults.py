@@ -59,3 +59,42 @@ def test_bulk_actions_say_which_precisions_changed(ws):
     at.button(key="reset").click().run()
     at.button(key="reset_confirm").click().run()
     assert any("Reset: " in s.value and "1 layer FP16 → INT8" in s.value for s in ok(at).success)
+
+
+def _click_precision(at, row: int, label: str):
+    """What the browser sends when the user clicks the precision button of a row of the layer table."""
+    import json
+
+    from streamlit.proto.Common_pb2 import StringTriggerValue
+    from streamlit.proto.WidgetStates_pb2 import WidgetState
+
+    table = next(d for d in at.dataframe if (d.key or "").startswith("layer_table-"))
+    states = at._tree.get_widget_states()
+    states.widgets.append(WidgetState(id=table.proto.button_click_widgets["precision"],
+                                      string_trigger_value=StringTriggerValue(data=json.dumps({"row": row,
+                                                                                               "label": label}))))
+    return at._run(states)
+
+
+def test_a_precision_cell_is_a_button_that_moves_the_layer_on(ws):
+    """Issue 23: double-clicking a precision cell opened a read-only editor; the cell is a button now."""
+    p = open_project(MODEL, ws=ws)
+    at = ok(page("precision"))
+    table = next(d for d in at.dataframe if (d.key or "").startswith("layer_table-"))
+    assert "precision" in table.proto.button_click_widgets  # a button column: no read-only text editor
+    names = table.value["name"].tolist()
+    row = names.index(LAYER)
+    assert table.value["precision"][row] == "INT8"
+    _click_precision(at, row, "INT8")  # INT8 → FP32
+    assert _pol(ok(at), ws).layers[LAYER] == "fp32"
+    assert any(f"1 layer INT8 → FP32" in s.value for s in at.success)
+    _click_precision(at, row, "FP32")
+    _click_precision(at, row, "FP16")
+    assert _pol(ok(at), ws).layers[LAYER] == "int8"
+    plain = next(l for l in p.layers if not l.eligible and not l.placement and l.subgraph is None)
+    row = names.index(plain.name)
+    _click_precision(at, row, "FP32")
+    _click_precision(at, row, "FP16")  # a layer that cannot be INT8: FP16 → FP32
+    assert _pol(ok(at), ws).layers[plain.name] == "fp32"
+    at.button(key="undo").click().run()
+    assert _pol(ok(at), ws).layers[plain.name] == "fp16"
