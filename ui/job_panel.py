@@ -12,7 +12,7 @@ import streamlit as st
 from core.errors import MixprecError
 from core.jobs import Job, can_cancel
 from core.jobs.record import project_owner
-from core.progress import eta_text
+from core.search.progress import eta_text
 from ui import saved_project
 from ui.session import code, fragment_rerun, manager, md
 

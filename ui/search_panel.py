@@ -20,7 +20,7 @@ from core.measure.runs import GENERATED_NOTE
 from core.project import Project
 from core.search import BUDGET_METRICS
 from core.quant.policy import CALIB_METHODS
-from core.progress import minutes_text
+from core.search.progress import minutes_text
 from core.search.duration import expected_text, expected_trials, per_trial_seconds
 from core.search.searcher import MAC_SHARE_NOTE, QUICK_NOTE, TRT_ESTIMATE_NOTE, search_objective
 from core.store.results import searched_gpu_name

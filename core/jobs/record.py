@@ -4,7 +4,7 @@ Records are read back with :meth:`Job.from_dict`, which checks every field's typ
 the wrong type (a hand edit, a damaged file, another program's write) is shown, never crashes the job list —
 its bad fields take their defaults and the job reads as ``failed``, its error naming what was wrong
 (:attr:`Job.damaged`). Its time left (:meth:`Job.eta_seconds`) comes from the trials its stage names
-(``core.progress``)."""
+(``core.search.progress``)."""
 from __future__ import annotations
 
 import hashlib
@@ -13,7 +13,7 @@ import os
 import time
 from dataclasses import dataclass, field, fields
 
-from core.progress import eta_seconds, trials_in
+from core.search.progress import eta_seconds, trials_in
 
 ACTIVE = ("queued", "running")  # the other statuses: done, failed, cancelled, interrupted
 STATUSES = (*ACTIVE, "done", "failed", "cancelled", "interrupted")
@@ -61,7 +61,7 @@ class Job:
         return (self.finished or time.time()) - start
 
     def eta_seconds(self, now: float | None = None) -> float | None:
-        """Seconds left of a running job, from the trials its stage names (``core.progress``): the time since
+        """Seconds left of a running job, from the trials its stage names (``core.search.progress``): the time since
         it started per trial done, times the trials left; None before two trials or without a trial count."""
         counts = trials_in(self.stage) if self.status == "running" and self.started else None
         if counts is None:

@@ -1,6 +1,6 @@
 """How long a search takes, in trials: the count it expects before it starts (:func:`expected_trials`),
 its count while it runs over every trial pool it opens (:class:`TrialCount`, :class:`CountedPool`, said in
-its stage as ``core.progress.overall_text``, where the job list reads its time left), and the time a search
+its stage as ``core.search.progress.overall_text``, where the job list reads its time left), and the time a search
 is expected to take from a measured time per trial (:func:`per_trial_seconds`, :func:`expected_text`).
 
 A search (``core.search.searcher``) measures, per calibration method, the isolated ranking (one trial per
@@ -14,7 +14,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from core.progress import minutes_text, overall_text
+from core.search.progress import minutes_text, overall_text
 
 PUT_BACK_SHARE = 0.25  # the share of eligible layers the put-back pass tries, expected (it is counted as it runs)
 

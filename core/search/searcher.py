@@ -345,7 +345,7 @@ def _prepare(project: Project, config: SearchConfig, progress, should_stop) -> _
 
 
 class _Step:
-    """The search's progress: each stage text with its count over every trial (``core.progress``, where the job
+    """The search's progress: each stage text with its count over every trial (``core.search.progress``, where the job
     list reads the time left); a finished trial says the last stage again with the new count."""
 
     def __init__(self, progress, trials: TrialCount):

@@ -1,5 +1,5 @@
 """Issue 23: a job record with fields of the wrong type is shown as failed, never crashes a reader
-(core.jobs.record.Job.from_dict); the ETA of a long job from its trials (core.progress); the owner token of a
+(core.jobs.record.Job.from_dict); the ETA of a long job from its trials (core.search.progress); the owner token of a
 project's jobs (core.jobs.record.project_owner)."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from core.jobs import Job, JobManager
 from core.jobs.record import project_owner
-from core.progress import eta_seconds, eta_text, minutes_text, overall_text, trials_in
+from core.search.progress import eta_seconds, eta_text, minutes_text, overall_text, trials_in
 from core.workspace import Workspace, atomic_write_json
 
 GOOD = {"id": "20250101-000000-abcd1234", "kind": "search", "label": "search x", "queue": "rank",

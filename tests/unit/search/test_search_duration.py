@@ -7,7 +7,7 @@ import pytest
 
 from core.jobs import search_params
 from core.jobs.params import SearchParams
-from core.progress import trials_in
+from core.search.progress import trials_in
 from core.project import open_project
 from core.search import SearchConfig, search
 from core.search.duration import (CountedPool, TrialCount, expected_text, expected_trials, per_trial_seconds,
