@@ -63,9 +63,22 @@ FULL, QUICK = "full", "quick"
 KIND_WIDGET = "search_kind"
 
 
+OPEN = "search_panel:open"  # models whose search this session saw running: the panel stays open after it ends
+
+
 def search_running(model: str) -> bool:
     """Whether a search of ``model`` is queued or running (any session's)."""
     return any(j.active and j.params.get("model") == model for j in job_panel.jobs(kind="search"))
+
+
+def keep_open(model: str) -> bool:
+    """Whether the panel opens: a search of ``model`` runs (a reload shows it), or ran while this session looked
+    (it stays open when the search ends: the expander follows ``expanded`` when it changes, and would close
+    on the result)."""
+    opened = st.session_state.setdefault(OPEN, [])
+    if search_running(model) and model not in opened:
+        opened.append(model)
+    return model in opened
 
 
 def _per_trial(p: Project) -> float | None:
@@ -107,7 +120,7 @@ def _kind(p: Project, smooth: bool) -> tuple[bool, str]:
 
 def section(p: Project) -> None:
     src = saved_project.source()
-    with st.expander("Search under a budget", expanded=search_running(src.model)):
+    with st.expander("Search under a budget", expanded=keep_open(src.model)):
         objective = search_objective("auto", saved_project.target(), session.auto_backend_name())
         trt = objective == "trt_estimate"
         s1, s2, s3 = st.columns([3, 2, 1]) if trt else (*st.columns([3, 1]), None)

@@ -49,5 +49,9 @@ def test_the_search_panel_stays_open_while_a_search_of_the_model_runs(ws):
     job = Job(id="20250101-000000-00000001", kind="search", label="search", queue="rank",
               params={"model": MODEL}, status="running", stage="isolated: trial 3/9", server_pid=os.getpid())
     atomic_write_json(ws.jobs / f"{job.id}.json", job.__dict__)
-    assert _search_expander(ok(page("precision", model=MODEL))).proto.expanded  # a reload shows it running
+    at = ok(page("precision", model=MODEL))
+    assert _search_expander(at).proto.expanded  # a reload shows it running
     assert not _search_expander(ok(page("precision"))).proto.expanded  # another model's page: not its search
+    atomic_write_json(ws.jobs / f"{job.id}.json", job.__dict__ | {"status": "done", "stage": "done"})
+    assert _search_expander(ok(at.run())).proto.expanded  # it ended while this session looked: the result shows
+    assert not _search_expander(ok(page("precision", model=MODEL))).proto.expanded  # a new session: as before
