@@ -12,12 +12,14 @@ from concurrent.futures import TimeoutError as NotReady
 
 import streamlit as st
 
+from core.backends.reports import LOG_HINT, ModelMatch, ReportDevice
 from core.display.charts import plot_estimate_layers
 from core.display.tables import ms_text
 from core.errors import MixprecError
 from core.estimate.cost import FITTED, CostParams
-from core.estimate.fit import calibrate
-from core.estimate.gpus import FIXTURE_GPU, GPU, GPUS
+from core.estimate.engine import class_list
+from core.estimate.fit import calibrate, gpus_for
+from core.estimate.gpus import FIXTURE_GPU, GPU, GPUS, gpu as gpu_entry
 from core.estimate.predict import Prediction
 from core.estimate.service import EstimateService
 from core.project import Project
@@ -251,27 +253,71 @@ def beside_run(p: Project, run_id: str, measured_ms: str, source: str) -> None:
 
 
 # --- calibration on an imported engine report (Build and results) -----------------------------------
-def calibration_offer(p: Project, graph, profile) -> None:
-    """Offer to refit the estimator on the imported layer-info + profile pair, for the GPU it was built on."""
+CALIB_GPU = "calib_gpu"              # the GPU chosen for the report (no default: the user says it)
+CALIB_REPORT = "calib_gpu:report"    # the report it was chosen for: another report asks again
+
+
+def _report_id(graph, name: str) -> str:
+    data = bytes(graph) if isinstance(graph, (bytes, bytearray)) else str(graph).encode()
+    return hashlib.sha256(name.encode() + b"\0" + data).hexdigest()[:16]
+
+
+def calibration_offer(p: Project, graph, profile, name: str = "engine", nodes: list[str] | None = None,
+                      match: ModelMatch | None = None, device: ReportDevice | None = None) -> None:
+    """Offer to refit the estimator on the imported layer-info + profile pair, for the GPU it was built on:
+    the GPU the report names (its trtexec log), else one the user chooses among those its kernels can run
+    on (never a default). Refused when the report is not of this model (``match``)."""
     if profile is None:
         return
     st.markdown("**Calibrate the estimator for this GPU**")
-    c = st.columns([2, 1])
+    if match is not None and not match.enough:
+        e = match.refusal(f"engine report {name}")
+        st.warning(f"Calibration refused: {md(e.what)}. {md(e.fix[0].upper() + e.fix[1:])}.", icon=":material/block:")
+        return
     choices = gpus()
-    gpu = c[0].selectbox("GPU the engine was built on", list(choices), index=list(choices).index(gpu_key()),
-                         key="calib_gpu", format_func=lambda k: choices[k].name)
-    have = load_gpu_calibration(p.ws, gpu)
-    if have is not None:
-        st.caption(f"Stored for the {md(choices[gpu].name)}: {md(have.label())}.")
+    custom = gpu_form.saved_gpus(session.workspace())
+    rid = _report_id(graph, name)
+    if st.session_state.get(CALIB_REPORT) != rid:  # a new report: its GPU is asked again
+        st.session_state.pop(CALIB_GPU, None)
+        st.session_state[CALIB_REPORT] = rid
+    named = None
+    if device is not None and device.name:
+        try:
+            named = gpu_entry(device.name, custom)
+        except MixprecError:
+            named = None
+    c = st.columns([2, 1])
+    if named is not None and named.key in choices:
+        gpu = named.key
+        c[0].markdown(f"GPU the engine was built on: **{md(named.name)}**, read from the report "
+                      f"({md(device.source)}: {md(device.name)})")
+    else:
+        fits = gpus_for(device, choices, custom)
+        if st.session_state.get(CALIB_GPU) not in fits:  # chosen before a log ruled it out
+            st.session_state.pop(CALIB_GPU, None)
+        gpu = c[0].selectbox("GPU the engine was built on", fits, index=None, key=CALIB_GPU,
+                             placeholder="Choose the GPU the engine was built on",
+                             format_func=lambda k: choices[k].name)
+        left = len(choices) - len(fits)
+        why = (f"the report names the {md(device.name)}, which is not in the GPU table (add it on the Precision "
+               "page's 'Add a GPU')") if device is not None and device.name else md(LOG_HINT)
+        c[0].caption(f"Choose it: {why}." + (f" {left} GPUs its kernels cannot run on are left out." if left else ""))
+    if gpu is not None:
+        have = load_gpu_calibration(p.ws, gpu)
+        if have is not None:
+            st.caption(f"Stored for the {md(choices[gpu].name)}: {md(have.label())}.")
     c[1].write("")
-    if not c[1].button("Calibrate the estimator for this GPU", key="calibrate_gpu", icon=":material/tune:"):
+    if not c[1].button("Calibrate the estimator for this GPU", key="calibrate_gpu", icon=":material/tune:",
+                       disabled=gpu is None):
         return
     try:
-        with st.spinner("Fitting the cost model on your engine…"):
-            params = calibrate((graph, profile), choices[gpu])
+        with st.spinner("Fitting the cost model on your engine (and once per held-out fold)…"):
+            params = calibrate((graph, profile), choices[gpu], names=[name], model_nodes=nodes,
+                               model=match.model if match is not None else "this model", device=device, custom=custom)
             save_gpu_calibration(p.ws, gpu, params)
     except (MixprecError, OSError) as e:
         st.error(md(e))
         return
-    st.success(f"Estimates on the {md(choices[gpu].name)} now use your calibration: {md(params.label())}.",
-               icon=":material/check:")
+    st.success(f"Estimates on the {md(choices[gpu].name)} now use your calibration for "
+               f"{md(class_list(params.classes or {}, with_counts=False))}; every other layer class keeps the shipped "
+               f"fit. Your calibration: {md(params.label())}.", icon=":material/check:")

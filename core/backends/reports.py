@@ -33,6 +33,11 @@ Definitions (each is tested in ``tests/unit/backends/test_reports.py``):
     ``reshape_after_...``) are dropped, and a ``Reformatting CopyNode for ...`` layer has no ONNX
     node. Without the ONNX model these are candidates (fused initializers such as
     ``conv1.weight`` stay in); :func:`join_onnx` with the model's node names is exact.
+
+Whether a report is of a model (:func:`match_model`: "N of M engine layers are layers of this model", by
+node name) and what it says of its GPU (:func:`engine_device`: trtexec's log or TREx's device JSON name
+it; the layer info and profile never do, but their kernel names bound its compute capability) are read
+here too; :mod:`core.estimate.fit` refuses a calibration on either.
 """
 from __future__ import annotations
 
@@ -465,3 +470,241 @@ def reformat_table(reports: Sequence[EngineReport]) -> pd.DataFrame:
     """Reformat overhead of one or more reports, one row each (REFORMAT_COLUMNS)."""
     rows = [{"run": r.name, **asdict(r.reformat)} for r in reports]
     return pd.DataFrame(rows, columns=REFORMAT_COLUMNS)
+
+
+# ---------------------------------------------------------------------------- the report and the model
+
+# Below this share of its named engine layers matched to the model's nodes, a report is of another model:
+# its charts are still drawn (with the count), but it calibrates nothing (core.estimate.fit.calibrate).
+MIN_MATCH_SHARE = 0.25
+_FOREIGN_NODE = re.compile(r"^\{ForeignNode\[(.*)\]\}$")
+
+
+def node_names(graph) -> list[str]:
+    """The names TensorRT's ONNX parser gives the layers of an ONNX graph's nodes (a ``GraphProto``):
+    the node's name, or ``node_of_<first output>`` for a node without one."""
+    out = []
+    for n in graph.node:
+        if n.name:
+            out.append(n.name)
+        elif len(n.output) and n.output[0]:
+            out.append(f"node_of_{n.output[0]}")
+    return out
+
+
+def _candidates(nodes: Sequence[str]) -> list[str]:
+    """The ONNX node names an engine layer's ``onnx_nodes`` may stand for: a Myelin region
+    ``{ForeignNode[first...last]}`` names its first and last node."""
+    out = []
+    for n in nodes:
+        m = _FOREIGN_NODE.match(n)
+        out += [p.strip() for p in m.group(1).split("...") if p.strip()] if m else [n]
+    return out
+
+
+@dataclass(frozen=True)
+class ModelMatch:
+    """How much of an engine report is of a model: its engine layers matched to the model's ONNX node
+    names (``onnx_nodes``: the layer's Metadata, or its fused name split on ``" + "``)."""
+
+    model: str                        # what the model is called in the text ("this model", a file name)
+    layers: int                       # engine layers in the report
+    named: int                        # of them, those that name an ONNX node (not a reformat copy, a
+    #                                   Q/DQ-only layer or a layer TensorRT made up)
+    matched: int                      # of those, the ones that name a node of the model
+    unmatched: tuple[str, ...] = ()   # a few named engine layers that name no node of the model
+
+    @property
+    def share(self) -> float:
+        return self.matched / self.named if self.named else 0.0
+
+    @property
+    def enough(self) -> bool:
+        """True when the report is of this model (enough of its layers are): it may calibrate."""
+        return self.matched > 0 and self.share >= MIN_MATCH_SHARE
+
+    def text(self) -> str:
+        """"21 of 24 engine layers are layers of this model (…)"."""
+        rest = self.layers - self.named
+        tail = (f" (matched by ONNX node name; {rest} more engine layer{'s' if rest != 1 else ''} — reformat copies, "
+                "Q/DQ, TensorRT's own — name no node)") if rest else " (matched by ONNX node name)"
+        return f"{self.matched} of {self.named} engine layers are layers of {self.model}{tail}"
+
+    def refusal(self, what: str = "engine report") -> MixprecError:
+        """The error of a calibration on a report that is not of this model."""
+        return MixprecError(
+            f"The {what} is not of {self.model}: {self.matched} of its {self.named} engine layers that name an ONNX "
+            f"node name one of the model's, fewer than {MIN_MATCH_SHARE:.0%}",
+            "import the reports of an engine built from this model's ONNX (the Export page's trtexec "
+            "script writes both), or open the project of the model the engine was built from",
+            details=[f"not in the model: {n}" for n in self.unmatched])
+
+    def to_json(self) -> dict:
+        return {"model": self.model, "layers": self.layers, "named": self.named, "matched": self.matched,
+                "share": self.share, "enough": self.enough, "unmatched": list(self.unmatched)}
+
+
+def match_nodes(layers: Iterable[tuple[str, Sequence[str]]], model_nodes: Iterable[str],
+                model: str = "this model") -> ModelMatch:
+    """:class:`ModelMatch` of engine layers given as ``(name, onnx_nodes)`` against a model's node names."""
+    known = set(model_nodes)
+    total = named = matched = 0
+    unmatched: list[str] = []
+    for name, nodes in layers:
+        total += 1
+        names = _candidates(nodes)
+        if not names:
+            continue
+        named += 1
+        if any(n in known for n in names):
+            matched += 1
+        elif len(unmatched) < 5:
+            unmatched.append(name)
+    return ModelMatch(model=model, layers=total, named=named, matched=matched, unmatched=tuple(unmatched))
+
+
+def match_model(layers: pd.DataFrame, model_nodes: Iterable[str], model: str = "this model") -> ModelMatch:
+    """:class:`ModelMatch` of an engine report's layers table (LAYER_COLUMNS) against a model's node
+    names (:func:`node_names`)."""
+    return match_nodes(zip(layers["name"], layers["onnx_nodes"]), model_nodes, model)
+
+
+# ---------------------------------------------------------------------------- the GPU of a report
+
+# "Selected Device: NVIDIA A100-SXM4-40GB" / "Compute Capability: 8.0" / "SMs: 108": what trtexec prints
+# under "=== Device Information ===" (samples/common/sampleDevice.cpp), with or without its "[date] [I] " prefix
+_LOG_DEVICE = re.compile(r"^(?:\[[^\]]*\]\s*)*Selected Device:\s*(\S.*?)\s*$", re.M)
+_LOG_CAPABILITY = re.compile(r"^(?:\[[^\]]*\]\s*)*Compute Capability:\s*(\d+)\.(\d+)", re.M)
+# a kernel built for an SM: "sm80_xmma_fprop_…", "sm75_…", "sm_90…", "sm100_…"
+_KERNEL_SM = re.compile(r"(?<![a-z0-9])sm_?(\d{2,3})(?![0-9])", re.I)
+LOG_HINT = ("trtexec's layer info and profile never name the GPU; its log does (\"Selected Device\": save "
+            "trtexec's output, e.g. trtexec … > trtexec.log)")
+
+
+@dataclass(frozen=True)
+class ReportDevice:
+    """What an engine report says of the GPU it was built and profiled on."""
+
+    name: str = ""                                    # the GPU as the report names it, "" when it does not
+    source: str = ""                                  # where that was read
+    capability: tuple[int, int] | None = None         # compute capability as stated
+    min_capability: tuple[int, int] | None = None     # the least its kernels need (a kernel built for sm80)
+    kernel: str = ""                                  # a kernel that needs min_capability
+
+    @property
+    def named(self) -> bool:
+        return bool(self.name)
+
+    def text(self) -> str:
+        if self.name:
+            cc = f", compute capability {self.capability[0]}.{self.capability[1]}" if self.capability else ""
+            return f"the report names its GPU: {self.name} ({self.source}{cc})"
+        out = "the report does not name its GPU"
+        if self.capability:
+            out += f"; it states compute capability {self.capability[0]}.{self.capability[1]} ({self.source})"
+        if self.min_capability:
+            out += (f"; its kernels ({self.kernel[:40]}…) need compute capability "
+                    f"{self.min_capability[0]}.{self.min_capability[1]} or later")
+        return out
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "source": self.source,
+                "capability": list(self.capability) if self.capability else None,
+                "min_capability": list(self.min_capability) if self.min_capability else None, "kernel": self.kernel}
+
+
+def _capability(value) -> tuple[int, int] | None:
+    """A compute capability as ``(8, 0)`` from ``8.0``, ``"8.0"``, ``[8, 0]`` or ``"(8, 0)"``."""
+    if isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        return int(value[0]), int(value[1])
+    m = re.search(r"(\d+)\s*[.,]\s*(\d+)", str(value)) if isinstance(value, (str, int, float)) else None
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+_NAME_KEYS = ("Selected Device", "Name", "Device", "GPU", "device_name", "gpu_name")
+_CAPABILITY_KEYS = ("Compute Capability", "ComputeCapability", "compute_capability")
+
+
+def _json_device(doc, source: str) -> ReportDevice | None:
+    """The GPU a JSON document names: TREx's metadata (``{"device_information": {"Selected Device": …,
+    "Compute Capability": 8.0}}``), TREx's device_info.py output (``[{"Name": …, "ComputeCapability":
+    [8, 0]}]``) or a device record at its top."""
+    records = []
+    if isinstance(doc, dict):
+        records = [doc.get("device_information"), doc.get("DeviceInformation"), doc]
+    elif isinstance(doc, list):
+        records = [r for r in doc[:4] if isinstance(r, dict)]
+    for r in records:
+        if not isinstance(r, dict):
+            continue
+        name = next((str(r[k]).strip() for k in _NAME_KEYS if isinstance(r.get(k), str) and r[k].strip()), "")
+        cc = next((_capability(r[k]) for k in _CAPABILITY_KEYS if k in r and _capability(r[k])), None)
+        if name or cc:
+            return ReportDevice(name=name, source=source, capability=cc)
+    return None
+
+
+def kernel_capability(tactics: Iterable[str]) -> tuple[tuple[int, int] | None, str]:
+    """The least compute capability the kernels named by ``tactics`` need (a kernel built for sm80 runs on
+    8.0 and later only), and one such kernel; ``(None, "")`` when no name says it."""
+    best, kernel = None, ""
+    for t in tactics:
+        for m in _KERNEL_SM.finditer(str(t or "")):
+            digits = m.group(1)
+            cc = (int(digits[:-1]), int(digits[-1]))
+            if best is None or cc > best:
+                best, kernel = cc, str(t)
+    return best, kernel
+
+
+def read_log(source) -> tuple[str, object]:
+    """The text and, when it is JSON, the parsed document of a trtexec log or a device-info file (a
+    path, bytes or text); a MixprecError when it cannot be read."""
+    if isinstance(source, (bytes, bytearray)):
+        data, label = bytes(source), "the uploaded log"
+    elif isinstance(source, str) and ("\n" in source or "Selected Device" in source):
+        data, label = source.encode(), "the log"
+    else:
+        path = Path(os.fspath(source))
+        label = f"the log {path}"
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise MixprecError(f"Cannot read {label}: {e.strerror}",
+                               "pass the output of the trtexec run (trtexec … > trtexec.log)") from e
+    text = data.decode("utf-8", errors="replace")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        doc = None
+    return text, doc
+
+
+def engine_device(graph, profile=None, log=None) -> ReportDevice:
+    """What an engine's reports say of its GPU: the name and compute capability from ``log`` (trtexec's
+    output, with its "Selected Device" line, or TREx's device/metadata JSON) or from device information
+    in the layer info or profile JSON, when any says it (trtexec's own never do); and, from the layer
+    info's kernel names, the least compute capability they need. Each input: a path, bytes or parsed JSON
+    (``log``: also text); a MixprecError when one cannot be read."""
+    found = None
+    if log is not None:
+        text, doc = read_log(log)
+        found = _json_device(doc, "device information JSON") if doc is not None else None
+        if found is None:
+            name = _LOG_DEVICE.search(text)
+            cc = _LOG_CAPABILITY.search(text)
+            if name or cc:
+                found = ReportDevice(name=name.group(1) if name else "", source="trtexec log, \"Selected Device\"",
+                                     capability=(int(cc.group(1)), int(cc.group(2))) if cc else None)
+    graph_doc = read_json(graph, "layer info", GRAPH_FLAG) if graph is not None else None
+    for doc, what in ((graph_doc, "layer info"), (None if profile is None else read_json(profile, "profile", PROFILE_FLAG),
+                                                  "profile")):
+        if found is None and doc is not None:
+            found = _json_device(doc if isinstance(doc, list) else {k: v for k, v in doc.items() if k != "Layers"},
+                                 f"the {what} JSON")
+    tactics = [raw.get("TacticName") for raw in graph_doc.get("Layers", []) if isinstance(raw, dict)] \
+        if isinstance(graph_doc, dict) else []
+    least, kernel = kernel_capability(tactics)
+    base = found or ReportDevice()
+    return ReportDevice(name=base.name, source=base.source, capability=base.capability, min_capability=least,
+                        kernel=kernel)

@@ -82,7 +82,8 @@ import re
 import threading
 from dataclasses import dataclass, field, replace
 
-from core.estimate.engine import DTYPE_BYTES, LAYER_CLASSES, EngineLayer, Tensor
+from core.errors import MixprecError
+from core.estimate.engine import DTYPE_BYTES, LAYER_CLASSES, EngineLayer, Tensor, calibration_class, class_list
 from core.estimate.gpus import FIXTURE_GPU, GPU, gpu as gpu_entry
 from core.records import check_format
 
@@ -121,6 +122,9 @@ _MATH_OF = {"bf16": "fp16", "fp8": "int8"}
 _TENSOR_CORE_CLASSES = ("conv_gemm", "transformer", "attention")
 
 
+_NAN = math.nan  # one object: parameters read back compare equal to those written (nan is nan)
+
+
 def _unit_math() -> dict[str, float]:
     return {m: 1.0 for m in MATH_KEYS}
 _CONV_TYPES = re.compile(r"conv|gemm|matrixmultiply|fullyconnected", re.I)
@@ -146,9 +150,16 @@ class CostParams:
     gpu: str = FIXTURE_GPU              # the GPU the parameters were fitted on
     basis: str = FIXTURE_BASIS          # FIXTURE_BASIS or "your calibration"
     n_layers: int = 0                   # layers the fit used
-    median_err: float = math.nan        # per-layer median |relative error| of the fit on its own data
+    median_err: float = math.nan        # per-layer median |relative error| of the fit on its own data (in-sample)
     fitted_on: tuple[str, ...] = ()     # the reports fitted on
     fitted: tuple[str, ...] = ()        # the parameter names the data determined (others are priors)
+    # the classes of engine.CALIBRATION_CLASSES these parameters price, with the timed layers of each the fit
+    # saw: a calibration's (every other layer is priced by the shipped fit, FITTED). None: every class (the
+    # shipped fit, hand-made parameters); {}: none (a calibration stored before calibrations recorded them)
+    classes: dict[str, int] | None = None
+    held_out_err: float = math.nan      # per-layer median |relative error| on layers / engines the fit did not see
+    held_out: str = ""                  # how they were held out ("5-fold over the engine's layers", …)
+    class_err: dict[str, float] = field(default_factory=dict)  # held-out median |error| per class
 
     def to_json(self) -> dict:
         return {"kind": PARAMS_KIND, "format_version": PARAMS_VERSION,
@@ -161,7 +172,10 @@ class CostParams:
                 "transformer_knee": self.transformer_knee, "gpu": self.gpu, "basis": self.basis,
                 "n_layers": self.n_layers,
                 "median_err": None if math.isnan(self.median_err) else self.median_err,
-                "fitted_on": list(self.fitted_on), "fitted": list(self.fitted)}
+                "fitted_on": list(self.fitted_on), "fitted": list(self.fitted),
+                "classes": None if self.classes is None else dict(self.classes),
+                "held_out_err": None if math.isnan(self.held_out_err) else self.held_out_err,
+                "held_out": self.held_out, "class_err": dict(self.class_err)}
 
     @classmethod
     def from_json(cls, doc: dict) -> CostParams:
@@ -171,6 +185,11 @@ class CostParams:
         err = doc.get("median_err")
         # documents written before math_eff existed were fitted with one efficiency for every math
         math = {**_unit_math(), **{m: float(v) for m, v in dict(doc.get("math_eff") or {}).items()}}
+        if "classes" in doc:
+            classes = None if doc["classes"] is None else {str(c): int(n) for c, n in dict(doc["classes"]).items()}
+        else:  # written before calibrations recorded their classes: a calibration's scope is unknown
+            classes = {} if doc.get("basis") == CALIBRATION_BASIS else None
+        held = doc.get("held_out_err")
         return cls(**per_class, math_eff=math, simt_eff=float(doc["simt_eff"]), lowc_channels=float(doc["lowc_channels"]),
                    knee=float(doc["knee"]), int8_linear_out=float(doc["int8_linear_out"]),
                    # documents written before the tile model priced without it (model 1, no k-step latency)
@@ -178,18 +197,74 @@ class CostParams:
                    gemm_tile=float(doc.get("gemm_tile", 0.0)), clock_alpha=float(doc.get("clock_alpha", 1.0)),
                    transformer_knee=float(doc.get("transformer_knee", 0.0)),
                    gpu=str(doc["gpu"]), basis=str(doc["basis"]), n_layers=int(doc.get("n_layers", 0)),
-                   median_err=math.nan if err is None else float(err),
-                   fitted_on=tuple(doc.get("fitted_on", ())), fitted=tuple(doc.get("fitted", ())))
+                   median_err=_NAN if err is None else float(err),
+                   fitted_on=tuple(doc.get("fitted_on", ())), fitted=tuple(doc.get("fitted", ())),
+                   classes=classes, held_out_err=_NAN if held is None else float(held),
+                   held_out=str(doc.get("held_out") or ""),
+                   class_err={str(c): float(v) for c, v in dict(doc.get("class_err") or {}).items()})
+
+    def applies_to(self, layer: EngineLayer) -> bool:
+        """True when these parameters price ``layer``: every layer, or a layer of a class they were
+        calibrated on (:data:`~core.estimate.engine.CALIBRATION_CLASSES`)."""
+        return self.classes is None or calibration_class(layer) in self.classes
+
+    def pricing(self, layer: EngineLayer) -> CostParams:
+        """The parameters that price ``layer``: these, or the shipped fit for a layer of a class a
+        calibration has no data for."""
+        return self if self.applies_to(layer) else FITTED
 
     def label(self) -> str:
-        """What the estimate rests on, for the UI/CLI/export labels."""
+        """What the estimate rests on, for the UI/CLI/export labels: for a calibration, its engines, GPU,
+        classes and held-out error (never its in-sample error alone)."""
         if self.basis == CALIBRATION_BASIS:
-            err = "" if math.isnan(self.median_err) else f", median error {self.median_err * 100:.0f} %"
-            return f"calibrated on {self.n_layers} layers of your engine{err}"
+            if self.classes is None:  # parameters made by hand: every class, no held-out error known
+                err = "" if math.isnan(self.median_err) else f", median error {self.median_err * 100:.0f} % in-sample"
+                return f"calibrated on {self.n_layers} layers of your engine{err}"
+            if not self.classes:
+                return ("a calibration stored before calibrations recorded the layer classes they saw: not applied "
+                        "(import its engine report and calibrate again)")
+            err = (f"held-out median error {self.held_out_err * 100:.0f} % ({self.held_out})"
+                   if not math.isnan(self.held_out_err) else "no held-out error (too few layers)")
+            engines = ", ".join(self.fitted_on) or "your engine"
+            return (f"calibrated on {self.n_layers} layers of {engines} on the {_gpu_name(self.gpu)}: "
+                    f"{class_list(self.classes)}; {err}")
         return f"{self.basis}: {self.n_layers} layers of {len(self.fitted_on)} reports"
 
     def with_values(self, **changes) -> CostParams:
         return replace(self, **changes)
+
+
+def _gpu_name(key: str) -> str:
+    try:
+        return gpu_entry(key).name
+    except MixprecError:  # a GPU saved in a workspace (not in the table): its key
+        return key
+
+
+def basis_detail(params: CostParams, layers) -> str:
+    """The basis line of an estimate of ``layers`` (engine layers) priced with ``params``: for a
+    calibration, the classes of these layers it prices (with its engines, GPU and held-out error) and
+    those the shipped fit prices."""
+    if params.classes is None:
+        return params.label()
+    present: dict[str, int] = {}
+    for layer in layers:
+        if layer.layer_type != "NoOp":
+            c = calibration_class(layer)
+            present[c] = present.get(c, 0) + 1
+    mine = {c: n for c, n in present.items() if c in params.classes}
+    shipped = {c: n for c, n in present.items() if c not in params.classes}
+    parts = []
+    if mine:
+        parts.append(f"your calibration for {class_list(mine)} ({params.label()})")
+    if shipped:
+        every = "" if mine else "every layer class of this model, "
+        parts.append(f"the shipped fit for {every}{class_list(shipped)} ({FITTED.label()})")
+    if not mine and params.classes:
+        parts.append(f"your calibration covers {class_list(params.classes, with_counts=False)} only ({params.label()})")
+    elif not mine:
+        parts.append(params.label())
+    return "; ".join(parts) or FITTED.label()
 
 
 def _per_class(value: float) -> dict[str, float]:
@@ -535,7 +610,7 @@ def math_options(layer: EngineLayer, gpu: GPU, params: CostParams, tf32: bool = 
 def layer_breakdown(layer: EngineLayer, gpu: GPU | str, params: CostParams | None = None,
                     tf32: bool = True) -> dict:
     """``{ms, compute_ms, memory_ms, overhead_ms, bound, math, simt}`` of one layer (see :func:`layer_ms`)."""
-    g, params = gpu_entry(gpu), params or FITTED
+    g, params = gpu_entry(gpu), (params or FITTED).pricing(layer)
     if layer.layer_type == "NoOp":
         return {"ms": 0.0, "compute_ms": 0.0, "memory_ms": 0.0, "overhead_ms": 0.0, "bound": "none", "math": "",
                 "simt": False}

@@ -4,6 +4,7 @@ trtexec's ``--exportLayerInfo`` (``--profilingVerbosity=detailed``), read from a
 (:mod:`core.estimate.predict`)."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,3 +48,42 @@ class EngineLayer:
     onnx_nodes: tuple[str, ...] = ()   # the ONNX nodes fused into this layer
     is_reformat: bool = False
     attrs: dict = field(default_factory=dict, compare=False, hash=False)  # anything else (tactic, pooling type…)
+
+
+# --- the classes a calibration applies to (``core.estimate.fit.calibrate``) ------------------------
+# The cost model's classes, with its convolution/GEMM class cut in two: a calibration on convolutions
+# says nothing of MatMul/GEMM kernels (and the reverse), although both are priced by one set of
+# efficiencies. A calibration prices the layers of the classes it has data for; every other layer keeps
+# the shipped fit (``core.estimate.cost.CostParams.classes``).
+CALIBRATION_CLASSES = ("conv", "gemm", "pooling", "elementwise", "reformat", "softmax_norm", "transformer",
+                       "attention", "transformer_norm", "other")
+CLASS_NAMES = {"conv": "convolution", "gemm": "MatMul/GEMM", "pooling": "pooling", "elementwise": "elementwise",
+               "reformat": "reformat", "softmax_norm": "softmax/normalization",
+               "transformer": "transformer MatMul/GEMM", "attention": "attention",
+               "transformer_norm": "transformer normalization", "other": "other"}
+_GEMM_TYPE = re.compile(r"matrixmultiply|fullyconnected|matmul", re.I)
+
+
+def calibration_class(layer: EngineLayer) -> str:
+    """The class of :data:`CALIBRATION_CLASSES` a layer belongs to: its ``layer_class``, with the
+    convolution/GEMM class split by its TensorRT type (``CaskGemmMatrixMultiply``, ``MatrixMultiply``,
+    ``FullyConnected``: a MatMul/GEMM; anything else, a 1x1 convolution included: a convolution)."""
+    if layer.layer_class == "conv_gemm":
+        return "gemm" if _GEMM_TYPE.search(layer.layer_type) else "conv"
+    return layer.layer_class if layer.layer_class in CLASS_NAMES else "other"
+
+
+def class_list(counts, with_counts: bool = True) -> str:
+    """"convolution (21 layers), reformat (12)" of ``{class: count}`` (or of class names), in
+    :data:`CALIBRATION_CLASSES` order."""
+    items = counts.items() if hasattr(counts, "items") else ((c, 0) for c in counts)
+    known = dict(items)
+    order = [c for c in CALIBRATION_CLASSES if c in known] + [c for c in known if c not in CALIBRATION_CLASSES]
+    parts = []
+    for i, c in enumerate(order):
+        name = CLASS_NAMES.get(c, c)
+        if with_counts:
+            n = int(known[c])
+            name += f" ({n} layer{'s' if n != 1 else ''})" if i == 0 else f" ({n})"
+        parts.append(name)
+    return ", ".join(parts)

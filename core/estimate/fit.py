@@ -15,7 +15,10 @@ tile, never a constant per model, per engine or per GPU.
   leave-one-gpu-out, as rows of :mod:`core.estimate.validation` (read from ``cnn_validation.json``,
   which ``bench/bench_trt_estimate.py --write-validation`` writes);
 * :func:`calibrate` — §4: refit on a user's own engine(s) from their GPU, starting from the
-  shipped fit, labelled "calibrated on N layers of your engine, median error X %".
+  shipped fit; it prices the layer classes its engines have data for (the others keep the shipped
+  fit) and is labelled with them and its held-out error ("calibrated on 35 layers of a100-resnet-qat
+  on the NVIDIA A100 80GB SXM: convolution (21 layers), …; held-out median error 6 % (5-fold over the
+  engine's layers)"). It is refused on a report of another model and on a GPU the report cannot be of.
 
 The loss is, per report, the mean of a smooth |log(estimate / measured)| over its layers that run a
 kernel (robust, as the per-layer median target is), averaged over the reports (each counts once,
@@ -35,10 +38,11 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from core.backends.reports import ReportDevice, engine_device, kernel_capability, match_nodes
 from core.errors import MixprecError
 from core.estimate.cost import (CALIBRATION_BASIS, FITTED, FIXTURE_BASIS, PRIOR, CostParams, input_channels, is_conv,
                                 is_simt, layer_ms, linear_float_output, memoized)
-from core.estimate.engine import LAYER_CLASSES, EngineLayer
+from core.estimate.engine import LAYER_CLASSES, EngineLayer, calibration_class
 from core.estimate.gpus import FIXTURE_GPU, GPU, gpu as gpu_entry
 from core.estimate.layers import measured_layers
 from core.records import check_format
@@ -310,18 +314,144 @@ def leave_one_gpu_out(samples: Sequence[Sample], start: CostParams | None = None
     return rows
 
 
-def calibrate(reports, gpu_name: str) -> CostParams:
+# the GPU architectures' compute capabilities (lowest, highest), to check a GPU against what a report says
+ARCH_CAPABILITY = {"volta": ((7, 0), (7, 2)), "turing": ((7, 5), (7, 5)), "ampere": ((8, 0), (8, 7)),
+                   "ada": ((8, 9), (8, 9)), "hopper": ((9, 0), (9, 0)), "blackwell": ((10, 0), (12, 1))}
+MIN_CLASS_LAYERS = 2   # a class with fewer timed layers in the calibration's engines keeps the shipped fit
+HELD_OUT_FOLDS = 5     # one engine: its layers in this many interleaved folds, each fitted without it
+
+
+def _cc(c: tuple[int, int]) -> str:
+    return f"{c[0]}.{c[1]}"
+
+
+def device_problem(device: ReportDevice | None, g: GPU, custom=None) -> str | None:
+    """Why ``g`` cannot be the GPU an engine's reports say it was built on (:class:`ReportDevice`), or None:
+    the reports name another GPU, state a compute capability ``g``'s architecture does not have, or run
+    kernels built for a newer GPU than ``g``."""
+    if device is None:
+        return None
+    if device.name:
+        try:
+            named = gpu_entry(device.name, custom)
+        except MixprecError:
+            named = None
+        if named is not None and named.key != g.key:
+            return f"the engine was built on the {device.name} ({device.source}), not on the {g.name}"
+    lo, hi = ARCH_CAPABILITY.get(g.arch, ((0, 0), (99, 9)))
+    if device.capability and not lo <= device.capability <= hi:
+        return (f"the engine's GPU has compute capability {_cc(device.capability)} ({device.source}); the {g.name} is "
+                f"{g.arch.capitalize()} ({_cc(lo)}{'' if lo == hi else '–' + _cc(hi)})")
+    if device.min_capability and device.min_capability > hi:
+        return (f"the engine runs kernels built for compute capability {_cc(device.min_capability)} or later "
+                f"({device.kernel[:40]}…), which the {g.name} ({g.arch.capitalize()}, {_cc(hi)}) cannot run")
+    return None
+
+
+def gpus_for(device: ReportDevice | None, choices: dict[str, GPU], custom=None) -> list[str]:
+    """The keys of ``choices`` that can be the GPU the reports say (:func:`device_problem` has none)."""
+    return [k for k, g in choices.items() if device_problem(device, g, custom) is None]
+
+
+def _sample_device(s: Sample) -> ReportDevice:
+    least, kernel = kernel_capability(l.attrs.get("tactic", "") for l in s.layers)
+    return ReportDevice(min_capability=least, kernel=kernel)
+
+
+def _pair_name(graph, i: int) -> str:
+    if isinstance(graph, (str, Path)):
+        return Path(str(graph)).name.removesuffix(".json").removesuffix(".graph")
+    return f"engine {i + 1}"
+
+
+def _without(s: Sample, out: set[int]) -> Sample:
+    keep = [i for i in range(len(s.layers)) if i not in out]
+    return Sample(s.name, tuple(s.layers[i] for i in keep), tuple(s.times[i] for i in keep), s.gpu)
+
+
+def held_out_errors(samples: Sequence[Sample], gpu, start: CostParams | None = None) -> tuple[list[tuple[str, float]], str]:
+    """``(class, relative error)`` of every timed layer, each estimated by a fit that did not see it, and
+    how they were held out: with several engines, leave-one-engine-out (each engine's layers by a fit on
+    the others); with one, its timed layers in :data:`HELD_OUT_FOLDS` interleaved folds, each fold's
+    layers by a fit on the rest of the engine."""
+    start = start or FITTED
+    g = gpu_entry(gpu) if gpu is not None else None
+    out: list[tuple[str, float]] = []
+    if len(samples) >= 2:
+        for i, held in enumerate(samples):
+            params = _search([s for j, s in enumerate(samples) if j != i], g, start)
+            h = _gpu_of(held, g)
+            out += [(calibration_class(held.layers[k]), layer_ms(held.layers[k], h, params) / held.times[k] - 1)
+                    for k in held.timed()]
+        return out, f"leave-one-engine-out over {len(samples)} engines"
+    s = samples[0]
+    timed = s.timed()
+    folds = min(HELD_OUT_FOLDS, len(timed))
+    h = _gpu_of(s, g)
+    for f in range(folds):
+        fold = timed[f::folds]
+        params = _search([_without(s, set(fold))], g, start)
+        out += [(calibration_class(s.layers[k]), layer_ms(s.layers[k], h, params) / s.times[k] - 1) for k in fold]
+    return out, f"{folds}-fold over the engine's layers"
+
+
+def calibrate(reports, gpu_name, names: Sequence[str] | None = None, model_nodes: Iterable[str] | None = None,
+              model: str = "this model", device: ReportDevice | None = None, custom=None) -> CostParams:
     """§4: refit the efficiencies on engine(s) built on the user's GPU. ``reports`` is one
     ``(layer_info, profile)`` pair or a list of them (paths, bytes or parsed JSON) or of
-    :class:`Sample`. Starts from the shipped fit; ``basis`` is "your calibration"."""
+    :class:`Sample`; ``names`` names them (default: their file names). Starts from the shipped fit;
+    ``basis`` is "your calibration".
+
+    The calibration prices the layer classes its engines have at least :data:`MIN_CLASS_LAYERS` timed
+    layers of (``classes``); every other layer keeps the shipped fit. Its error is held out
+    (:func:`held_out_errors`: ``held_out_err``, ``class_err``), never only in-sample.
+
+    Refused (MixprecError) when ``model_nodes`` (the ONNX node names of the project's model,
+    :func:`core.backends.reports.node_names`) are given and a report is not of that model
+    (:class:`~core.backends.reports.ModelMatch`), and when the reports (``device``: what they say, e.g.
+    read from a trtexec log; else what their own JSON and kernel names say) cannot be of ``gpu_name``."""
     pairs = [reports] if isinstance(reports, (tuple, Sample)) else list(reports)
-    samples = [p if isinstance(p, Sample) else sample(p[0], p[1], f"engine {i + 1}") for i, p in enumerate(pairs)]
+    g = gpu_entry(gpu_name, custom)
+    samples = []
+    for i, p in enumerate(pairs):
+        name = names[i] if names is not None and i < len(names) else None
+        if isinstance(p, Sample):
+            s = p if name is None else replace(p, name=name)
+            dev = device or _sample_device(s)
+        else:
+            s = sample(p[0], p[1], name or _pair_name(p[0], i))
+            dev = device or engine_device(p[0], p[1])
+        problem = device_problem(dev, g, custom)
+        if problem:
+            raise MixprecError(f"Not calibrating the {g.name} on {s.name}: {problem}",
+                               "pick the GPU the engine was built and profiled on (its trtexec log says it: "
+                               "\"Selected Device\")")
+        if model_nodes is not None:
+            nodes = list(model_nodes)
+            match = match_nodes(((l.name, l.onnx_nodes) for l in s.layers), nodes, model)
+            if not match.enough:
+                raise match.refusal(f"engine report {s.name}")
+        samples.append(s)
     timed = sum(len(s.timed()) for s in samples)
     if timed < MIN_CALIBRATION_LAYERS:
         raise MixprecError(f"The engine has {timed} timed layers, too few to calibrate on "
                            f"(at least {MIN_CALIBRATION_LAYERS})",
                            "import the layer info and profile of a larger engine built on this GPU")
-    return fit(samples, gpu_name, start=FITTED, basis=CALIBRATION_BASIS)
+    counts: dict[str, int] = {}
+    for s in samples:
+        for i in s.timed():
+            c = calibration_class(s.layers[i])
+            counts[c] = counts.get(c, 0) + 1
+    classes = {c: n for c, n in counts.items() if n >= MIN_CLASS_LAYERS}
+    if not classes:
+        raise MixprecError(f"No layer class has {MIN_CLASS_LAYERS} timed layers in the engine, too few to calibrate on",
+                           "import the layer info and profile of a larger engine built on this GPU")
+    params = fit(samples, g, start=FITTED, basis=CALIBRATION_BASIS)
+    rel, how = held_out_errors(samples, g, FITTED)
+    mine = [abs(e) for c, e in rel if c in classes]
+    per_class = {c: float(np.median([abs(e) for k, e in rel if k == c])) for c in classes if any(k == c for k, _ in rel)}
+    return replace(params, classes=classes, held_out=how, class_err=per_class,
+                   held_out_err=float(np.median(mine)) if mine else math.nan)
 
 
 # ---------------------------------------------------------------------------- validation rows

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from core.errors import MixprecError
-from core.estimate.cost import FITTED, CostParams, layer_breakdown
+from core.estimate.cost import CALIBRATION_BASIS, FITTED, CostParams, basis_detail, layer_breakdown
 from core.estimate.engine import EngineLayer
 from core.estimate.fusion import predicted, static_net
 from core.estimate.gpus import GPU, gpu as gpu_entry
@@ -112,8 +112,8 @@ class Prediction:
     total_ms: float
     gpu: str                        # the GPU table's key (a100, t4, …)
     gpu_name: str
-    basis: str                      # cost.FIXTURE_BASIS or "your calibration"
-    basis_detail: str               # e.g. "calibrated on 32 layers of your engine, median error 7 %"
+    basis: str                      # cost.FIXTURE_BASIS, or "your calibration" when it prices a layer of this engine
+    basis_detail: str               # which classes a calibration prices (from what), which the shipped fit prices
     tf32: bool = True
     model_name: str = ""
     policy_sha256: str = ""
@@ -206,5 +206,9 @@ def predict(model: LoadedModel, policy: Policy, input_shapes: dict[str, tuple[in
     source = {n.name for n in model.proto.graph.node}
     table = price(layers, g, params, tf32, source)
     total = float(table.est_ms.sum())
-    return Prediction(table, total, g.key, g.name, params.basis, params.label(), tf32,
+    basis = params.basis
+    if params.classes is not None:  # a calibration prices the layers of its classes only
+        basis = CALIBRATION_BASIS if any(params.applies_to(l) for l in layers if l.layer_type != "NoOp") \
+            else FITTED.basis
+    return Prediction(table, total, g.key, g.name, basis, basis_detail(params, layers), tf32,
                       model.name, policy.sha256, notes, layers, band_of(table, total, g.arch, gpu=g.key))

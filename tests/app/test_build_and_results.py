@@ -1,6 +1,7 @@
 """Streamlit AppTest of the Build and results page (views/build_and_results.py): runs, their latency labels and
 warnings, the job panel (interrupted jobs, cancel), trtexec report imports and the estimator calibration
-they offer, the estimate beside the measured latency."""
+they offer (tests/app/test_engine_report.py: the report matched to the model, the calibration's GPU), the
+estimate beside the measured latency."""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,6 @@ import pytest
 from core.estimate.predict import predict
 from core.jobs import JobManager
 from core.project import open_project
-from core.store.results import load_gpu_calibration
 from tests.fixtures.apptest import MODEL, captions_text, ok, page, shown, wait_all
 
 
@@ -130,22 +130,6 @@ def test_results_page_shows_the_estimate_beside_the_measured_latency(ws):
     text = captions_text(res)
     assert "Measured: " in text and "Estimate, not measured" in text and "basis: fit on the fixture engines (A100 ResNet-18, TITAN RTX MobileNetV2)" in text
     assert want.estimate_text() in text and "held-out cases: a100" in text  # the band and what it rests on
-
-
-def test_calibrate_the_estimator_on_an_imported_report(ws, trt_reports_dir):
-    at = ok(page("build_and_results"))
-    at.text_input(key="trt_graph_path").input(str(trt_reports_dir / "a100-resnet-fp16.graph.json"))
-    at.text_input(key="trt_profile_path").input(str(trt_reports_dir / "a100-resnet-fp16.profile.json")).run()
-    at.selectbox(key="calib_gpu").select("l4").run()
-    at.button(key="calibrate_gpu").click().run()
-    ok(at)
-    (msg,) = [s.value for s in at.success if "your calibration" in s.value]
-    assert "NVIDIA L4" in msg and "calibrated on" in msg and "layers of your engine, median error" in msg
-    params = load_gpu_calibration(ws, "l4")
-    assert params is not None and params.gpu == "l4" and params.n_layers > 0
-    pre = ok(page("precision", state={"estimate_gpu:value": "l4"}))
-    text = captions_text(pre)
-    assert "on NVIDIA L4" in text and f"basis: calibrated on {params.n_layers} layers of your engine" in text
 
 
 def test_results_page_shows_the_quality_headline_and_its_selector_reaches_the_build_job(ws):
