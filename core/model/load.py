@@ -272,6 +272,12 @@ def _check_external_data(model: onnx.ModelProto, base_dir: Path) -> None:
             past_end.append(f"{t.name}: its shape {list(t.dims)} needs {need} bytes, {shown_path(loc, 60)} has "
                             f"{max(has, 0)} for it (offset {offset}" + (f", length {length})" if length is not None
                                                                         else ", to the end of the file)"))
+    _refuse_external(base, outside, unreadable, missing, past_end, linked)
+
+
+def _refuse_external(base: Path, outside: list, unreadable: list, missing: list, past_end: list,
+                     linked: dict) -> None:
+    """The first of ``_check_external_data``'s findings as one MixprecError with its fix (none: return)."""
     if outside:
         raise MixprecError(
             "the model references external data outside its folder; mixprec refuses to read it",
