@@ -40,6 +40,9 @@ class Latency:
     ref_p95_ms: float
     speedup: float  # median of the pairwise ratios reference/candidate
     iterations: int
+    # each interleaved pair's times (ms), in order: what the speedup's interval is computed from (empty: not kept)
+    candidate_ms: tuple[float, ...] = ()
+    reference_ms: tuple[float, ...] = ()
 
 
 class Runner(ABC):
@@ -94,7 +97,8 @@ class Backend(ABC):
 def latency_from_pairs(cand: list[float], ref: list[float]) -> Latency:
     c, r = np.asarray(cand) * 1e3, np.asarray(ref) * 1e3
     return Latency(float(np.median(c)), float(np.percentile(c, 95)), float(np.median(r)),
-                   float(np.percentile(r, 95)), float(np.median(r / c)), len(c))
+                   float(np.percentile(r, 95)), float(np.median(r / c)), len(c),
+                   tuple(float(v) for v in c), tuple(float(v) for v in r))
 
 
 # ---------------------------------------------------------------------------- per-layer profiles

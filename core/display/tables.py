@@ -18,7 +18,8 @@ LAYER_COMPARE_COLUMNS = ["layer", "op_type", "precision_a", "ms_a", "precision_b
 # The run history as shown: (column of core.measure.runs.RUN_COLUMNS, heading with its unit, decimals, "sig" for 4
 # significant digits, or None for text).
 HISTORY_COLUMNS = [
-    ("created", "created (local time)", None), ("label", "label", None), ("speedup", "vs FP32", None),
+    ("created", "created (local time)", None), ("label", "label", None), ("policy_sha256", "policy", None),
+    ("speedup", "vs FP32", None), ("speedup_low", "vs FP32, 95 % interval", None), ("input_shapes", "input shapes", None),
     ("latency_median_ms", "median (ms)", "sig"), ("latency_p95_ms", "p95 (ms)", "sig"),
     ("fp32_median_ms", "FP32 median (ms)", "sig"), ("cosine_mean", "cosine mean", 4), ("cosine_min", "cosine min", 4),
     ("snr_db", "SNR (dB)", 1), ("max_abs", "max abs error", None), ("reformat_count", "reformats", 0),
@@ -33,7 +34,8 @@ HISTORY_COLUMNS = [
 COMPARE_ROWS = [
     ("created", "created (local time)"), ("backend", "backend"), ("target", "deployment target"),
     ("latency_source", "latency source"), ("latency_median_ms", "median latency"), ("latency_p95_ms", "p95 latency"),
-    ("fp32_median_ms", "FP32 median latency"), ("speedup", "vs FP32"), ("reformat_count", "reformat nodes"),
+    ("fp32_median_ms", "FP32 median latency"), ("speedup", "vs FP32"), ("speedup_low", "vs FP32, 95 % interval"),
+    ("input_shapes", "input shapes"), ("policy_sha256", "policy (content hash)"), ("reformat_count", "reformat nodes"),
     ("reformat_ms", "reformat time"), ("reformat_pct", "reformat share"), ("cosine_mean", "cosine (mean)"),
     ("cosine_min", "cosine (min)"), ("snr_db", "SNR"), ("max_abs", "max abs error"),
     ("top1_agreement", "top-1 agreement"), ("kl_div", "KL divergence (nats)"), ("perplexity", "perplexity"),
@@ -111,10 +113,72 @@ def metric_text(column: str, value) -> str:
     return str(value)
 
 
+def policy_hash(sha256) -> str:
+    """A policy's content hash as shown: its first 8 hex digits (two runs of one policy show the same)."""
+    return str(sha256 or "")[:8] or "—"
+
+
+def policy_runs(runs: pd.DataFrame) -> pd.Series:
+    """How many runs of ``runs`` were built from the same policy as each (by its content hash), by run id."""
+    counts = runs.groupby("policy_sha256")["run_id"].transform("size")
+    return pd.Series(counts.to_numpy(), index=runs["run_id"].to_numpy())
+
+
+def _text(value) -> str:
+    return "" if _missing(value) else str(value)
+
+
+def interval_text(low, high, pairs=None) -> str:
+    """A speedup's 95 % interval: ``1.31–1.62× (30 pairs)``; "not kept (an older run)" without the pair times."""
+    if _missing(low) or _missing(high):
+        return "not kept (an older run)"
+    n = "" if _missing(pairs) or not pairs else f" ({int(pairs)} pairs)"
+    return f"{float(low):.2f}–{float(high):.2f}×{n}"
+
+
+def run_context(row) -> str:
+    """What a run's numbers are for, said beside them: ``for 1×3×640×640, policy int8=40 … (3f2a1c9e), ONNX
+    Runtime CPU, measured`` (``row``: a row of ``list_runs``)."""
+    shapes = _text(row.get("input_shapes"))
+    return (f"for {shapes or 'shapes not recorded'}, policy {row['label']} ({policy_hash(row['policy_sha256'])}), "
+            f"{row['latency_source']}")
+
+
 def run_title(runs: pd.DataFrame, run_id: str) -> str:
-    """How a run is named in a picker: its label, local time and the end of its id."""
+    """How a run is named in a picker: its label, local time and the end of its id, and, when another run was
+    built from the same policy, the policy's hash and how many runs it has."""
     row = runs.set_index("run_id").loc[run_id]
-    return f"{row['label']} · {local_time(row['created'])} · {run_id[-6:]}"
+    n = int(policy_runs(runs).get(run_id, 1))
+    same = f" · policy {policy_hash(row['policy_sha256'])}, {n} runs" if n > 1 else ""
+    return f"{row['label']} · {local_time(row['created'])} · {run_id[-6:]}{same}"
+
+
+def same_policy_note(runs: pd.DataFrame, a: str, b: str) -> str:
+    """When runs ``a`` and ``b`` were built from the same policy (same content hash): that they are, their
+    speedups with their 95 % intervals, the range over every run of that policy, and what a gap between them
+    means; "" for two policies."""
+    by_id = runs.set_index("run_id")
+    ra, rb = by_id.loc[a], by_id.loc[b]
+    if a == b or ra["policy_sha256"] != rb["policy_sha256"]:
+        return ""
+    group = runs[runs["policy_sha256"] == ra["policy_sha256"]]
+    each = "; ".join(f"{k} {float(r['speedup']):.2f}× (95 % interval {interval_text(r.get('speedup_low'), r.get('speedup_high'), r.get('timed_pairs'))})"
+                     for k, r in (("A", ra), ("B", rb)))
+    text = (f"A and B are the same policy (content hash {policy_hash(ra['policy_sha256'])}), measured twice: "
+            f"vs FP32, {each}.")
+    if len(group) > 2:
+        sp = pd.to_numeric(group["speedup"], errors="coerce")
+        text += f" The {len(group)} runs of this policy range {sp.min():.2f}–{sp.max():.2f}×."
+    lows = [ra.get("speedup_low"), rb.get("speedup_low")]
+    highs = [ra.get("speedup_high"), rb.get("speedup_high")]
+    if any(_missing(v) for v in (*lows, *highs)):
+        text += " The gap between them is measurement noise (one policy, one engine build): rebuild on an idle machine."
+    elif max(lows) <= min(highs):
+        text += " The intervals overlap: the gap is measurement noise."
+    else:
+        text += (" The intervals do not overlap: the machine's load changed between the two runs (the same "
+                 "policy cannot be faster): rebuild both on an idle machine before reading a difference.")
+    return text
 
 
 def run_history(runs: pd.DataFrame) -> pd.DataFrame:
@@ -127,6 +191,14 @@ def run_history(runs: pd.DataFrame) -> pd.DataFrame:
             s = s.map(local_time)
         elif col == "speedup":
             s = s.map(lambda v: metric_text("speedup", v))
+        elif col == "speedup_low":
+            s = pd.Series([interval_text(lo, hi, n) for lo, hi, n in zip(runs["speedup_low"], runs["speedup_high"],
+                                                                         runs["timed_pairs"])], index=runs.index)
+        elif col == "policy_sha256":
+            n = policy_runs(runs).to_numpy()
+            s = pd.Series([policy_hash(h) + (f" · {k} runs" if k > 1 else "") for h, k in zip(s, n)], index=runs.index)
+        elif col == "input_shapes":
+            s = s.map(_text)
         elif col in ("int8_mac_fraction",):
             s = (100 * s.astype(float)).round(decimals)
         elif col == "max_abs":
@@ -192,7 +264,17 @@ def run_comparison_table(runs: pd.DataFrame, a: str, b: str) -> pd.DataFrame:
     rows = []
     for col, label in COMPARE_ROWS:
         va, vb = (a, b) if col == "run_id" else (by_id.at[a, col], by_id.at[b, col])
-        rows.append((label, metric_text(col, va), metric_text(col, vb), _change(col, va, vb)))
+        if col == "speedup_low":
+            ta, tb = (interval_text(by_id.at[r, "speedup_low"], by_id.at[r, "speedup_high"], by_id.at[r, "timed_pairs"])
+                      for r in (a, b))
+            rows.append((label, ta, tb, ""))
+        elif col in ("input_shapes", "policy_sha256"):
+            show = policy_hash if col == "policy_sha256" else (lambda v: _text(v) or "not recorded")
+            same = "same policy" if col == "policy_sha256" else "same shapes"
+            differ = "another policy" if col == "policy_sha256" else "other shapes: latencies not comparable"
+            rows.append((label, show(va), show(vb), same if _text(va) == _text(vb) else differ))
+        else:
+            rows.append((label, metric_text(col, va), metric_text(col, vb), _change(col, va, vb)))
     return pd.DataFrame(rows, columns=["metric", col_a, col_b, "B vs A"]).set_index("metric")
 
 

@@ -20,6 +20,7 @@ from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import ClassVar, Protocol
 
+import numpy as np
 import pandas as pd
 
 from core.backends import Latency, select_backend
@@ -46,11 +47,48 @@ RUN_COLUMNS = [
     "reformat_count", "reformat_ms", "reformat_pct",
     "cosine_mean", "cosine_min", "snr_db", "max_abs", "top1_agreement", "kl_div", "perplexity", "knn5_overlap",
     "n_fp32", "n_fp16", "n_int8", "int8_mac_fraction", "build_seconds", "data_generated", "warnings",
+    "speedup_low", "speedup_high", "timed_pairs", "input_shapes",
 ]
+# speedup_low/high: the 95 % interval of the speedup (:func:`speedup_interval`; NaN when the run kept no pair
+# times); timed_pairs: how many interleaved pairs it rests on; input_shapes: :func:`shapes_text` of the shapes the
+# run was built and measured at ("" when not recorded)
 WARN_BELOW = 0.98  # default threshold of the quality warning (cosine_mean)
 GENERATED_NOTE = "on generated data"  # said next to every quality number computed on generated data
 ORT_CPU_SOURCE = "ONNX Runtime CPU, measured"
 _TRT_REASON = re.compile(r"TensorRT (?P<version>[0-9][^\s]*) on (?P<gpu>.+?)(?: \(compute capability|$)")
+
+
+_MEASURED_GPU = re.compile(r"^TensorRT \S+ on (?P<gpu>.+), measured$")
+CI_LEVEL = 0.95  # the level of a speedup's interval
+CI_RESAMPLES = 2000
+
+
+def speedup_interval(candidate_ms, reference_ms, level: float = CI_LEVEL, resamples: int = CI_RESAMPLES,
+                     seed: int = 0) -> tuple[float, float] | None:
+    """The ``level`` confidence interval of a run's speedup (the median of its pairwise ratios reference /
+    candidate): a percentile bootstrap over the interleaved pairs (resampled as pairs, so what slowed both
+    engines of a pair cancels), seeded, so a run reads the same interval every time. None with fewer than 5
+    pairs or no finite positive one."""
+    c, r = np.asarray(candidate_ms, dtype=float), np.asarray(reference_ms, dtype=float)
+    if c.shape != r.shape or c.ndim != 1:
+        return None
+    ok = np.isfinite(c) & np.isfinite(r) & (c > 0) & (r > 0)
+    ratios = r[ok] / c[ok]
+    if len(ratios) < 5:
+        return None
+    rng = np.random.default_rng(seed)
+    medians = np.median(ratios[rng.integers(0, len(ratios), size=(resamples, len(ratios)))], axis=1)
+    lo, hi = np.percentile(medians, [50 * (1 - level), 50 * (1 + level)])
+    return float(lo), float(hi)
+
+
+def shapes_text(shapes: dict) -> str:
+    """The input shapes of a run as said beside its numbers: ``1×3×640×640`` for one input, ``input_ids 1×128,
+    attention_mask 1×128`` for several; "" when none are recorded."""
+    dims = {str(k): "×".join(str(int(d)) for d in v) or "scalar" for k, v in (shapes or {}).items()}
+    if len(dims) == 1:
+        return next(iter(dims.values()))
+    return ", ".join(f"{k} {v}" for k, v in dims.items())
 
 
 class RankedLayers(Protocol):
@@ -142,6 +180,22 @@ class RunResult:
         """The latency source with the target, e.g. ``ONNX Runtime CPU, measured · target TensorRT (GPU)``."""
         return f"{self.latency_source} · target {TARGET_LABELS.get(self.target, self.target)}"
 
+    @property
+    def measured_gpu(self) -> str:
+        """The GPU the latency was measured on (a TensorRT run: ``NVIDIA T4``), "" for any other backend."""
+        m = _MEASURED_GPU.match(self.latency_source or "")
+        return m["gpu"] if m else ""
+
+    @property
+    def speedup_ci(self) -> tuple[float, float] | None:
+        """The 95 % interval of the speedup from the run's pair times (:func:`speedup_interval`), None without."""
+        return speedup_interval(self.latency.candidate_ms, self.latency.reference_ms)
+
+    @property
+    def shapes_label(self) -> str:
+        """:func:`shapes_text` of the shapes the run was built at."""
+        return shapes_text(self.input_shapes)
+
     def to_json(self) -> dict:
         q = asdict(self.quality)
         q["outputs"] = self.quality.to_dict()["outputs"]  # per metric output (None: the first float output only)
@@ -154,7 +208,10 @@ class RunResult:
             "backend": self.backend, "backend_reason": self.backend_reason, "policy_sha256": self.policy_sha256,
             "latency_ms": {"median": self.latency.median_ms, "p95": self.latency.p95_ms,
                            "fp32_median": self.latency.ref_median_ms, "fp32_p95": self.latency.ref_p95_ms,
-                           "iterations": self.latency.iterations},
+                           "iterations": self.latency.iterations,
+                           # each interleaved pair's times, in order (the speedup's interval is computed from them)
+                           "candidate_ms": list(self.latency.candidate_ms),
+                           "reference_ms": list(self.latency.reference_ms)},
             "speedup": self.latency.speedup, "latency_source": self.latency_source, "target": self.target,
             "reformat": asdict(self.reformat),
             "quality": q,
@@ -184,7 +241,7 @@ class RunResult:
                 backend=doc["backend"], backend_reason=doc.get("backend_reason", ""),
                 policy_sha256=doc["policy_sha256"],
                 latency=Latency(lat["median"], lat["p95"], lat["fp32_median"], lat["fp32_p95"], doc["speedup"],
-                                lat["iterations"]),
+                                lat["iterations"], *_pair_times(lat)),
                 reformat=ReformatSummary(rf["count"], rf["ms"], rf["pct"], rf.get("total_ms", float("nan")),
                                          rf.get("elided", 0)),
                 quality=Quality(**{f.name: q.get(f.name) for f in dataclass_fields(Quality) if f.name != "outputs"},
@@ -217,7 +274,21 @@ class RunResult:
                "n_fp32": pc.get("fp32", 0), "n_fp16": pc.get("fp16", 0), "n_int8": pc.get("int8", 0),
                "int8_mac_fraction": self.int8_mac_fraction, "build_seconds": self.build_seconds,
                "data_generated": self.data_generated, "warnings": " ".join(self.warnings)}
+        ci = self.speedup_ci
+        row.update(speedup_low=ci[0] if ci else math.nan, speedup_high=ci[1] if ci else math.nan,
+                   timed_pairs=len(self.latency.candidate_ms), input_shapes=self.shapes_label)
         return {c: row[c] for c in RUN_COLUMNS}
+
+
+def _pair_times(lat: dict) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The pair times of a run document's ``latency_ms`` (runs built before they were kept have none: empty)."""
+    c, r = lat.get("candidate_ms"), lat.get("reference_ms")
+    if not isinstance(c, list) or not isinstance(r, list) or len(c) != len(r):
+        return (), ()
+    try:
+        return tuple(float(v) for v in c), tuple(float(v) for v in r)
+    except (TypeError, ValueError):
+        return (), ()
 
 
 def _migrate(doc, kind: str):
