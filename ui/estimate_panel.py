@@ -121,8 +121,9 @@ def _service(ws_root: str) -> EstimateService:
 
 @st.cache_resource(max_entries=64, show_spinner=False)
 def _predicted(model_sha: str, policy_sha: str, shapes: str, gpu: str, params_tag: str,
-               _p: Project, _pol: Policy, _params: CostParams, _gpu: GPU | None = None) -> Future:
-    return _service(str(_p.ws.root)).submit(_p.model, _pol, _p.input_shapes, _gpu or gpu, _params)
+               _p: Project, _pol: Policy, _params: CostParams, _gpu: GPU | None = None,
+               _shapes: dict | None = None) -> Future:
+    return _service(str(_p.ws.root)).submit(_p.model, _pol, _shapes or _p.input_shapes, _gpu or gpu, _params)
 
 
 def _wait() -> float:
@@ -136,22 +137,24 @@ def _wait() -> float:
         return 0.05
 
 
-def pending(p: Project, pol: Policy, gpu: str) -> Future:
-    """The (cached) prediction of ``pol`` on ``gpu`` as a future, computed in the background."""
+def pending(p: Project, pol: Policy, gpu: str, shapes: dict | None = None) -> Future:
+    """The (cached) prediction of ``pol`` on ``gpu`` as a future, computed in the background, at ``shapes``
+    (a run's recorded shapes; None: the project's)."""
     params = params_for(p, gpu)
-    shapes = json.dumps({k: list(v) for k, v in p.input_shapes.items()}, sort_keys=True)
+    at = {k: [int(d) for d in v] for k, v in (shapes or p.input_shapes).items()}
+    key = json.dumps(at, sort_keys=True)
     g = gpu_of(gpu)
     if gpu in GPUS:
-        return _predicted(p.model.sha256, pol.sha256, shapes, gpu, _tag(params), p, pol, params)
+        return _predicted(p.model.sha256, pol.sha256, key, gpu, _tag(params), p, pol, params, None, at)
     # a GPU added in the workspace: keyed by its figures too (editing it is another estimate)
     spec = hashlib.sha256(json.dumps(g.to_json(), sort_keys=True).encode()).hexdigest()[:16]
-    return _predicted(p.model.sha256, pol.sha256, shapes, f"{g.key}:{spec}", _tag(params), p, pol, params, g)
+    return _predicted(p.model.sha256, pol.sha256, key, f"{g.key}:{spec}", _tag(params), p, pol, params, g, at)
 
 
-def estimate(p: Project, pol: Policy, gpu: str, timeout: float | None = None) -> Prediction:
-    """The prediction of ``pol`` on ``gpu`` (waits up to ``timeout`` s, None: until done); raises
-    MixprecError, or TimeoutError when it is not ready in time."""
-    return pending(p, pol, gpu).result(timeout=timeout)
+def estimate(p: Project, pol: Policy, gpu: str, timeout: float | None = None, shapes: dict | None = None) -> Prediction:
+    """The prediction of ``pol`` on ``gpu`` at ``shapes`` (None: the project's; waits up to ``timeout`` s, None:
+    until done); raises MixprecError, or TimeoutError when it is not ready in time."""
+    return pending(p, pol, gpu, shapes).result(timeout=timeout)
 
 
 def quiet_estimate(p: Project, pol: Policy) -> Prediction | None:
@@ -232,12 +235,39 @@ def _show(r: Prediction, c) -> None:
 
 
 # --- beside a run's measured latency (Build and results) -------------------------------------------
-def beside_run(p: Project, run_id: str, measured_ms: str, source: str) -> None:
-    """The estimate of a run's policy on the session's GPU next to the run's measured latency, each labelled."""
+def run_gpu(run) -> tuple[str, str]:
+    """The GPU a run's estimate is for, and what the caption says of it: the GPU its latency was measured on (a
+    TensorRT run, when the estimate's table or the workspace has it), else the session's GPU, said to be the one
+    picked on the Precision page."""
+    picked = gpu_key()
+    measured = run.measured_gpu
+    if measured:
+        try:
+            g = gpu_entry(measured, gpu_form.saved_gpus(session.workspace()))
+        except MixprecError:
+            return picked, (f"the run was measured on {measured}, which the estimate's GPU table does not have: "
+                            f"estimated for {gpu_of(picked).name}, the GPU picked on the Precision page")
+        key = next((k for k, v in gpus().items() if v.name == g.name), None)
+        if key is not None:
+            return key, "the GPU the run was measured on"
+    return picked, "the GPU picked on the Precision page"
+
+
+def run_estimate_caption(run, r: Prediction, gpu_note: str) -> str:
+    """``Estimated for 1×3×640×640, policy X (3f2a1c9e), NVIDIA T4 (…)``: what a run's estimate is for."""
+    shapes = run.shapes_label or "today's shapes (the run did not record its own)"
+    return (f"Estimated for {shapes}, policy {run.label} ({run.policy_sha256[:8]}), {r.gpu_name} ({gpu_note}).")
+
+
+def beside_run(p: Project, run, measured_ms: str) -> None:
+    """The estimate of a run (a ``RunResult``) next to its measured latency, each labelled: the run's policy at the
+    run's recorded shapes, on the GPU it was measured on (else the session's GPU), and the caption says which."""
     if len(p.model.proto.graph.node) > LIVE_NODES:
         return
+    gpu, gpu_note = run_gpu(run)
     try:
-        r = estimate(p, run_policy(p, run_dir(p.ws, run_id)), gpu_key(), timeout=_wait())
+        r = estimate(p, run_policy(p, run_dir(p.ws, run.run_id)), gpu, timeout=_wait(),
+                     shapes=run.input_shapes or None)
     except NotReady:
         st.caption("The TensorRT estimate of this run is being computed; it shows on the next refresh.")
         return
@@ -246,10 +276,10 @@ def beside_run(p: Project, run_id: str, measured_ms: str, source: str) -> None:
         return
     c = st.columns([1, 1.3, 2])
     c[0].metric("Measured latency", measured_ms, "measured", delta_color="off", delta_arrow="off",
-                help=f"Measured: {md(source)}")
+                help=f"Measured: {md(run.latency_source)}")
     c[1].metric(f"Estimated TensorRT time on {md(r.gpu_name)}", ms_text(r.total_ms), band_delta(r),
                 delta_color="off", delta_arrow="off", help=_label(r))
-    c[2].caption(f"Measured: {md(source)}. {_label(r)}. The GPU is picked on the Precision page.")
+    c[2].caption(f"{md(run_estimate_caption(run, r, gpu_note))} Measured: {md(run.latency_source)}. {_label(r)}.")
 
 
 # --- calibration on an imported engine report (Build and results) -----------------------------------

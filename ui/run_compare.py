@@ -1,5 +1,6 @@
 """Results page, two runs side by side: their metrics (columns named by the runs' labels, with
-units), a per-layer chart of A against B (time and precision) and the layers whose precision differs."""
+units), whether they are the same policy and how noisy their speedups are, a per-layer chart of A against B
+(time and precision; FP16 simulated on the CPU cross-hatched) and the layers whose precision differs."""
 from __future__ import annotations
 
 import pandas as pd
@@ -7,7 +8,7 @@ import streamlit as st
 
 from core.display.charts import plot_layer_comparison
 from core.display.precision_edit import policy_diff
-from core.display.tables import layer_comparison, run_columns, run_comparison_table, run_title
+from core.display.tables import layer_comparison, run_columns, run_comparison_table, run_title, same_policy_note
 from core.errors import MixprecError
 from core.project import Project
 from core.store.runs import load_run_per_layer, run_dir, run_policy
@@ -51,10 +52,19 @@ def section(p: Project, runs: pd.DataFrame) -> None:
     b = b_col.selectbox("Run B", ids, format_func=title.get, key="cmp_b", on_change=_picked, args=(ids,),
                         persist_state="session")
     st.dataframe(run_comparison_table(runs, a, b))
+    same = same_policy_note(runs, a, b)  # one policy measured twice: how noisy the figure is
+    if same:
+        st.info(same, icon=":material/content_copy:")
+    by_id = runs.set_index("run_id")
+    if str(by_id.at[a, "input_shapes"] or "") != str(by_id.at[b, "input_shapes"] or ""):
+        st.warning(md(f"A and B were built at other shapes (A {by_id.at[a, 'input_shapes'] or 'not recorded'}, "
+                      f"B {by_id.at[b, 'input_shapes'] or 'not recorded'}): their latencies are not comparable."),
+                   icon=":material/warning:")
     run_notes.comparison(runs, a, b)
     col_a, col_b = run_columns(runs, a, b)
     try:
-        layers = layer_comparison(load_run_per_layer(run_dir(p.ws, a)), load_run_per_layer(run_dir(p.ws, b)))
+        layers = layer_comparison(load_run_per_layer(run_dir(p.ws, a)), load_run_per_layer(run_dir(p.ws, b)),
+                                  by_id.at[a, "backend"], by_id.at[b, "backend"])
         top = min(30, len(layers))
         st.plotly_chart(plot_layer_comparison(layers, col_a, col_b, top=top), key="compare_layers_chart")
     except (OSError, MixprecError) as e:

@@ -3,7 +3,7 @@ import streamlit as st
 
 from core.display.charts import plot_quality_vs_latency, plot_run_latency, plot_run_layers, plot_run_quality, \
     plot_run_reformat
-from core.display.tables import local_time, metric_text, ms_text, run_history, run_title
+from core.display.tables import local_time, metric_text, ms_text, run_context, run_history, run_title
 from core.jobs import build_params
 from core.measure.runs import GENERATED_NOTE, latency_caveat
 from core.project import TARGET_LABELS
@@ -54,13 +54,16 @@ c[3].metric("SNR", snr.split(" (")[0], "outputs identical to FP32" if snr.starts
 c[4].metric("Reformats", f"{int(last['reformat_count'])}", f"{last['reformat_pct']:.1f}% of per-layer time",
             delta_color="off", delta_arrow="off", help=f"{ms_text(last['reformat_ms'])} in precision conversions")
 try:
-    quality_panel.headline_section(load_run(p.ws, last["run_id"]))
+    last_run = load_run(p.ws, last["run_id"])
+    quality_panel.headline_section(last_run)
 except Exception as e:  # noqa: BLE001 - a damaged run must not break the page
+    last_run = None
     st.error(md(e))
 st.caption(f"Latency of {md(last['label'])}: {md(last['latency_source'])} · deployment target "
-           f"{TARGET_LABELS.get(p.target, p.target)}")
-estimate_panel.beside_run(p, last["run_id"], ms_text(last["latency_median_ms"]), last["latency_source"])
-caveat = latency_caveat(p.target, last["backend"])
+           f"{TARGET_LABELS.get(last['target'], last['target'])} · {md(run_context(last, source=False))}")
+if last_run is not None:
+    estimate_panel.beside_run(p, last_run, ms_text(last["latency_median_ms"]))
+caveat = latency_caveat(last["target"], last["backend"])  # the run's target, as built
 if caveat:
     st.info(caveat, icon=":material/info:")
 run_notes.section(p, last["run_id"])
@@ -103,8 +106,9 @@ if go.button("Export this run", key="export_this_run", icon=":material/download:
     export_panel.choose_run(sel)
     st.switch_page("views/export.py")
 try:
-    st.plotly_chart(plot_run_layers(load_run_per_layer(run_dir(p.ws, sel)),
-                                    backend=runs.set_index("run_id").at[sel, "backend"]), key="layers_chart")
+    picked = runs.set_index("run_id").loc[sel]
+    st.plotly_chart(plot_run_layers(load_run_per_layer(run_dir(p.ws, sel)), backend=picked["backend"],
+                                    context=run_context(picked.to_dict() | {"run_id": sel})), key="layers_chart")
 except Exception as e:  # noqa: BLE001 - a damaged run must not break the page
     st.error(md(e))
 if sel != last["run_id"]:

@@ -252,14 +252,17 @@ def plot_run_latency(runs: pd.DataFrame) -> go.Figure:
     interleaved in every run) and the newest all-FP16 run, if any; each a legend entry."""
     df = _runs(runs)
     source = df["latency_source"] if "latency_source" in df.columns else pd.Series("", index=df.index)
+    shapes = pd.Series([v if isinstance(v, str) and v else "shapes not recorded"
+                        for v in (df["input_shapes"] if "input_shapes" in df.columns else [""] * len(df))],
+                       index=df.index)
     x = _run_axis(df)
     fig = go.Figure(go.Bar(
         x=x, y=df["latency_median_ms"].tolist(), name="median (whisker: p95)", marker={"color": "#72B7B2"},
         error_y={"type": "data", "symmetric": False, "array": (df["latency_p95_ms"] - df["latency_median_ms"]).tolist(),
                  "arrayminus": [0] * len(df)},
-        customdata=list(zip(df["latency_p95_ms"], _texts(source), df["created"].map(local_time))),
+        customdata=list(zip(df["latency_p95_ms"], _texts(source), df["created"].map(local_time), _texts(shapes))),
         hovertemplate="%{x}<br>median %{y:.3f} ms · p95 %{customdata[0]:.3f} ms<br>%{customdata[1]}"
-                      "<br>built %{customdata[2]}<extra></extra>"))
+                      "<br>for %{customdata[3]} · built %{customdata[2]}<extra></extra>"))
     lines = []
     if len(df):
         lines.append(("FP32 baseline", float(df["fp32_median_ms"].median()), "dash", PRECISION_COLORS["FP32"]))
@@ -275,8 +278,11 @@ def plot_run_latency(runs: pd.DataFrame) -> go.Figure:
     y_range = fit_range([*df["latency_p95_ms"], *df["latency_median_ms"], *(y for _, y, _, _ in lines)], pad=0.08)
     if y_range:  # bars start at 0; room above the highest whisker and line
         fig.update_yaxes(range=[0, max(y_range[1], 1e-6)])
+    notes = [" / ".join(sources)] if sources else []
+    if shapes.nunique() > 1:  # runs at other shapes: their latencies are not comparable, and the chart says so
+        notes.append("runs at other shapes: " + ", ".join(dict.fromkeys(shapes)))
     return _titled(fig, "Latency per run (bar: median, whisker: p95)"
-                   + (f"<br><sup>{plot_text(' / '.join(sources))}</sup>" if sources else ""), "Run", "Latency (ms)",
+                   + (f"<br><sup>{plot_text(' · '.join(notes))}</sup>" if notes else ""), "Run", "Latency (ms)",
                    legend_title_text="", legend=_BELOW)
 
 

@@ -136,12 +136,12 @@ def interval_text(low, high, pairs=None) -> str:
     return f"{float(low):.2f}–{float(high):.2f}×{n}"
 
 
-def run_context(row) -> str:
+def run_context(row, source: bool = True) -> str:
     """What a run's numbers are for, said beside them: ``for 1×3×640×640, policy int8=40 … (3f2a1c9e), ONNX
-    Runtime CPU, measured`` (``row``: a row of ``list_runs``)."""
+    Runtime CPU, measured`` (``row``: a row of ``list_runs``; ``source=False``: without what measured it)."""
     shapes = _text(row.get("input_shapes"))
-    return (f"for {shapes or 'shapes not recorded'}, policy {row['label']} ({policy_hash(row['policy_sha256'])}), "
-            f"{row['latency_source']}")
+    return (f"for {shapes or 'shapes not recorded'}, policy {row['label']} ({policy_hash(row['policy_sha256'])})"
+            + (f", {row['latency_source']}" if source else ""))
 
 
 def run_title(runs: pd.DataFrame, run_id: str) -> str:

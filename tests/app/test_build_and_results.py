@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from core.display.tables import ms_text
 from core.estimate.predict import predict
 from core.jobs import JobManager
 from core.project import open_project
@@ -177,3 +178,65 @@ def test_results_page_with_infinite_snr_in_every_run(ws):
     compared = at.dataframe[1].value  # Compare two runs
     assert compared.at["SNR", compared.columns[0]] == "∞ (outputs identical)"
     assert len(at.get("plotly_chart")) >= 5
+
+
+def _plant(run, **changes) -> None:
+    doc = json.loads((run.run_dir / "metrics.json").read_text())
+    (run.run_dir / "metrics.json").write_text(json.dumps(doc | changes))
+
+
+def test_the_estimate_beside_a_past_run_is_for_its_shapes_policy_and_gpu(ws):
+    """Issue 23 §1: a run built at 4×3×32×32 shows the estimate at 4×3×32×32 (not today's 1×3×32×32), and says so:
+    "Estimated for 4×3×32×32, policy <label> (<hash>), NVIDIA A100 (the GPU picked on the Precision page…)"; the
+    per-layer chart of the run says its shapes and policy too."""
+    from core.measure.runs import build_and_measure
+
+    p = open_project("sample:tiny-cnn", ws=ws)
+    run = build_and_measure(p, p.default_policy(), label="at batch 4", iterations=3, profile_iterations=1)
+    _plant(run, input_shapes={"image": [4, 3, 32, 32]})
+    res = ok(page("build_and_results"))
+    want = predict(p.model, p.default_policy(), {"image": (4, 3, 32, 32)}, "a100")
+    today = predict(p.model, p.default_policy(), p.input_shapes, "a100")
+    assert want.total_ms != today.total_ms
+    est = next(m for m in res.metric if m.label.startswith("Estimated TensorRT time on"))
+    assert est.value == ms_text(want.total_ms)
+    text = captions_text(res)
+    assert (f"Estimated for 4×3×32×32, policy at batch 4 ({run.policy_sha256[:8]}), {want.gpu_name} (the GPU picked "
+            "on the Precision page)") in text
+    assert f"for 4×3×32×32, policy at batch 4 ({run.policy_sha256[:8]})" in text  # the latency's caption
+    layers = json.loads(res.get("plotly_chart")[-1].proto.spec)["layout"]["title"]["text"]
+    assert "for 4×3×32×32" in layers and run.policy_sha256[:8] in layers
+
+
+def test_the_estimate_of_a_tensorrt_run_is_for_the_gpu_it_was_measured_on(ws):
+    from core.measure.runs import build_and_measure
+
+    p = open_project("sample:tiny-cnn", ws=ws)
+    run = build_and_measure(p, p.default_policy(), label="on a T4", iterations=3, profile_iterations=1)
+    _plant(run, latency_source="TensorRT 10.13 on Tesla T4, measured")
+    res = ok(page("build_and_results"))  # the session's GPU is the A100
+    est = next(m for m in res.metric if m.label.startswith("Estimated TensorRT time on"))
+    assert est.label == "Estimated TensorRT time on NVIDIA T4"
+    assert est.value == ms_text(predict(p.model, p.default_policy(), p.input_shapes, "t4").total_ms)
+    assert "NVIDIA T4 (the GPU the run was measured on)" in captions_text(res)
+
+
+def test_two_runs_of_the_same_policy_are_marked_with_their_intervals(ws):
+    """Issue 23 §6: the same policy measured twice reads as such — the history's policy column, the pickers and
+    an info under the comparison with each speedup's 95 % interval (from the run's interleaved pairs)."""
+    from core.measure.runs import build_and_measure
+
+    p = open_project("sample:tiny-cnn", ws=ws)
+    first, second = (build_and_measure(p, p.default_policy(), label=f"take {i}", iterations=8, profile_iterations=1)
+                     for i in (1, 2))
+    assert first.policy_sha256 == second.policy_sha256 and first.speedup_ci is not None
+    at = ok(page("build_and_results"))
+    history = at.dataframe[0].value
+    assert set(history["policy"]) == {f"{first.policy_sha256[:8]} · 2 runs"}
+    assert all(t.endswith("(8 pairs)") for t in history["vs FP32, 95 % interval"])
+    assert at.selectbox(key="cmp_a").format_func(first.run_id).endswith(f"policy {first.policy_sha256[:8]}, 2 runs")
+    (note,) = [i.value for i in at.info if "same policy" in i.value]
+    lo, hi = first.speedup_ci
+    assert f"content hash {first.policy_sha256[:8]}" in note and f"{lo:.2f}–{hi:.2f}×" in note
+    compared = at.dataframe[1].value
+    assert compared.at["policy (content hash)", "B vs A"] == "same policy"

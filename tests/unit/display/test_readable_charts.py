@@ -169,3 +169,15 @@ def test_quality_vs_latency_labels_do_not_overlap():
     assert all(a != b for a, b in zip(by_x, by_x[1:]))  # neighbours in latency alternate above / below
     many = plot_quality_vs_latency(_runs_table(9).assign(latency_median_ms=12.0))
     assert many.data[0].mode == "markers" and "%{customdata[3]}" in many.data[0].hovertemplate  # names on hover
+
+
+def test_run_latency_says_the_shapes_of_each_run():
+    from core.display.charts import plot_run_latency
+    from tests.unit.display.test_charts import _runs_table
+
+    runs = _runs_table(2).assign(input_shapes=["1×3×640×640", "1×3×224×224"])
+    fig = plot_run_latency(runs)
+    assert "for %{customdata[3]}" in fig.data[0].hovertemplate and {c[3] for c in fig.data[0].customdata} == \
+        {"1×3×640×640", "1×3×224×224"}
+    assert "runs at other shapes" in fig.layout.title.text
+    assert "other shapes" not in plot_run_latency(runs.assign(input_shapes="1×3×640×640")).layout.title.text
