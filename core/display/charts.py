@@ -393,8 +393,8 @@ def plot_run_layers(per_layer: pd.DataFrame, top: int = 30, backend: str = "onnx
         ([f"cross-hatched: {int(sim.sum())} {SIMULATED_NOTE}"] if sim.any() else [])
     if notes:
         title += "<br><sup>" + "<br>".join(notes) + "</sup>"
-    return _titled(fig, title, "Mean time per inference (ms)", "", height=max(400, 22 * len(df)),
-                   legend_title_text="Precision")
+    return _titled(fig, title, "Mean time per inference (ms)", "", height=max(400, 22 * len(df) + 20 * len(notes)),
+                   legend_title_text="Precision", margin={"t": 90 + 20 * len(notes)})
 
 
 RANK_LABELS = {"cos_drop": "Cosine drop vs FP32", "added_cos_drop": "Added cosine drop (this layer only)",
@@ -616,7 +616,8 @@ def plot_layer_comparison(df: pd.DataFrame, label_a: str = "A", label_b: str = "
     sim_note = f"<br>cross-hatched: {n_sim} bar(s) of {SIMULATED_NOTE}" if n_sim else ""
     return _titled(fig, f"Per layer, A against B: top {len(rows)} layers by time"
                    f"<br><sup>{changed} layer(s) change precision (diamonds); a layer's time includes its "
-                   f"precision conversions{sim_note}</sup>", "", "", barmode="group", height=max(420, 30 * len(rows)))
+                   f"precision conversions{sim_note}</sup>", "", "", barmode="group", height=max(420, 30 * len(rows) + 30),
+                   margin={"t": 135 if n_sim else 100})  # room for the title's third line above the subplot titles
 
 
 ESTIMATE_NOTE = "estimate, not measured"
