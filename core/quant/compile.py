@@ -50,7 +50,7 @@ from core.model.placement import PLACEMENT_OPS, PlacementGraph, fused_input
 from core.quant.calibration import CalibrationResult
 from core.quant.policy import Policy
 from core.quant.trt_rules import assert_trt_rules
-from core.workspace import atomic_write_bytes
+from core.workspace import TempFolder, Workspace, atomic_write_bytes
 
 TARGETS = ("ort", "trt")
 FLOAT_DTYPES = (np.float32, np.float16, np.float64)
@@ -98,6 +98,14 @@ class CompiledModel:
         if self.weights is None:
             return atomic_write_bytes(path, proto.SerializeToString())
         return save_compiled(proto, Path(path), self.weights, self.spill, copy)
+
+    def scratch(self, prefix: str = "mixprec-") -> TempFolder:
+        """A temp folder for files made from the compiled model, as ``LoadedModel.scratch``: beside its data
+        files (``external/<sha>/tmp``, so that they are hard-linked there) with external weights, else the
+        default workspace's ``tmp/``."""
+        if self.weights is not None:
+            return TempFolder(self.weights.folder / "tmp", prefix)
+        return TempFolder(Workspace.default(), prefix)
 
     def _runnable(self) -> None:
         if self.structure_only:

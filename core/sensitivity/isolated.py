@@ -20,6 +20,7 @@ import json
 import multiprocessing as mp
 import os
 import signal
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -160,12 +161,22 @@ def worker_context():
     """How trial workers start: forked from a forkserver that imported this module once (the first pool of a
     process starts it; later pools' workers start in milliseconds instead of an interpreter start and ~1.5 s of
     imports each, as with ``spawn``). The server is a fresh single-threaded interpreter, so no thread or ONNX
-    Runtime session of the caller is forked. ``spawn`` where there is no forkserver (Windows)."""
-    if "forkserver" not in mp.get_all_start_methods():
+    Runtime session of the caller is forked. ``spawn`` where there is no forkserver (Windows), or where the
+    forkserver's socket could not be made: its path, ``$TMPDIR/pymp-*/listener-*``, would pass the kernel's 107
+    bytes (a deep ``TMPDIR``; the start failed with "AF_UNIX path too long")."""
+    if "forkserver" not in mp.get_all_start_methods() or not _socket_fits(tempfile.gettempdir()):
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload([__name__])
     return ctx
+
+
+AF_UNIX_PATH_MAX = 107  # sun_path's bytes on Linux, its NUL aside
+FORKSERVER_SOCKET = "/pymp-xxxxxxxx/listener-xxxxxxxx"  # multiprocessing's names under the temp folder
+
+
+def _socket_fits(tmp: str) -> bool:
+    return len(os.fsencode(tmp)) + len(FORKSERVER_SOCKET) <= AF_UNIX_PATH_MAX
 
 
 class TrialPool:

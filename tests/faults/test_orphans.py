@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -97,13 +99,21 @@ def _system_temp_leftovers(tmpdir: Path) -> list[str]:
     return sorted(p.name for p in tmpdir.iterdir() if p.name.startswith("mixprec-"))
 
 
-def test_a_killed_cli_search_leaves_no_trial_worker_and_its_stdout_ends(tiny_cnn_ws, held, tmp_path):
+@pytest.fixture
+def system_temp():
+    """The children's system temp folder (``TMPDIR``), short: multiprocessing's forkserver puts its AF_UNIX socket
+    there, and a socket path has at most 107 bytes (pytest's tmp_path under xdist can be longer)."""
+    path = Path(tempfile.mkdtemp(prefix="mxt-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_killed_cli_search_leaves_no_trial_worker_and_its_stdout_ends(tiny_cnn_ws, held, tmp_path, system_temp):
     """SIGKILL of ``python -m core search`` while its workers are in a trial: the workers die, the pipe of the CLI's
     stdout reaches its end (no process holds it), the trial data is in the workspace (not the system temp folder)
     and the next start sweeps it."""
     metric, folder = held
-    tmpdir = tmp_path / "system-temp"
-    tmpdir.mkdir()
+    tmpdir = system_temp
     log = tmp_path / "cli.stderr"
     env = {**os.environ, "MIXPREC_WORKSPACE": str(tiny_cnn_ws.root), "TMPDIR": str(tmpdir)}
     with open(log, "wb") as err:
@@ -210,11 +220,10 @@ cal.calibrate(p.model, p.calib_data, "minmax", ws)
 """
 
 
-def test_a_killed_calibration_leaves_nothing_in_the_system_temp_folder(tiny_cnn_ws, tmp_path):
+def test_a_killed_calibration_leaves_nothing_in_the_system_temp_folder(tiny_cnn_ws, tmp_path, system_temp):
     """A calibration's model copies are in the workspace's tmp/, never the system temp folder; killed, they are
     swept by the next calibration."""
-    tmpdir, flag = tmp_path / "system-temp", tmp_path / "calibrating"
-    tmpdir.mkdir()
+    tmpdir, flag = system_temp, tmp_path / "calibrating"
     proc = subprocess.Popen([sys.executable, "-c", _HELD_CALIBRATION, str(tiny_cnn_ws.root), str(flag)], cwd=ROOT,
                             env={**os.environ, "TMPDIR": str(tmpdir)}, start_new_session=True)
     try:
