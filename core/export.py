@@ -19,6 +19,7 @@ from core.display.markdown import code_span, md_text
 from core.errors import MixprecError
 from core.estimate.predict import Prediction
 from core.measure.reference import timing_feed
+from core.measure.runs import shapes_text
 from core.model.load import LoadedModel
 from core.model.profiles import input_ranges, range_text
 from core.model.shapes import resolve_input_shapes, shape_text
@@ -409,20 +410,23 @@ def _attempt(left_out: list[str], what: str, make):
 
 
 def export_bundle(project: Project, policy: Policy, *, trt_version: str = DEFAULT_TRT_VERSION, tf32: bool = False,
-                  atol: float | None = None, source: str = "", estimate: Prediction | None = None) -> ExportBundle:
+                  atol: float | None = None, source: str = "", estimate: Prediction | None = None,
+                  estimate_for: str = "", estimate_shapes: dict | None = None) -> ExportBundle:
     """Every export of ``policy`` in one bundle (:data:`BUNDLE_SCRIPTS` and ``model.*`` files, see
     :func:`bundle_readme`): calibrated and compiled once. A part that cannot be made for this
     model (e.g. names trtexec cannot express, an opset below 13) is left out and the README says
     why; the rest is still there. ``source`` says where the policy comes from (a run, the session).
     ``estimate``: the policy's TensorRT estimate, written as ``estimate.json`` and in the README,
-    labelled as an estimate with its GPU and basis."""
+    labelled as an estimate with its GPU and basis; ``estimate_for`` says what it is for ("Estimated for
+    4×3×32×32, policy X (3f2a1c9e), NVIDIA T4 (the GPU the run was measured on)."), ``estimate_shapes`` the
+    shapes it was made at (a run's recorded shapes; None: the project's, which the bundle builds at)."""
     stem, left_out = BUNDLE_STEM, []
     calib = policy_calibration(project, policy)
     compiled = _attempt(left_out, "the compiled ONNX and the TensorRT >= 10.12 scripts",
                         lambda: compiled_onnx(project, policy, "trt", calib))
     files: dict[str, str | bytes] = {POLICY_NAME: policy.to_json()}
     if estimate is not None:
-        files[ESTIMATE_NAME] = estimate_json(estimate)
+        files[ESTIMATE_NAME] = estimate_json(estimate, estimate_shapes or project.input_shapes, estimate_for)
     cache = None if calib is None else _attempt(left_out, f"{stem}.calib.cache",
                                                 lambda: trt_calibration_cache(calib, trt_version))
     if cache is not None:
@@ -441,25 +445,41 @@ def export_bundle(project: Project, policy: Policy, *, trt_version: str = DEFAUL
     if legacy:
         files.update({BUNDLE_SCRIPTS["legacy"] if n == "" else n: d for n, d in legacy.items()})
     readme = bundle_readme(project, policy, files, left_out, trt_version=trt_version, source=source,
-                           estimate=estimate, tf32=tf32)
+                           estimate=estimate, tf32=tf32, estimate_for=estimate_for, estimate_shapes=estimate_shapes)
     ordered = {README_NAME: readme, **files}
     return ExportBundle({n: d.encode() if isinstance(d, str) else d for n, d in ordered.items()}, tuple(left_out))
 
 
-def estimate_json(estimate: Prediction) -> str:
-    """The estimate as the bundle stores it: ``Prediction.to_json`` (label "estimate", GPU, basis), NaN as null."""
+def estimate_json(estimate: Prediction, shapes: dict | None = None, estimated_for: str = "") -> str:
+    """The estimate as the bundle stores it: ``Prediction.to_json`` (label "estimate", GPU, basis), NaN as null,
+    with the input shapes it was made at and what it is for (``estimated_for``, when said)."""
     doc = estimate.to_json()
+    if shapes is not None:
+        doc["input_shapes"] = {str(k): [int(d) for d in v] for k, v in shapes.items()}
+    if estimated_for:
+        doc["estimated_for"] = estimated_for
     if not math.isfinite(doc["reformats"]["pct"]):
         doc["reformats"]["pct"] = None
     return json.dumps(doc, indent=2, default=str) + "\n"
 
 
-def _estimate_lines(estimate: Prediction | None) -> list[str]:
+def _same_shapes(a: dict, b: dict) -> bool:
+    return {str(k): [int(d) for d in v] for k, v in a.items()} == {str(k): [int(d) for d in v] for k, v in b.items()}
+
+
+def _estimate_lines(project: Project, estimate: Prediction | None, estimate_for: str = "",
+                    estimate_shapes: dict | None = None) -> list[str]:
     if estimate is None:
         return []
-    return ["## Estimated TensorRT time (an estimate, not measured)", "",
-            f"{md_text(estimate.caption())}. Made by mixprec without a GPU (`{ESTIMATE_NAME}` has it per predicted "
-            "engine layer); the Profile step below measures the real engine.", ""]
+    lines = ["## Estimated TensorRT time (an estimate, not measured)", "",
+             (f"{md_text(estimate_for)} " if estimate_for else "")
+             + f"{md_text(estimate.caption())}. Made by mixprec without a GPU (`{ESTIMATE_NAME}` has it per predicted "
+             "engine layer); the Profile step below measures the real engine.", ""]
+    if estimate_shapes and not _same_shapes(estimate_shapes, project.input_shapes):
+        lines += [f"The estimate is at the run's shapes ({code_span(shapes_text(estimate_shapes))}); the files of "
+                  f"this bundle are for the project's ({code_span(shapes_text(project.input_shapes))}), so the "
+                  "engine they build is not the one estimated.", ""]
+    return lines
 
 
 def _file_notes(files: dict, trt_version: str) -> dict[str, str]:
@@ -544,7 +564,7 @@ def _build_lines(project: Project, files: dict, trt_version: str, tf32: bool) ->
 
 def bundle_readme(project: Project, policy: Policy, files: dict, left_out: list[str], *,
                   trt_version: str = DEFAULT_TRT_VERSION, source: str = "", estimate: Prediction | None = None,
-                  tf32: bool = False) -> str:
+                  tf32: bool = False, estimate_for: str = "", estimate_shapes: dict | None = None) -> str:
     """The bundle's README.md: what each file is, then how to build, check, profile and import the
     reports back into mixprec; each step numbered in turn and never empty. Names, shapes and file names are
     code spans (literal, no escapes); other user text (the source, the estimate's caption, what was left
@@ -557,7 +577,7 @@ def bundle_readme(project: Project, policy: Policy, files: dict, left_out: list[
              f"`{policy.model_sha256[:16]}`: fp32 {c['fp32']} · fp16 {c['fp16']} · int8 {c['int8']} layers. "
              f"Input shapes: {shapes or 'static'}.", "", *_profile_lines(project), "## Files", ""]
     lines += [f"- {code_span(n)}: {notes.get(n, '')}" for n in [README_NAME, *files]]
-    lines += ["", *_estimate_lines(estimate)] if estimate is not None else []
+    lines += ["", *_estimate_lines(project, estimate, estimate_for, estimate_shapes)] if estimate is not None else []
     steps = [("Build the engine (on the GPU machine)", _build_lines(project, files, trt_version, tf32))]
     if BUNDLE_SCRIPTS["polygraphy"] in files:
         steps.append(("Check its accuracy (optional)", [

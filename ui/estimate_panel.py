@@ -22,6 +22,7 @@ from core.estimate.fit import calibrate, gpus_for
 from core.estimate.gpus import FIXTURE_GPU, GPU, GPUS, gpu as gpu_entry
 from core.estimate.predict import Prediction
 from core.estimate.service import EstimateService
+from core.measure.runs import shapes_text
 from core.project import Project
 from core.quant.policy import Policy
 from core.store.results import load_gpu_calibration, save_gpu_calibration
@@ -157,14 +158,26 @@ def estimate(p: Project, pol: Policy, gpu: str, timeout: float | None = None, sh
     return pending(p, pol, gpu, shapes).result(timeout=timeout)
 
 
-def quiet_estimate(p: Project, pol: Policy) -> Prediction | None:
-    """The estimate on the session's GPU for an export, or None (too large to estimate now, or no estimate)."""
-    if len(p.model.proto.graph.node) > LIVE_NODES and not st.session_state.get(f"estimate_on:{p.model.sha256}"):
+def large_model_waits(p: Project) -> bool:
+    """True for a model too large to estimate at every rerun whose estimate was not asked for yet."""
+    return len(p.model.proto.graph.node) > LIVE_NODES and not st.session_state.get(f"estimate_on:{p.model.sha256}")
+
+
+def export_estimate(p: Project, pol: Policy, run=None, wait: bool = False) -> tuple[Prediction, str] | None:
+    """The estimate an export states (the Export page and its bundle) and its caption: a run's (a ``RunResult``)
+    policy at the run's recorded shapes on the GPU it was measured on (else the session's), as beside the run on
+    Build and results; the session's policy at today's shapes on the session's GPU. None for a large model whose
+    estimate was not asked for. ``wait``: as long as a page run waits for a new estimate (else until it is made);
+    raises MixprecError, or TimeoutError (``NotReady``) when it is not ready by then."""
+    if large_model_waits(p):
         return None
-    try:
-        return estimate(p, pol, gpu_key())
-    except Exception:  # noqa: BLE001 - the export goes on without an estimate
-        return None
+    timeout = _wait() if wait else None
+    if run is None:
+        r = estimate(p, pol, gpu_key(), timeout)
+        return r, draft_estimate_caption(p, pol, r, "this session's policy", "the GPU picked on the Precision page")
+    gpu, note = run_gpu(run)
+    r = estimate(p, pol, gpu, timeout, shapes=run.input_shapes or None)
+    return r, run_estimate_caption(run, r, note)
 
 
 def _label(r: Prediction) -> str:
@@ -209,7 +222,8 @@ def section(p: Project, pol: Policy) -> Prediction | None:
     except Exception as e:  # noqa: BLE001 - an estimate that fails must not break the page
         st.warning(f"No estimate for this policy: {md(e)}", icon=":material/warning:")
         return None
-    _show(r, c)
+    _show(r, c, draft_estimate_caption(p, pol, r, "the draft policy", "the GPU picked here"),
+          f"for {shapes_text(p.input_shapes) or 'static shapes'}, the draft policy ({pol.sha256[:8]})")
     return r
 
 
@@ -223,15 +237,18 @@ def _poll(fut: Future) -> None:
     st.caption("Estimating the TensorRT engine for this policy… (the page stays usable)")
 
 
-def _show(r: Prediction, c) -> None:
+def _show(r: Prediction, c, what: str, context: str = "") -> None:
+    """The estimate's metrics, ``what`` it is for (its caption's first sentence) and the per-layer chart (its title
+    says ``context``: the shapes and policy)."""
     c[1].metric("Estimated TensorRT time", ms_text(r.total_ms), band_delta(r), delta_color="off", delta_arrow="off",
                 help=f"{_label(r)}")
     c[2].metric("Predicted reformats", f"{r.reformat_count}", f"{r.reformat_pct:.1f}% of the estimated time",
                 delta_color="off", delta_arrow="off",
                 help="Precision/format conversions TensorRT would insert at the policy's boundaries")
-    st.caption(_label(r))
+    st.caption(f"{md(what)} {_label(r)}")
     if st.toggle(f"Show the estimated time per engine layer ({len(r.layers)} predicted layers)", key=CHART_ON):
-        st.plotly_chart(plot_estimate_layers(r.layers, r.gpu_name, r.basis_detail), key="estimate_chart")
+        st.plotly_chart(plot_estimate_layers(r.layers, r.gpu_name, r.basis_detail, context=context),
+                        key="estimate_chart")
 
 
 # --- beside a run's measured latency (Build and results) -------------------------------------------
@@ -257,6 +274,14 @@ def run_estimate_caption(run, r: Prediction, gpu_note: str) -> str:
     """``Estimated for 1×3×640×640, policy X (3f2a1c9e), NVIDIA T4 (…)``: what a run's estimate is for."""
     shapes = run.shapes_label or "today's shapes (the run did not record its own)"
     return (f"Estimated for {shapes}, policy {run.label} ({run.policy_sha256[:8]}), {r.gpu_name} ({gpu_note}).")
+
+
+def draft_estimate_caption(p: Project, pol: Policy, r: Prediction, what: str, gpu_note: str) -> str:
+    """``Estimated for 1×3×224×224 (today's shapes, set on the Model page), the draft policy (3f2a1c9e), NVIDIA A100
+    (the GPU picked here).``: what the estimate of a policy that is no run's is for (``what``: which policy)."""
+    shapes = shapes_text(p.input_shapes) or "static shapes"
+    return (f"Estimated for {shapes} (today's shapes, set on the Model page), {what} ({pol.sha256[:8]}), "
+            f"{r.gpu_name} ({gpu_note}).")
 
 
 def beside_run(p: Project, run, measured_ms: str) -> None:

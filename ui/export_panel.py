@@ -4,20 +4,22 @@ cache, the Polygraphy check and the bundle zip once calibrated and compiled) and
 shown folded with the whole script a click away."""
 from __future__ import annotations
 
+from concurrent.futures import TimeoutError as NotReady
 from dataclasses import dataclass
 
 import streamlit as st
 
 from core.display.markdown import md_text
-from core.display.tables import local_time, run_title
+from core.display.tables import local_time, ms_text, run_title
 from core.errors import MixprecError
-from core.export import (BUNDLE_SCRIPTS, BUNDLE_STEM, DEFAULT_ATOL, DEFAULT_TRT_VERSION, POLICY_NAME, README_NAME,
-                         SCRIPT_HEAD, TYPED_HEADER, bundle_filename, export_bundle, fold_command, legacy_script,
-                         policy_filename, polygraphy_command, typed_script)
+from core.export import (BUNDLE_SCRIPTS, BUNDLE_STEM, DEFAULT_ATOL, DEFAULT_TRT_VERSION, ESTIMATE_NAME, POLICY_NAME,
+                         README_NAME, SCRIPT_HEAD, TYPED_HEADER, bundle_filename, export_bundle, fold_command,
+                         legacy_script, policy_filename, polygraphy_command, typed_script)
+from core.measure.runs import RunResult, shapes_text
 from core.model.profiles import range_text
 from core.project import Project
 from core.quant.policy import Policy
-from core.store.runs import list_runs, run_dir, run_policy
+from core.store.runs import list_runs, load_run, run_dir, run_policy
 from ui import draft, estimate_panel
 from ui.session import code, md
 
@@ -29,10 +31,12 @@ _MIME = {".onnx": "application/octet-stream", ".sh": "text/x-shellscript", ".jso
 
 @dataclass(frozen=True)
 class Choice:
-    """The policy to export, where it comes from (said in the README) and its run, if any."""
+    """The policy to export, where it comes from (said in the README) and its run, if any (its id, and the run:
+    its estimate is for the run's recorded shapes and GPU)."""
     policy: Policy
     source: str
     run_id: str | None = None
+    run: RunResult | None = None
 
 
 def choose_run(run_id: str) -> None:
@@ -59,6 +63,7 @@ def pick(p: Project) -> Choice:
     row = runs.set_index("run_id").loc[choice]
     try:
         pol = run_policy(p, run_dir(p.ws, choice))
+        run = load_run(p.ws, choice)
     except (OSError, MixprecError) as e:
         st.error(f"Run {md(row['label'])}: {md(e)}")
         st.stop()
@@ -68,7 +73,7 @@ def pick(p: Project) -> Choice:
                    "session's calibration data: load that data on the Model page to export the run's own ranges.",
                    icon=":material/warning:")
     return Choice(pol, f"Run {row['label']} ({choice}), built {local_time(row['created'])} on {row['backend']}",
-                  choice)
+                  choice, run)
 
 
 def summary(p: Project, choice: Choice) -> None:
@@ -80,6 +85,53 @@ def summary(p: Project, choice: Choice) -> None:
     if p.profiles:  # the dynamic-shape profiles (Model page, input shapes): the commands build for these ranges
         st.caption("Optimisation profile (min:opt:max; the project runs at opt): "
                    + md(", ".join(f"{n}={range_text(r)}" for n, r in p.profiles.items())))
+
+
+def _other_shapes(p: Project, run: RunResult | None) -> bool:
+    """Whether ``run`` was built at shapes other than the project's (which the export's files are for)."""
+    if run is None or not run.input_shapes:
+        return False
+    return run.input_shapes != {k: [int(d) for d in v] for k, v in p.input_shapes.items()}
+
+
+def _estimate(p: Project, choice: Choice, wait: bool):
+    """(the estimate, its caption) of the policy to export (``estimate_panel.export_estimate``: a run's at its
+    shapes, on its GPU), or None with no estimate; raises MixprecError, or NotReady (``wait``)."""
+    return estimate_panel.export_estimate(p, choice.policy, choice.run, wait=wait)
+
+
+def _quiet_estimate(p: Project, choice: Choice):
+    """:func:`_estimate` once made (waits for it), or None when there is none: the export goes on without it."""
+    try:
+        return _estimate(p, choice, wait=False)
+    except Exception:  # noqa: BLE001 - the export goes on without an estimate
+        return None
+
+
+def estimate(p: Project, choice: Choice) -> None:
+    """The TensorRT estimate of the policy to export, as its bundle states it: a run's at the run's recorded shapes
+    on the GPU it was measured on (else the session's), the session's policy at today's shapes; the caption says
+    which ("Estimated for 4×3×32×32, policy X (3f2a1c9e), NVIDIA T4 (the GPU the run was measured on).")."""
+    try:
+        got = _estimate(p, choice, wait=True)
+    except NotReady:
+        st.caption("The TensorRT estimate of this policy is being computed; it shows on the next refresh.")
+        return
+    except Exception as e:  # noqa: BLE001 - an estimate that fails must not break the page
+        st.caption(f"No TensorRT estimate of this policy: {md(e)}")
+        return
+    if got is None:
+        return
+    r, what = got
+    c = st.columns([1, 2.5])
+    c[0].metric(f"Estimated TensorRT time on {md(r.gpu_name)}", ms_text(r.total_ms), estimate_panel.band_delta(r),
+                delta_color="off", delta_arrow="off", help=f"{estimate_panel.ESTIMATE}: {md(r.caption())}")
+    c[1].caption(f"{md(what)} {estimate_panel.ESTIMATE}: {md(r.caption())}. The bundle's {README_NAME} and "
+                 f"{ESTIMATE_NAME} state it.")
+    if _other_shapes(p, choice.run):
+        st.info(f"Run {md(choice.run.label)} was built at {md(choice.run.shapes_label)}; the files below are for "
+                f"today's shapes, {md(shapes_text(p.input_shapes))} (set on the Model page): set the run's shapes "
+                "there to export the engine that was measured and estimated.", icon=":material/info:")
 
 
 def options() -> tuple[str, bool]:
@@ -153,10 +205,13 @@ def _bundle(p: Project, choice: Choice, version: str, tf32: bool):
             return None
         if not st.button("Calibrate and compile", key="compile", icon=":material/build:"):
             return None
+    run = choice.run
     try:
         with st.spinner("Calibrating and compiling…"):
+            got = _quiet_estimate(p, choice)
             bundle = export_bundle(p, choice.policy, trt_version=version, tf32=tf32, source=choice.source,
-                                   estimate=estimate_panel.quiet_estimate(p, choice.policy))
+                                   estimate=got[0] if got else None, estimate_for=got[1] if got else "",
+                                   estimate_shapes=run.input_shapes if run is not None and run.input_shapes else None)
     except MixprecError as e:
         st.error(md(e))
         return None

@@ -319,6 +319,23 @@ def test_toggle_a_layer_changes_the_estimate_without_a_build(ws):
     assert "Estimated TensorRT time per engine layer on NVIDIA A100" in title and "estimate, not measured" in title
 
 
+def test_the_live_estimate_of_the_draft_says_its_shapes(ws):
+    """Issue 23 §1: the draft's estimate is at today's shapes (2×3×32×32 here), and its caption and per-layer chart
+    say them: "Estimated for 2×3×32×32 (today's shapes, set on the Model page), the draft policy (<hash>), …"."""
+    shapes = {"image": [2, 3, 32, 32]}
+    at = ok(page("precision", state={"source": {"model": MODEL, "data": None, "eval_data": None, "shapes": shapes}}))
+    p = open_project(MODEL, ws=ws, shapes=shapes)
+    pol = at.session_state[f"policy:{p.model.sha256}:{p.calib_data.sha256}"]
+    want = predict(p.model, pol, {"image": (2, 3, 32, 32)}, "a100")
+    assert _metric(at, "Estimated TensorRT time") == ms_text(want.total_ms)
+    assert (f"Estimated for 2×3×32×32 (today's shapes, set on the Model page), the draft policy ({pol.sha256[:8]}), "
+            f"{want.gpu_name} (the GPU picked here).") in captions_text(at)
+    at.toggle(key="estimate_chart_on").set_value(True).run()
+    (chart,) = ok(at).get("plotly_chart")
+    title = json.loads(chart.proto.spec)["layout"]["title"]["text"]
+    assert f"for 2×3×32×32, the draft policy ({pol.sha256[:8]})" in title
+
+
 def test_the_estimate_panel_shows_the_band_and_says_unvalidated_where_nothing_was_validated(ws):
     """A100 (Ampere, held-out engines): "likely lo–hi ms"; H100 (Hopper, no case): "unvalidated"."""
     at = ok(page("precision"))
