@@ -58,8 +58,8 @@ def sensitivity(p: Project, method: str = "minmax", mode: str = "isolated"):
     return _stored_file("sensitivity", path, p, method, mode)
 
 
-def search_result(p: Project, budget: str, smooth: bool, gpu=None, metrics=None):
-    """The stored ``SearchResult`` of this budget, smoothing, (TensorRT target) GPU of the estimate (a ``GPU``)
-    and metric spec (``MetricSpec.to_json``; None: the first float output), or None."""
-    return _stored_file("search", store.stored_search_path(p.ws, p, budget, smooth, gpu, metrics), p, budget,
-                        smooth, gpu, metrics)
+def search_result(p: Project, budget: str, smooth: bool, gpu=None, metrics=None, network_default: str = "fp32"):
+    """The stored ``SearchResult`` of this budget, smoothing, (TensorRT target) GPU of the estimate (a ``GPU``),
+    metric spec (``MetricSpec.to_json``; None: the first float output) and network default (the draft's), or None."""
+    return _stored_file("search", store.stored_search_path(p.ws, p, budget, smooth, gpu, metrics, network_default), p,
+                        budget, smooth, gpu, metrics, network_default)

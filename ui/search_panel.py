@@ -1,6 +1,7 @@
 """Precision page, search under a quality budget: the budget, the GPU of the estimate (for the
 TensorRT target: the estimate panel's GPU unless picked here), a full or a quick search (one calibration
-method, no put-back pass) with the time each is expected to take, the search job, its Pareto front
+method, no put-back pass) with the time each is expected to take, the search job (from the draft's network
+default: an FP16-default draft's search is its own, stored apart), its Pareto front
 (points failing the budget marked) and "Use this policy" for a front point: the chosen point
 preselected, applied after a confirmation, as one undoable edit. The panel stays open while a search of
 the model runs (a reload does not hide it)."""
@@ -133,10 +134,11 @@ def section(p: Project) -> None:
         g = search_gpu(s2) if trt else GPUS[FIXTURE_GPU]
         smooth = (s3 or s2).checkbox("SmoothQuant-style smoothing", key="search_smooth", persist_state="session")
         quick, method = _kind(p, smooth)
+        nd = draft.policy(p).network_default  # the search starts from it (the layers it does not set keep it)
         try:
             metrics = quality_panel.current()  # what the Build page measures quality on (outputs, slices, task, user)
             params = search_params(src, budget, smooth, gpu=g, ray=cluster.ray_address(), metrics=metrics,
-                                   methods=[method] if quick else None, refine=not quick)
+                                   methods=[method] if quick else None, refine=not quick, network_default=nd)
         except MixprecError as e:
             st.error(md(e))
             return
@@ -150,20 +152,22 @@ def section(p: Project) -> None:
                        "fitted on its profiles), then the fewest INT8/float boundaries.")
         if metrics:
             st.caption("Quality as the Build page measures it: " + md(quality_panel.describe(metrics)))
-        result = results.search_result(p, params["budget"], smooth, g, metrics)  # each GPU's, each spec's own
+        st.caption(f"Starts from the draft's network default, {nd.upper()} (Bulk actions): the layers the search "
+                   f"does not choose (not INT8-eligible) stay {nd.upper()}; eligible layers it falls back are FP16.")
+        result = results.search_result(p, params["budget"], smooth, g, metrics, nd)  # each GPU's, spec's, default's
         other = searched_gpu_name(result) if result is not None and trt else None
         if other is not None and other != g.name:  # never expected (searches are stored per GPU): a safety net
             st.caption(f"The search stored for this budget estimated on the {md(other)}, not the "
                        f"{md(g.name)}: start it for the {md(g.name)}.")
             result = None
-        gpu_text = f" on the {g.name}" if trt else ""
+        for_text = (f" on the {g.name}" if trt else "") + (f", network default {nd.upper()}" if nd != "fp32" else "")
         stored_quick = result is not None and QUICK_NOTE in result.message
-        missing = (f"The stored search for this budget{md(gpu_text)} is a quick one: start the full search for a "
+        missing = (f"The stored search for this budget{md(for_text)} is a quick one: start the full search for a "
                    "policy that may keep more layers INT8." if stored_quick else
-                   f"Not searched yet for this budget{md(gpu_text)}: the search chooses on half of the evaluation "
+                   f"Not searched yet for this budget{md(for_text)}: the search chooses on half of the evaluation "
                    "data and verifies on the other half.")
         job_panel.job_button("search", params,
-                             f"{'quick ' if quick else ''}search {params['budget']}{gpu_text} · {p.model.name}",
+                             f"{'quick ' if quick else ''}search {params['budget']}{for_text} · {p.model.name}",
                              "Start the quick search" if quick else "Start the search", "start_search",
                              result is not None and (quick or not stored_quick), missing)
         if result is not None:

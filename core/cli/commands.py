@@ -386,22 +386,34 @@ def _trt_args(sp):
     sp.add_argument("--trt-workspace-gb", type=float, default=4.0, help="TensorRT builder workspace (default 4 GiB)")
 
 
+def search_kind(args) -> tuple[tuple[str, ...], bool]:
+    """The calibration methods ``search`` tries and whether it runs the put-back pass: ``--quick`` is one method
+    (``--calibration``, default minmax) without it; the full search, every method with it."""
+    if args.calibration and not args.quick:
+        raise MixprecError("--calibration picks the one method of the quick search",
+                           "add --quick, or leave --calibration out (the full search tries every method)")
+    return ((args.calibration or "minmax",), False) if args.quick else (CALIB_METHODS, True)
+
+
 def cmd_search(args):
     bar = Progress("search")
+    methods, refine = search_kind(args)
     g = estimate_command.gpu_from_args(args)  # a bad --gpu-spec fails before the model loads
     p = _project(args, bar)
     custom = GPUS.get(g.key) != g  # a --gpu-spec or a GPU saved in the workspace travels as itself
     config = SearchConfig(budget=args.budget, workers=args.workers, ray=args.ray, smooth=args.smooth,
                           backend=args.backend,
                           trt_options=trt_options(args), warn_below=args.warn_below, gpu=g if custom else g.key,
-                          cost_params=load_gpu_calibration(p.ws, g), metrics=metric_spec(args))
+                          cost_params=load_gpu_calibration(p.ws, g), metrics=metric_spec(args), methods=methods,
+                          refine=refine, network_default=args.network_default)
     r = search(p, config, progress=bar)
     bar.done()
     out = Path(args.out) if args.out else p.ws.policies / f"search-{r.policy.sha256[:12]}.json"
     atomic_write_text(out, r.policy.to_json())
     doc = r.to_json() | {"policy_path": str(out), "warnings": list(r.run.warnings) if r.run else [],
                          "data_generated": bool(r.run and r.run.data_generated), "target": p.target,
-                         "gpu": g.key}  # "objective" is r's: what ranked the candidates, a fallback included
+                         "gpu": g.key, "network_default": args.network_default, "quick": bool(args.quick),
+                         "methods": list(methods)}  # "objective" is r's: what ranked the candidates, a fallback too
     if custom:
         doc["gpu_spec"] = g.to_json()
     text = [r.message, f"policy written to {out}  ({r.seconds:.0f} s)"]
@@ -445,6 +457,34 @@ def _shape_args(sp):
                     help="the dynamic-shape profile of an input's exported TensorRT engine, e.g. "
                          "input_ids=1x16:4x128:8x512 (repeatable): trtexec --minShapes/--optShapes/--maxShapes; "
                          "the project runs at OPT, as if --shape INPUT=OPT were given")
+
+
+def _search_args(sp):
+    """``search``'s own arguments: the budget, where its trials run, the search's kind (--quick, --calibration) and
+    network default, the backend, the GPU of the estimate, the quality metrics and TensorRT's options."""
+    sp.add_argument("--budget", required=True,
+                    help="METRIC>=VALUE (or <= for top1_drop, kl_div, perplexity), e.g. 'cosine_mean>=0.99', "
+                         "'snr_db>=30', 'top1_drop<=0.5%%'; NAME:METRIC>=VALUE bounds the metric output NAME "
+                         "(--metric-output), e.g. 'scores:cosine_mean>=0.99'; task metrics mask_iou, score_cosine, "
+                         "score_topk, box_iou; 'user>=0.98' bounds the --metric-file's score")
+    _trial_args(sp)
+    sp.add_argument("--out", help="where to write the policy JSON (default: workspace/policies/)")
+    sp.add_argument("--smooth", action="store_true",
+                    help="also try SmoothQuant-style smoothing (alpha 0.75) of every MatMul with weights (kept only if it pays)")
+    sp.add_argument("--backend", default="auto", choices=BACKENDS,
+                    help="backend of the latency model and the verifying build (quality trials run on ONNX Runtime)")
+    sp.add_argument("--network-default", default="fp32", choices=NETWORK_DEFAULTS,
+                    help="the precision of the layers the search does not choose (not INT8-eligible), as "
+                         "build --network-default sets it (default fp32; eligible layers that fall back are FP16)")
+    sp.add_argument("--quick", action="store_true",
+                    help="the quick search: one calibration method (--calibration) and no put-back pass; the full "
+                         "search may keep more layers INT8")
+    sp.add_argument("--calibration", choices=CALIB_METHODS,
+                    help="the quick search's calibration method (default minmax; with --quick only)")
+    _gpu_arg(sp)
+    _warn_arg(sp)
+    _metric_args(sp)
+    _trt_args(sp)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -497,22 +537,7 @@ def build_parser() -> argparse.ArgumentParser:
     _trial_args(sp)
     _metric_args(sp)
     sp.add_argument("--top", type=int, default=20)
-    sp = add("search", cmd_search, "search the policy with the most INT8 benefit that meets a quality budget")
-    sp.add_argument("--budget", required=True,
-                    help="METRIC>=VALUE (or <= for top1_drop, kl_div, perplexity), e.g. 'cosine_mean>=0.99', "
-                         "'snr_db>=30', 'top1_drop<=0.5%%'; NAME:METRIC>=VALUE bounds the metric output NAME "
-                         "(--metric-output), e.g. 'scores:cosine_mean>=0.99'; task metrics mask_iou, score_cosine, "
-                         "score_topk, box_iou; 'user>=0.98' bounds the --metric-file's score")
-    _trial_args(sp)
-    sp.add_argument("--out", help="where to write the policy JSON (default: workspace/policies/)")
-    sp.add_argument("--smooth", action="store_true",
-                    help="also try SmoothQuant-style smoothing (alpha 0.75) of every MatMul with weights (kept only if it pays)")
-    sp.add_argument("--backend", default="auto", choices=BACKENDS,
-                    help="backend of the latency model and the verifying build (quality trials run on ONNX Runtime)")
-    _gpu_arg(sp)
-    _warn_arg(sp)
-    _metric_args(sp)
-    _trt_args(sp)
+    _search_args(add("search", cmd_search, "search the policy with the most INT8 benefit that meets a quality budget"))
     sp = sub.add_parser("sample", help="write a bundled sample: model.onnx, calib.npz, eval.npz")
     sp.add_argument("name", choices=SAMPLES)
     sp.add_argument("--out", required=True)

@@ -64,9 +64,11 @@ def run_search(params: dict, ws: Workspace, progress) -> str:
     config = SearchConfig(budget=p.budget, smooth=bool(p.smooth), workers=int(p.workers),
                           gpu=g.key if GPUS.get(g.key) == g else g, cost_params=load_gpu_calibration(ws, g),
                           ray=p.ray, metrics=MetricSpec.from_json(p.metrics),
-                          methods=tuple(p.methods) if p.methods else CALIB_METHODS, refine=bool(p.refine))
+                          methods=tuple(p.methods) if p.methods else CALIB_METHODS, refine=bool(p.refine),
+                          network_default=p.network_default)
     result = search(project, config, progress=progress)
-    return str(save_search(ws, project, result, bool(p.smooth), g, p.metrics))  # kept per GPU and metric spec
+    # kept per GPU, metric spec and network default (its policy's: the search's)
+    return str(save_search(ws, project, result, bool(p.smooth), g, p.metrics))
 
 
 def run_sleep(params: dict, ws: Workspace, progress) -> str:

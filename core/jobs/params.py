@@ -18,7 +18,7 @@ from core.errors import MixprecError
 from core.estimate.gpus import FIXTURE_GPU, GPU, GPUS, custom_gpu, gpu as gpu_entry
 from core.measure.evaluation import MetricSpec
 from core.project import ProjectSource
-from core.quant.policy import CALIB_METHODS
+from core.quant.policy import CALIB_METHODS, NETWORK_DEFAULTS
 from core.search import Budget
 from core.sensitivity import parse_memory
 from core.sensitivity.distributed import LOCAL, OFF
@@ -86,6 +86,7 @@ class SearchParams(_Params):
     metrics: dict | None = None  # MetricSpec.to_json (None: the first float output)
     methods: list | None = None  # the calibration methods searched (None: all of core.quant.policy.CALIB_METHODS)
     refine: bool = True  # the put-back pass (False, with one method: the quick search)
+    network_default: str = "fp32"  # the draft's network default: the search's base policy (fp32 / fp16)
 
 
 def ray_param(text: str | None) -> str | None:
@@ -168,12 +169,17 @@ def isolated_params(source: ProjectSource | str, method: str = IsolatedParams.me
 
 def search_params(source: ProjectSource | str, budget: str = SearchParams.budget, smooth: bool = SearchParams.smooth,
                   gpu: str | GPU = SearchParams.gpu, ray: str | None = None,
-                  metrics: MetricSpec | dict | None = None, methods=None, refine: bool = SearchParams.refine) -> dict:
+                  metrics: MetricSpec | dict | None = None, methods=None, refine: bool = SearchParams.refine,
+                  network_default: str = SearchParams.network_default) -> dict:
     """The parameters of a ``search`` job; the budget, the GPU and the Ray address are checked
     (MixprecError) and normalised here (the GPU to its table key: ``NVIDIA A100-SXM4-80GB`` → ``a100``; a
     :class:`GPU` that is not a table row, a ``--gpu-spec`` or a GPU saved in the workspace, travels with its
     figures in ``gpu_spec``). ``methods``: the calibration methods to search (None: all), ``refine``: the put-back
-    pass — one method without it is the quick search."""
+    pass — one method without it is the quick search. ``network_default``: the precision of the layers the search
+    does not set (the draft's, ``--network-default``; checked here)."""
+    if network_default not in NETWORK_DEFAULTS:
+        raise MixprecError(f"network default {str(network_default)[:40]!r} is not fp32 or fp16",
+                           "pick fp32 or fp16 (--network-default)")
     if methods is not None:
         bad = [m for m in methods if m not in CALIB_METHODS]
         if bad or not methods:
@@ -184,4 +190,4 @@ def search_params(source: ProjectSource | str, budget: str = SearchParams.budget
     spec = None if GPUS.get(g.key) == g else g.to_json()
     return SearchParams(source, budget=str(Budget.parse(budget)), smooth=bool(smooth), gpu=g.key, gpu_spec=spec,
                         ray=ray_param(ray), metrics=metrics_param(metrics), methods=methods,
-                        refine=bool(refine)).to_params()
+                        refine=bool(refine), network_default=network_default).to_params()

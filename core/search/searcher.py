@@ -7,7 +7,10 @@ over the fallback count), then tries to put layers back into INT8. Calibration i
 search: MinMax, Percentile, Entropy, and a per-tensor mix of the best method per layer (and,
 with ``smooth``, a SmoothQuant-style variant). It chooses on a *dev* half of the evaluation data
 and verifies the result with a real build on the other, held-out half. Every evaluated candidate
-is kept for the Pareto front.
+is kept for the Pareto front. It starts from the project's default policy under ``SearchConfig.network_default``
+(the draft's, as ``--network-default`` sets it): the layers the search does not set stay at it, so under FP16 every
+layer of the chosen policy that is not INT8 is FP16 (those that default otherwise aside: LayerNorm, Softmax, the
+embeddings, control flow).
 
 Steps of :func:`search`: prepare (budget, data halves, FP32 reference), variants (one switchable
 model and isolated ranking per calibration variant), fit (the latency model), choose (fallback
@@ -100,6 +103,7 @@ class SearchConfig:
     tf32: bool = True                   # trt_estimate: FP32 layers may use TF32 (trtexec's default)
     metrics: MetricSpec | None = None   # what quality is measured on (core.measure.evaluation): trials and the build
     refine: bool = True                 # the put-back pass after the fallback search (False: a quick search)
+    network_default: str = "fp32"       # the base policy's network default (core.quant.policy.NETWORK_DEFAULTS)
 
 
 QUICK_NOTE = "Quick search"  # what the verdict of a search of one method or without the put-back pass starts with
@@ -110,6 +114,18 @@ def quick_note(config: SearchConfig) -> str:
     left = ([f"{', '.join(config.methods)} calibration only"] if len(config.methods) < len(CALIB_METHODS) else []) \
         + ([] if config.refine else ["no put-back pass"])
     return f"{QUICK_NOTE}: {'; '.join(left)} (the full search may keep more layers INT8)" if left else ""
+
+
+def network_default_note(network_default: str) -> str:
+    """What the verdict of a search from another network default than FP32 says of it."""
+    return (f"Network default {network_default.upper()}: every layer the search does not make INT8 is "
+            f"{network_default.upper()} (LayerNorm, Softmax, embeddings and control flow keep their defaults)")
+
+
+def chosen_policy(base: Policy, pick: Candidate, eligible: list[Layer]) -> Policy:
+    """The policy of ``pick`` on its variant's ``base``: its INT8 layers INT8, the other eligible layers FP16 (the
+    search's fallback, ``core.search.latency``); every other layer as ``base`` has it (its network default)."""
+    return base.with_layers({l.name: ("int8" if l.name in pick.int8 else "fp16") for l in eligible})
 
 
 @dataclass
@@ -135,7 +151,7 @@ class _Context:
     dev: Dataset
     test: Dataset
     eligible: list[Layer]
-    base: Policy  # the project's default policy
+    base: Policy  # the project's default policy under the config's network default
     data: TrialData  # the dev half's batches and FP32 outputs
     step: object
     should_stop: object
@@ -323,6 +339,7 @@ def tie_note(tie: Tie | None, budget: Budget, number) -> str:
 def _prepare(project: Project, config: SearchConfig, progress, should_stop) -> _Context:
     """Check what can fail early (budget, backend, eligible layers, budget metric) and split the data."""
     budget = Budget.parse(config.budget) if isinstance(config.budget, str) else config.budget
+    base = project.default_policy(config.network_default)  # a network default that is not fp32/fp16 fails here
     be, _ = select_backend(config.backend, **(config.trt_options or {}))  # a backend that cannot run fails now
     objective = search_objective(config.objective, project.target, be.name)
     margin = default_margin(budget) if config.margin is None else config.margin  # so the held-out half meets it too
@@ -340,7 +357,7 @@ def _prepare(project: Project, config: SearchConfig, progress, should_stop) -> _
                            "use cosine_mean, cosine_min or snr_db (top-1 needs logits, knn5_overlap needs embeddings, "
                            "mask_iou a dense map, score_cosine/score_topk/box_iou a detection head, user --metric-file)")
     trials = TrialCount(0, expected_trials(len(eligible), len(config.methods), config.smooth, config.refine))
-    return _Context(project, config, budget, margin, dev, test, eligible, project.default_policy(), data,
+    return _Context(project, config, budget, margin, dev, test, eligible, base, data,
                     _Step(progress, trials), should_stop, objective=objective, trials=trials)
 
 
@@ -543,8 +560,7 @@ def search(project: Project, config: SearchConfig, progress=None, should_stop=No
     lat = _fit(ctx, variants[0])
     pick, met_on_dev, message, everything, tie = _choose(ctx, variants, lat)
     by_name = {v.name: v.policy for v in variants}
-    policy = by_name[pick.method].with_layers({l.name: ("int8" if l.name in pick.int8 else "fp16")
-                                               for l in ctx.eligible})
+    policy = chosen_policy(by_name[pick.method], pick, ctx.eligible)
     table = candidate_table(everything, ctx.budget, [l.name for l in ctx.eligible])
     ties = tie_note(tie, ctx.budget, lambda c: candidate_number(table, c))
     run = None
@@ -563,6 +579,8 @@ def search(project: Project, config: SearchConfig, progress=None, should_stop=No
         message += ". " + "; ".join(ctx.skipped)
     if quick_note(config):
         message += ". " + quick_note(config)
+    if config.network_default != "fp32":
+        message += ". " + network_default_note(config.network_default)
     ctx.step(1.0, "done")
     return SearchResult(ctx.budget, policy, met_on_dev, ctx.budget.met(run.quality) if run else None,
                         run.quality if run else None, message, table, sens, run, time.perf_counter() - t_start,

@@ -6,8 +6,9 @@ save and load through here; stored runs through ``core.store.runs``.
                             (key: model, calibration data, evaluation data, method and mode). The isolated /
                             leave-one-out table is written once, where ``core.sensitivity.sensitivity``
                             computes it (it is the search's cache too); :func:`load_sensitivity` reads it
-    searches/<key>.json     a SearchResult (key: as above, plus the budget and the smoothing, and for the
-                            TensorRT target the GPU of the estimate: ``search_gpu_tag``). It names its isolated
+    searches/<key>.json     a SearchResult (key: as above, plus the budget and the smoothing, for the
+                            TensorRT target the GPU of the estimate: ``search_gpu_tag``, and a network default
+                            other than FP32, the search's base policy's). It names its isolated
                             table by its rankings/ key (``sensitivity_ref``) instead of holding a copy:
                             :func:`load_search` reads it from there
     models/<sha256>/<name>.onnx   uploaded models;  data/<sha256>/<name>.npz  uploaded data (by content,
@@ -84,27 +85,33 @@ def _metrics_key(metrics) -> str:
     return f"|metrics={key}" if key else ""
 
 
+def _network_default_key(network_default: str | None) -> str:
+    """The key part of the search's network default ("" for FP32, as every search stored before)."""
+    return f"|network_default={network_default}" if network_default and network_default != "fp32" else ""
+
+
 def search_path(ws: Workspace, project: Project, budget: str, smooth: bool, gpu: str | GPU | None = None,
-                metrics=None) -> Path:
+                metrics=None, network_default: str | None = None) -> Path:
     """Where the search of this model, data, budget (normalised, ``str(Budget)``) and smoothing is stored;
     for the TensorRT target (its objective: the TensorRT time estimated on a GPU) also keyed by ``gpu``
     (a :class:`GPU`, or a key / name :func:`resolve_gpu` places), so each GPU's search is kept. Without a
     GPU: the key of searches stored before the GPU was part of it (``load_search`` reads it as a fallback).
-    ``metrics``: what quality is measured on (a search on another output or slice is another search)."""
+    ``metrics``: what quality is measured on (a search on another output or slice is another search);
+    ``network_default``: the base policy's (an FP16-default search is another search; None: FP32)."""
     key = f"{budget}|smooth={bool(smooth)}|target={project.target}"  # the target decides the search's objective
     if gpu is not None and project.target == "tensorrt":
         key += f"|gpu={search_gpu_tag(gpu if isinstance(gpu, GPU) else resolve_gpu(ws, gpu))}"
-    key += _metrics_key(metrics)
+    key += _metrics_key(metrics) + _network_default_key(network_default)
     return ws.search_file(project_ranking_key(project, key, "search"))
 
 
 def stored_search_path(ws: Workspace, project: Project, budget: str, smooth: bool,
-                       gpu: str | GPU | None = None, metrics=None) -> Path:
+                       gpu: str | GPU | None = None, metrics=None, network_default: str | None = None) -> Path:
     """The file ``load_search`` reads for these arguments: the GPU's own key (no GPU: the search job's
     default, ``FIXTURE_GPU``), else (when only that is stored) the key of a search stored before the GPU
     was part of it."""
-    path = search_path(ws, project, budget, smooth, FIXTURE_GPU if gpu is None else gpu, metrics)
-    if _metrics_key(metrics):
+    path = search_path(ws, project, budget, smooth, FIXTURE_GPU if gpu is None else gpu, metrics, network_default)
+    if _metrics_key(metrics) or _network_default_key(network_default):
         return path
     old = search_path(ws, project, budget, smooth)
     return old if path != old and not path.is_file() and old.is_file() else path
@@ -246,27 +253,30 @@ def _result_gpu(ws: Workspace, result: SearchResult) -> GPU | None:
 
 
 def save_search(ws: Workspace, project: Project, result: SearchResult, smooth: bool,
-                gpu: str | GPU | None = None, metrics=None) -> Path:
+                gpu: str | GPU | None = None, metrics=None, network_default: str | None = None) -> Path:
     """Store ``result`` under its budget, smoothing, (TensorRT target) ``gpu`` — the GPU the search
-    estimated on (the job's; when not given, the one its label names, if it can be placed) — and ``metrics``."""
+    estimated on (the job's; when not given, the one its label names, if it can be placed) —, ``metrics`` and
+    ``network_default`` (the search's; None: its policy's)."""
     g = gpu if gpu is not None else _result_gpu(ws, result)
-    return atomic_write_json(search_path(ws, project, str(result.budget), smooth, g, metrics), result.to_json())
+    nd = network_default if network_default is not None else result.policy.network_default
+    return atomic_write_json(search_path(ws, project, str(result.budget), smooth, g, metrics, nd), result.to_json())
 
 
 def load_search(ws: Workspace, project: Project, budget: str, smooth: bool,
-                gpu: str | GPU | None = None, metrics=None) -> SearchResult | None:
+                gpu: str | GPU | None = None, metrics=None, network_default: str | None = None) -> SearchResult | None:
     """The stored search for this (normalised) budget, smoothing and (TensorRT target) GPU (default: a
     search job's, ``FIXTURE_GPU``), or None if it was never run. A search stored before the GPU was part of
     the key is used for the GPU it estimated on (by the name in its label) and for any GPU when it estimated
     on none; for another GPU it is None (that GPU's search is computed again and stored under its own key,
     the old one is kept). Its isolated sensitivity is read from the rankings/ document it names (format 3;
-    formats 1 and 2 hold a copy): when that is gone or damaged the search loads without it, with a note."""
+    formats 1 and 2 hold a copy): when that is gone or damaged the search loads without it, with a note.
+    ``network_default``: the base policy's (None: FP32); a search from another network default is not this one."""
     gpu = FIXTURE_GPU if gpu is None else gpu  # a search job's default GPU (core.jobs.params.SearchParams)
-    path = stored_search_path(ws, project, budget, smooth, gpu, metrics)
+    path = stored_search_path(ws, project, budget, smooth, gpu, metrics, network_default)
     doc = _read(path, "search")
     result = None if doc is None else _record(lambda d: SearchResult.from_json(d, project.model, project.layers),
                                               doc, path, "search")
-    if result is not None and path != search_path(ws, project, budget, smooth, gpu, metrics):
+    if result is not None and path != search_path(ws, project, budget, smooth, gpu, metrics, network_default):
         g = gpu if isinstance(gpu, GPU) else resolve_gpu(ws, gpu)  # read at the old key: whose search is it?
         name = searched_gpu_name(result)
         result = result if name is None or name == g.name else None

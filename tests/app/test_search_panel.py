@@ -55,3 +55,36 @@ def test_the_search_panel_stays_open_while_a_search_of_the_model_runs(ws):
     atomic_write_json(ws.jobs / f"{job.id}.json", job.__dict__ | {"status": "done", "stage": "done"})
     assert _search_expander(ok(at.run())).proto.expanded  # it ended while this session looked: the result shows
     assert not _search_expander(ok(page("precision", model=MODEL))).proto.expanded  # a new session: as before
+
+
+def test_the_search_starts_from_the_drafts_network_default_and_is_kept_per_default(ws):
+    """Issue 23 §7: a search started from the dashboard starts from the draft's network default (the job carries it),
+    and a stored FP32-default search is not shown for an FP16-default draft: that one is searched on its own."""
+    from core.project import open_project
+    from tests.fixtures.apptest import policy_key
+
+    model = "sample:tiny-cnn"
+    mgr = JobManager.for_workspace(ws)
+    at = ok(page("precision", model=model))
+    assert "Starts from the draft's network default, FP32" in captions_text(at)
+    at.radio(key="search_kind").set_value("quick").run()
+    at.button(key="start_search").click().run()
+    wait_all(ws)
+    (first,) = mgr.jobs(kind="search")
+    assert first.params["network_default"] == "fp32"
+    at.run()
+    assert not [b for b in ok(at).button if b.key == "start_search"]  # the FP32 search is stored and shown
+    at.radio(key="network_default").set_value("fp16").run()
+    assert "Starts from the draft's network default, FP16" in captions_text(ok(at))
+    start = at.button(key="start_search")  # the FP32 search is not the FP16 draft's
+    assert any("Not searched yet for this budget" in i.value and "network default FP16" in i.value for i in at.info)
+    start.click().run()
+    job = next(j for j in mgr.jobs(kind="search") if j.id != first.id)
+    assert job.params["network_default"] == "fp16" and "network default FP16" in job.label
+    wait_all(ws)
+    at.run()
+    verdicts = [shown(s) for s in ok(at).success] + [shown(w) for w in at.warning]
+    assert any("Network default FP16: every layer the search does not make INT8 is FP16" in v for v in verdicts)
+    assert not [b for b in at.button if b.key == "start_search"]
+    p = open_project(model, ws=ws)
+    assert at.session_state[policy_key(ws, model)].network_default == "fp16" and p.target == "tensorrt"

@@ -273,3 +273,23 @@ def test_json_stdout_carries_the_document_only(cli, tiny_cnn, monkeypatch):
     assert doc["model"]["name"] and "raylet" in p.stderr and "C library" in p.stderr and "a print" in p.stderr
     p = cli("inspect", "sample:tiny-cnn")  # without --json stdout is the report, the child's line on it too
     assert "raylet" in p.stdout
+
+
+def test_search_quick_from_the_fp16_network_default(cli, tmp_path):
+    """Issue 23 §7/§8: ``search --quick`` is one calibration method (--calibration, default minmax) and no put-back
+    pass; ``--network-default fp16`` starts it from the FP16 default, so no layer of its policy is FP32."""
+    out = tmp_path / "policy.json"
+    p = cli("search", "sample:tiny-cnn", "--budget", "cosine_mean>=0.99", "--quick", "--calibration", "entropy",
+            "--network-default", "fp16", "--workers", "1", "--out", str(out), "--json", check=False)
+    assert p.returncode in (0, 1), p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["quick"] is True and doc["network_default"] == "fp16" and doc["methods"] == ["entropy"]
+    assert "Quick search: entropy calibration only; no put-back pass" in doc["message"]
+    assert "Network default FP16" in doc["message"]
+    cands = doc["candidates"]
+    assert {row[cands["columns"].index("method")] for row in cands["rows"]} == {"entropy"}
+    policy = json.loads(out.read_text())
+    assert policy["network_default"] == "fp16" and set(policy["layers"].values()) <= {"int8", "fp16"}
+    # --calibration is the quick search's: without --quick it is one line and exit 2
+    bad = cli("search", "sample:tiny-cnn", "--budget", "cosine_mean>=0.99", "--calibration", "entropy", check=False)
+    assert bad.returncode == 2 and "add --quick" in bad.stderr and "Traceback" not in bad.stderr

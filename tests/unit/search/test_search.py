@@ -324,3 +324,27 @@ def test_a_search_reports_a_tie_inside_the_estimates_band(tiny_cnn, monkeypatch)
     assert "estimated TensorRT time 0.085 ms, planted" in r.message
     front = r.front
     assert list(front.columns[4:7]) == ["est_ms", "est_low_ms", "est_high_ms"] and front.est_high_ms.notna().all()
+
+
+def test_a_search_from_the_fp16_network_default_leaves_no_layer_fp32(tiny_cnn):
+    """Issue 23 §7: the search starts from the draft's network default: under FP16 every layer of the chosen
+    policy (and of each front point) that is not INT8 is FP16 — the ReLUs too, which the FP32 default leaves FP32
+    — and the verdict says so."""
+    from core.search.searcher import network_default_note
+
+    budget = "cosine_mean>=0.99999"  # strict: some layers fall back
+    r = search(tiny_cnn, SearchConfig(budget, methods=("minmax",), workers=1, verify=False, refine=False,
+                                      network_default="fp16"))
+    pol = r.policy
+    assert pol.network_default == "fp16" and all(v.network_default == "fp16" for v in r.variants.values())
+    rest = {n: p for n, p in pol.layers.items() if p != "int8"}
+    assert rest and set(rest.values()) == {"fp16"}, rest
+    assert {"/relu1/Relu", "/relu2/Relu", "/relu3/Relu"} <= set(rest)
+    for c in r.front["candidate"]:
+        assert {p for p in r.front_policy(int(c)).layers.values()} <= {"int8", "fp16"}
+    assert network_default_note("fp16") in r.message
+    fp32 = search(tiny_cnn, SearchConfig(budget, methods=("minmax",), workers=1, verify=False, refine=False))
+    assert fp32.policy.network_default == "fp32" and fp32.policy.layers["/relu1/Relu"] == "fp32"
+    assert "Network default" not in fp32.message
+    with pytest.raises(MixprecError, match="not fp32 or fp16"):
+        search(tiny_cnn, SearchConfig(budget, methods=("minmax",), workers=1, verify=False, network_default="int8"))

@@ -167,6 +167,25 @@ def test_searches_are_kept_per_gpu_and_an_old_key_is_read_for_its_own_gpu(store_
     assert load_search(store_ws, tiny_cnn, b, False).message == "on the A100"
 
 
+def test_a_search_from_the_fp16_network_default_is_stored_apart_from_the_fp32_one(store_ws, tiny_cnn):
+    """Issue 23 §7: the search's network default is part of its key: a stored FP32-default search is not the one
+    of an FP16-default draft (and the reverse); the FP32 key is the one of searches stored before."""
+    from core.estimate.gpus import GPUS
+    from core.store.results import load_search, save_search, search_path
+
+    b, a100 = "cosine_mean>=0.99", GPUS["a100"]
+    fp32 = save_search(store_ws, tiny_cnn, _search(a100.name, "from fp32")(tiny_cnn), False, a100)
+    assert fp32 == search_path(store_ws, tiny_cnn, b, False, a100)  # the key of before
+    assert load_search(store_ws, tiny_cnn, b, False, a100, network_default="fp16") is None
+    assert load_search(store_ws, tiny_cnn, b, False, a100, network_default="fp32").message == "from fp32"
+    fp16_search = _search(a100.name, "from fp16")(tiny_cnn)
+    fp16_search.policy = tiny_cnn.default_policy("fp16")
+    fp16 = save_search(store_ws, tiny_cnn, fp16_search, False, a100)  # keyed by its policy's network default
+    assert fp16 != fp32 and fp16 == search_path(store_ws, tiny_cnn, b, False, a100, network_default="fp16")
+    assert load_search(store_ws, tiny_cnn, b, False, a100, network_default="fp16").message == "from fp16"
+    assert load_search(store_ws, tiny_cnn, b, False, a100).message == "from fp32"
+
+
 def test_a_search_on_other_metric_outputs_is_stored_apart_from_the_default_one(ws):
     """Issue 22 §3: what quality is measured on is part of a stored search's key (a search measured on a slice is
     another search than one on the whole first output); the default spec keeps the key searches always had."""
