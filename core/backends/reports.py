@@ -164,20 +164,24 @@ def is_reformat_layer(raw: dict) -> bool:
             or is_qdq_scale(raw))
 
 
+def _source_bytes(source, what: str, fix: str) -> tuple[bytes, str]:
+    """The bytes of an upload (bytes) or a path, and how a message names them; a MixprecError with ``fix``
+    when the path cannot be read."""
+    if isinstance(source, (bytes, bytearray)):
+        return bytes(source), f"the uploaded {what}"
+    path = Path(os.fspath(source))
+    label = f"the {what} {path}"
+    try:
+        return path.read_bytes(), label
+    except OSError as e:
+        raise MixprecError(f"Cannot read {label}: {e.strerror}", fix) from e
+
+
 def read_json(source, what: str, flag: str):
     """Parsed JSON of a path, raw bytes, or an already-parsed object."""
     if isinstance(source, (dict, list)):
         return source
-    if isinstance(source, (bytes, bytearray)):
-        data, label = bytes(source), f"the uploaded {what}"
-    else:
-        path = Path(os.fspath(source))
-        label = f"the {what} {path}"
-        try:
-            data = path.read_bytes()
-        except OSError as e:
-            raise MixprecError(f"Cannot read {label}: {e.strerror}",
-                               f"pass the file written by trtexec {flag}=FILE") from e
+    data, label = _source_bytes(source, what, f"pass the file written by trtexec {flag}=FILE")
     try:
         return json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -660,18 +664,10 @@ def kernel_capability(tactics: Iterable[str]) -> tuple[tuple[int, int] | None, s
 def read_log(source) -> tuple[str, object]:
     """The text and, when it is JSON, the parsed document of a trtexec log or a device-info file (a
     path, bytes or text); a MixprecError when it cannot be read."""
-    if isinstance(source, (bytes, bytearray)):
-        data, label = bytes(source), "the uploaded log"
-    elif isinstance(source, str) and ("\n" in source or "Selected Device" in source):
+    if isinstance(source, str) and ("\n" in source or "Selected Device" in source):
         data, label = source.encode(), "the log"
     else:
-        path = Path(os.fspath(source))
-        label = f"the log {path}"
-        try:
-            data = path.read_bytes()
-        except OSError as e:
-            raise MixprecError(f"Cannot read {label}: {e.strerror}",
-                               "pass the output of the trtexec run (trtexec … > trtexec.log)") from e
+        data, label = _source_bytes(source, "log", "pass the output of the trtexec run (trtexec … > trtexec.log)")
     text = data.decode("utf-8", errors="replace")
     try:
         doc = json.loads(text)

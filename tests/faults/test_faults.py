@@ -30,6 +30,7 @@ from core.store.runs import last_built_policy, list_runs, load_run
 from core.workspace import (METRICS_FILE, OWNER_FILE, Workspace, atomic_write_bytes, atomic_write_json, clean_temp_runs,
                             process_start, sweep_stale_temp, take_notes)
 from tests.fixtures import ROOT
+from tests.fixtures.owners import plant_owned_folders
 
 
 def _build(ws, **kw):
@@ -220,21 +221,8 @@ def test_a_build_checks_the_space_it_needs_before_it_starts(tiny_cnn_ws, monkeyp
 
 
 def test_temp_run_folders_no_live_process_owns_are_removed(tiny_cnn_ws):
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    folders = {}
-    for name, owner in (("dead", {"pid": dead.pid, "start": "1"}), ("live", None), ("old-ownerless", False),
-                        ("new-ownerless", False)):
-        d = tiny_cnn_ws.runs / f".tmp-{name}"
-        d.mkdir()
-        (d / METRICS_FILE).write_text("{}")
-        if owner is None:
-            owner = {"pid": os.getpid(), "start": process_start(os.getpid())}
-        if owner:
-            (d / OWNER_FILE).write_text(json.dumps(owner))
-        folders[name] = d
+    folders = plant_owned_folders(tiny_cnn_ws.runs, ".tmp-", METRICS_FILE, b"{}")
     old = time.time() - 3600
-    os.utime(folders["old-ownerless"], (old, old))
     stale = tiny_cnn_ws.calib / ".x.json.abc123.tmp"
     stale.write_text("half")
     os.utime(stale, (old, old))

@@ -25,6 +25,7 @@ from core.project import open_project
 from core.quant.calibration import calibrate
 from core.workspace import OWNER_FILE, TempFolder, Workspace, clean_temp_folders, process_start
 from tests.fixtures import ROOT
+from tests.fixtures.owners import plant_owned_folders
 
 WORKERS = 2
 START_DEADLINE = 300.0  # a search's start on a loaded 2-core machine: imports, the sample, calibration, compile
@@ -246,27 +247,14 @@ def test_a_killed_calibration_leaves_nothing_in_the_system_temp_folder(tiny_cnn_
 
 def test_the_sweep_removes_only_temp_folders_whose_process_is_gone(tmp_path):
     ws = Workspace(tmp_path / "ws")
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    folders = {}
-    for name, owner in [("dead", {"pid": dead.pid, "start": "1"}), ("live", None), ("new-ownerless", {}),
-                        ("old-ownerless", {})]:
-        d = ws.tmp / f"mixprec-x-{name}"
-        d.mkdir()
-        (d / "model.onnx").write_bytes(b"x" * 1000)
-        if owner is None:
-            owner = {"pid": os.getpid(), "start": process_start(os.getpid())}
-        if owner:
-            (d / OWNER_FILE).write_text(json.dumps(owner))
-        folders[name] = d
-    old = time.time() - 3600
-    os.utime(folders["old-ownerless"], (old, old))
+    folders = plant_owned_folders(ws.tmp, "mixprec-x-", "model.onnx")
     mine = TempFolder(ws, "mixprec-calib-")  # made: the stale ones go first
     assert {n for n, d in folders.items() if d.exists()} == {"live", "new-ownerless"}
     assert json.loads((mine.path / OWNER_FILE).read_text())["pid"] == os.getpid()
     with mine as path:
         assert Path(path).is_dir() and clean_temp_folders(ws) == []
     assert not mine.path.exists()
+    old = time.time() - 3600
     os.utime(folders["new-ownerless"], (old, old))
     JobManager(ws)  # a manager's start-up sweeps too
     assert {n for n, d in folders.items() if d.exists()} == {"live"}
