@@ -13,7 +13,7 @@ results page and back to Precision. An interaction's time runs from the click to
 ``script_finished`` message of that run (read off the page's websocket) plus one animation frame,
 i.e. until the browser has the whole new page. Fragment runs (the job lists' polling) are told
 apart by their finish status and not counted. Prints a Markdown table (median, max per
-interaction and over all), the load average before and after, and the build count."""
+interaction and over all), the load average before and after, the build count, and each round's times."""
 from __future__ import annotations
 
 import argparse
@@ -169,6 +169,9 @@ def main() -> None:
     print("| interaction | n | median ms | max ms |\n|---|---|---|---|")
     for k, v in {**out, "all": allt}.items():
         print(f"| {k} | {len(v)} | {1e3 * statistics.median(v):.0f} | {1e3 * max(v):.0f} |")
+    print("\nEach round, in ms (load average at its start):")
+    for r, la in enumerate(load):
+        print(f"- round {r + 1} ({la:.1f}): " + ", ".join(f"{k.split(' (')[0]} {1e3 * v[r]:.0f}" for k, v in out.items()))
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ through :func:`read_user_file`: regular files only, size-limited, and confined u
 from __future__ import annotations
 
 import ctypes
+import functools
 import errno
 import hashlib
 import io
@@ -86,6 +87,14 @@ _log = logging.getLogger("mixprec")
 def default_root() -> Path:
     """The workspace folder (``$MIXPREC_WORKSPACE`` or ``workspace/`` next to the code), not created."""
     env = os.environ.get("MIXPREC_WORKSPACE")
+    # Resolved once per (setting, working folder): every dashboard rerun asks, and resolve() walks
+    # the path's links on each call (the largest cost of a rerun under load, issue 23 fault 10).
+    relative = bool(env) and not os.path.isabs(os.path.expanduser(env))
+    return _resolved_root(env or "", os.getcwd() if relative else "")
+
+
+@functools.lru_cache(maxsize=32)
+def _resolved_root(env: str, cwd: str) -> Path:
     return (Path(env).expanduser() if env else REPO_ROOT / "workspace").resolve()
 
 
@@ -383,6 +392,9 @@ OWNERLESS_GRACE_SECONDS = 60.0  # a temp folder without an owner file younger th
 OTHER_HOST_GRACE_SECONDS = 86400.0  # a temp folder of another host (a shared workspace) is kept this long
 
 
+_MADE_ROOTS: set[Path] = set()  # workspace roots Workspace.default has seen as folders
+
+
 @dataclass(frozen=True)
 class Workspace:
     """A workspace folder and its layout: each method names one folder (:data:`FOLDERS`) or a file in
@@ -393,15 +405,20 @@ class Workspace:
 
     @classmethod
     def default(cls) -> "Workspace":
-        root = default_root()
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise MixprecError(
-                f"cannot create the workspace folder {root}: {e.strerror}",
-                "set MIXPREC_WORKSPACE to a writable folder",
-            ) from e
-        return cls(root.resolve())
+        root = default_root()  # resolved
+        if root in _MADE_ROOTS:  # created by this process already: no stat at every call (every page run asks)
+            return cls(root)
+        if not root.is_dir():
+            try:
+                root.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise MixprecError(
+                    f"cannot create the workspace folder {root}: {e.strerror}",
+                    "set MIXPREC_WORKSPACE to a writable folder",
+                ) from e
+            root = root.resolve()
+        _MADE_ROOTS.add(root)
+        return cls(root)
 
     def sub(self, *parts: str) -> Path:
         """``root/parts…``, created. The layout's own helper: other modules ask a named method."""

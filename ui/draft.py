@@ -100,15 +100,20 @@ def _store_draft(p: Project, new: drafts.Draft, what: str, seen: dict | None = N
 def policy(p: Project) -> Policy:
     """The session's policy: the draft, validated against the model (the defaults if it no longer fits)."""
     d, key = current(p), _policy_key(p)
+    # validated once per draft document: the same Draft object (drafts are frozen and replaced at each edit or
+    # read), else the same document (a JSON dump is a large part of a page run under load: issue 23 fault 10)
+    if key in st.session_state and st.session_state.get(f"{key}:draft") is d:
+        return st.session_state[key]
     tag = json.dumps(d.policy, sort_keys=True)
     if key in st.session_state and st.session_state.get(f"{key}:doc") == tag:
+        st.session_state[f"{key}:draft"] = d
         return st.session_state[key]
     try:
         pol = policy_from_dict(d.policy, p.model, p.layers)
     except MixprecError as e:
         st.session_state["autosave_note"] = f"The saved draft does not fit the model, so it starts again: {md(e)}"
         pol = p.default_policy()
-    st.session_state[key], st.session_state[f"{key}:doc"] = pol, tag
+    st.session_state[key], st.session_state[f"{key}:doc"], st.session_state[f"{key}:draft"] = pol, tag, d
     return pol
 
 

@@ -91,9 +91,12 @@ def _precision_clicked(p: Project, names: tuple[str, ...]) -> None:
 
 
 def _boundary_counts(p: Project, pol: Policy) -> tuple[pd.DataFrame, dict[str, int]]:
-    """``core.model.placement.boundaries`` of the draft, and how many each layer has."""
-    df = boundaries(p.model, p.layers, pol)
-    return df, df.groupby("layer").size().to_dict() if not df.empty else {}
+    """``core.model.placement.boundaries`` of the draft, and how many each layer has (kept while the model and
+    the draft's layers are the same)."""
+    def compute():
+        df = boundaries(p.model, p.layers, pol)
+        return df, df.groupby("layer").size().to_dict() if not df.empty else {}
+    return session.memo("boundaries", (p.model.sha256, tuple(sorted(pol.layers.items()))), compute)
 
 
 def section(p: Project, pol: Policy, rank: RankingChoice | None) -> Policy:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import pyarrow as pa
 import streamlit as st
 
 from core.backends import BACKENDS
@@ -13,7 +14,7 @@ from core.jobs import build_params
 from core.project import Project
 from core.quant.policy import Policy
 from core.store.runs import last_built_policy
-from ui import job_panel, quality_panel, saved_project
+from ui import job_panel, quality_panel, saved_project, session
 from ui.session import md
 
 
@@ -71,8 +72,11 @@ def _runs_stamp(p: Project) -> tuple:
 
 def _diff(p: Project, pol: Policy) -> None:
     built = _last_built(p.model.sha256, p.calib_data.sha256, _runs_stamp(p), p)
-    diff = policy_diff(built, pol, p.layers)
-    title = (f"Diff against the last built policy: {len(diff)} layer(s) differ" if built
+    # kept while both policies are the same, as an Arrow table: converting the pandas frame at every
+    # rerun was a large part of a click's time under load (issue 23 fault 10)
+    diff = session.memo("rebuild_diff", (p.model.sha256, built.sha256 if built else "", pol.sha256),
+                        lambda: pa.Table.from_pandas(policy_diff(built, pol, p.layers), preserve_index=False))
+    title = (f"Diff against the last built policy: {diff.num_rows} layer(s) differ" if built
              else "Diff against the last built policy: nothing built yet")
-    with st.expander(title, expanded=bool(built) and 0 < len(diff) < 30):
+    with st.expander(title, expanded=bool(built) and 0 < diff.num_rows < 30):
         st.dataframe(diff, hide_index=True)

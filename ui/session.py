@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 import streamlit as st
+import streamlit.emojis  # noqa: F401  (see below)
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from core.backends import select_backend
@@ -15,6 +16,11 @@ from core.jobs import JobManager
 from core.measure.runs import speedup_text
 from core.store import results as store
 from core.workspace import Workspace
+
+# streamlit.emojis is imported here, once per server process as its first page runs, not by the first
+# st.success/st.error/st.info of non-ASCII text (Streamlit looks for a leading emoji there): its import
+# compiles a regex of every emoji, 0.3-0.5 s of CPU that landed on a user's first policy edit (its
+# "Set policy" message), 2.4 s under load (issue 23 fault 10, bench/server_responsiveness.py round 1).
 
 _MARKDOWN = re.compile(r"([\\`*_{}\[\]<>()#+!|~$:&^=])")
 
@@ -107,6 +113,18 @@ def fragment_rerun() -> bool:
     page (where a fragment is drawn inline, as the page goes)."""
     ctx = get_script_run_ctx()
     return bool(ctx is not None and ctx.fragment_ids_this_run)
+
+
+def memo(name: str, key, compute):
+    """``compute()``, kept in the session for as long as ``key`` (hashable; content hashes) stays the same:
+    one slot per ``name``. For what a page draws at every run from the same draft (issue 23 fault 10: the
+    draft's boundaries and diff cost most of a rerun under load)."""
+    slot = st.session_state.get(f"_memo-{name}")
+    if slot is not None and slot[0] == key:
+        return slot[1]
+    value = compute()
+    st.session_state[f"_memo-{name}"] = (key, value)
+    return value
 
 
 def flash(message: str, rerun: bool = False) -> None:

@@ -8,6 +8,7 @@ read is left out with a note."""
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -49,21 +50,47 @@ def load_run(ws: Workspace, run_id: str) -> RunResult:
     return replace(result, run_dir=path, per_layer=per_layer)
 
 
+# The row of each metrics file read, by its path, while its (inode, size, mtime) stay the same: a run's
+# files are written once (its folder renamed in), and a row costs a bootstrap of its speedup interval,
+# which every page run listing the runs paid for every run (issue 23 fault 10). Entries of files no
+# longer listed are dropped at each listing of their folder.
+_ROWS: dict[str, tuple[tuple, dict]] = {}
+_ROWS_LOCK = threading.Lock()
+
+
+def _run_row(p: Path) -> dict:
+    st = p.stat()
+    stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+    with _ROWS_LOCK:
+        hit = _ROWS.get(str(p))
+    if hit is not None and hit[0] == stamp:
+        return dict(hit[1])
+    row = RunResult.from_json(json.loads(p.read_text())).row()
+    with _ROWS_LOCK:
+        _ROWS[str(p)] = (stamp, dict(row))
+    return row
+
+
 def list_runs(ws: Workspace | None = None, model_sha256: str | None = None) -> pd.DataFrame:
     """All stored runs (newest first) as a table with ``RUN_COLUMNS``."""
     ws = ws or Workspace.default()
-    rows = []
+    rows, seen = [], set()
     for p in ws.runs.glob(f"*/{METRICS_FILE}"):
         if p.parent.name.startswith("."):
             continue  # a build in progress (runs/.tmp-<id>) or another hidden folder: not a run
+        seen.add(str(p))
         try:
-            row = RunResult.from_json(json.loads(p.read_text())).row()
+            row = _run_row(p)
         except (OSError, ValueError, RecursionError, TypeError, KeyError, AttributeError, MixprecError) as e:
             cache_note(f"the run {p.parent.name} is skipped: its metrics are unreadable "
                        f"({e.what if isinstance(e, MixprecError) else type(e).__name__})")
             continue  # a damaged or foreign run is skipped, never fatal
         if not model_sha256 or row["model_sha256"] == model_sha256:
             rows.append(row)
+    prefix = str(ws.runs) + "/"
+    with _ROWS_LOCK:
+        for k in [k for k in _ROWS if k.startswith(prefix) and k not in seen]:
+            del _ROWS[k]
     df = pd.DataFrame(rows, columns=RUN_COLUMNS)
     return df.sort_values("created", ascending=False, ignore_index=True)
 

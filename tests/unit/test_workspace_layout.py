@@ -218,3 +218,21 @@ def test_a_corrupt_older_copy_is_measured_again_with_a_note(tiny_cnn_ws):
     again = sensitivity(p, "isolated", workers=1)
     assert not again.cache_hit and again.table["name"].tolist() == first.table["name"].tolist()
     assert any("isolated sensitivity" in n for n in take_notes()) and not legacy.exists() and path.is_file()
+
+
+def test_default_root_follows_the_setting_and_the_working_folder(tmp_path, monkeypatch):
+    """The resolved root is remembered (issue 23 fault 10: every page run asks), keyed by the setting and, for a
+    relative one, the working folder: changing either gives the new folder, created by Workspace.default."""
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "one")
+    monkeypatch.setenv("MIXPREC_WORKSPACE", str(tmp_path / "link" / "ws"))
+    assert layout.default_root() == (tmp_path / "one" / "ws").resolve()
+    assert Workspace.default().root == (tmp_path / "one" / "ws").resolve() and (tmp_path / "one" / "ws").is_dir()
+    monkeypatch.setenv("MIXPREC_WORKSPACE", "rel-ws")
+    monkeypatch.chdir(tmp_path / "one")
+    assert Workspace.default().root == (tmp_path / "one" / "rel-ws").resolve()
+    monkeypatch.chdir(tmp_path / "two")
+    assert Workspace.default().root == (tmp_path / "two" / "rel-ws").resolve() and (tmp_path / "two" / "rel-ws").is_dir()
+    monkeypatch.delenv("MIXPREC_WORKSPACE")
+    assert layout.default_root() == (ROOT / "workspace").resolve()

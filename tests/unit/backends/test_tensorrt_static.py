@@ -163,6 +163,26 @@ def test_module_imports_and_reports_unavailable_without_tensorrt():
     assert "TensorRT is not installed" in res.stdout and "pip install tensorrt-cu12" in res.stdout
 
 
+def test_a_failed_tensorrt_import_is_tried_once_but_a_module_put_in_later_is_seen():
+    """Issue 23 fault 10: pages ask whether TensorRT runs here several times per run, and a failed import searches
+    every path again; after one failure it is not tried again, unless a tensorrt module has appeared since."""
+    code = ("import builtins, sys, types\n"
+            "from core.backends.tensorrt.versions import tensorrt_available\n"
+            "tries = []\nreal = builtins.__import__\n"
+            "def counting(name, *a, **k):\n"
+            "    if name == 'tensorrt':\n        tries.append(name)\n"
+            "    return real(name, *a, **k)\n"
+            "builtins.__import__ = counting\n"
+            "ok1, why1 = tensorrt_available()\nok2, why2 = tensorrt_available()\n"
+            "assert not ok1 and not ok2 and why1 == why2 and why1.startswith('TensorRT not installed'), (why1, why2)\n"
+            "assert len(tries) == 1, tries\n"
+            "sys.modules['tensorrt'] = types.SimpleNamespace(__version__='9.0.0')\n"
+            "ok3, why3 = tensorrt_available()\n"
+            "assert not ok3 and 'is installed but mixprec needs TensorRT 10.0' in why3, why3\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
 # ---------------------------------------------------------------------------- pure parts
 
 @pytest.mark.parametrize("version, mode", [("10.0.1.6", "legacy"), ("10.11.0.33", "legacy"),

@@ -289,3 +289,29 @@ def test_search_verdict_carries_the_warning_and_says_generated(tiny_cnn, tmp_pat
     generated = replace(tiny_cnn, eval_data=replace(tiny_cnn.eval_data, generated=True))
     g = search(generated, SearchConfig("cosine_mean>=0.5", methods=("minmax",), workers=1))
     assert g.run.data_generated and f"(quality {GENERATED_NOTE}" in g.message and not g.run.warnings
+
+
+def test_list_runs_reads_each_metrics_file_once_and_sees_every_change(tmp_path, monkeypatch):
+    """Issue 23 fault 10: a listing reads a run's row (its speedup interval a bootstrap) once per file version,
+    not at every page run; a run written again, removed or added is seen at the next listing."""
+    import core.store.runs as store_runs
+
+    doc = {k: v for k, v in _run().to_json().items() if k != "per_layer"}
+    ws = Workspace(tmp_path)
+    for run_id in ("a", "b"):
+        atomic_write_json(ws.runs / run_id / "metrics.json", doc | {"run_id": run_id})
+    parsed = []
+    real = RunResult.from_json
+    monkeypatch.setattr(store_runs.RunResult, "from_json", staticmethod(lambda d: parsed.append(d["run_id"]) or real(d)))
+    first = list_runs(ws)
+    assert sorted(parsed) == ["a", "b"]
+    parsed.clear()
+    again = list_runs(ws)
+    assert parsed == [] and again.equals(first)  # nothing read again
+    atomic_write_json(ws.runs / "a" / "metrics.json", doc | {"run_id": "a", "label": "rewritten"})
+    atomic_write_json(ws.runs / "c" / "metrics.json", doc | {"run_id": "c"})
+    (ws.runs / "b" / "metrics.json").unlink()
+    now = list_runs(ws)
+    assert sorted(parsed) == ["a", "c"]
+    assert sorted(now["run_id"]) == ["a", "c"] and now.set_index("run_id").loc["a", "label"] == "rewritten"
+    assert not any(k.endswith("/b/metrics.json") for k in store_runs._ROWS)  # a removed run's row is dropped
