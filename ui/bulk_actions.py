@@ -24,14 +24,21 @@ def apply(p: Project, names: list[str], precision: str, what: str) -> None:
     changed: "2 layers FP32 → FP16, 1 INT8 → FP16") is flashed. ``what`` is plain text (it is escaped here)."""
     before = draft.policy(p)
     new, skipped = set_precision(before, p.layers, names, precision)
-    done = len(names) - len(skipped)
-    draft.set_policy(p, new, what=f"{what}: {done} layer(s) → {precision.upper()}")
+    w = draft.set_policy(p, new, what=f"{what}: {len(names) - len(skipped)} layer(s) → {precision.upper()}")
+    conflicts = set(w.conflicts) if w is not None else set()
+    if conflicts:  # another tab changed these meanwhile: its values stay, and draft.CONFLICT says so
+        new = new.with_layers({n: before.layers[n] for n in conflicts if n in before.layers})
+    done = len(names) - len(skipped) - len(conflicts & set(names))
     changed = change_summary(before, new)
+    if conflicts and not done:
+        return  # nothing of this action was applied: the conflict note alone speaks (no success message)
     if changed == "no layer changed" and done:
         changed += f": {'it was' if done == 1 else 'they were'} {precision.upper()} already"
     session.flash(f"{md(what)}: {done} layer(s) → {precision.upper()} — {changed}"
                   + (f"; {len(skipped)} {'not INT8-eligible' if precision == 'int8' else 'inside control flow (FP32)'}, "
                      "left as they were" if skipped else "")
+                  + (f"; {len(conflicts)} not applied: another tab changed {'it' if len(conflicts) == 1 else 'them'} "
+                     "meanwhile (see the note)" if conflicts else "")
                   + (". You can undo it." if changed[0].isdigit() else ""))
 
 

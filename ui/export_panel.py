@@ -101,7 +101,8 @@ def _estimate(p: Project, choice: Choice, wait: bool):
 
 
 def _quiet_estimate(p: Project, choice: Choice):
-    """:func:`_estimate` once made (waits for it), or None when there is none: the export goes on without it."""
+    """:func:`_estimate` once made (``wait=False``: no page-run time limit, it waits until the estimate is done), or
+    None when there is none: the export goes on without it."""
     try:
         return _estimate(p, choice, wait=False)
     except Exception:  # noqa: BLE001 - the export goes on without an estimate

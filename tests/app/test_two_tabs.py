@@ -99,3 +99,56 @@ def test_an_edit_both_tabs_made_differently_is_said_not_dropped(ws):
     assert stored.policy["layers"][LAYER] == "fp32" and stored.policy["layers"]["/conv1/Conv"] == "fp16"
     at.run()  # drawn again: still said until the next edit
     assert any("Another tab" in w.value for w in at.warning)
+
+
+def _stale_bulk_script():
+    """A bulk action (ui.bulk_actions.apply, what its button runs) on ``st.session_state["names"]`` racing another tab:
+    the other tab's edit of LAYER (→ FP32) lands between this action's read of the draft and its write. Then the
+    page's message as the next run shows it."""
+    import streamlit as st
+
+    from core.store import drafts
+    from tests.fixtures.apptest import LAYER
+    from ui import bulk_actions, draft, saved_project, session
+
+    p = saved_project.project()
+    if not st.session_state.get("clicked"):
+        st.session_state["clicked"] = True
+        real = drafts.commit_draft
+
+        def racing(ws, pid, key, base, new, what):
+            other = drafts.load_draft(ws, pid, key) or drafts.Draft(p.default_policy().to_dict())
+            real(ws, pid, key, other, other.edited(
+                {**other.policy, "layers": {**other.policy["layers"], LAYER: "fp32"}}, "the other tab"), "the other tab")
+            return real(ws, pid, key, base, new, what)
+
+        drafts.commit_draft = racing
+        try:
+            bulk_actions.apply(p, st.session_state["names"], "fp16", "by name")
+        finally:
+            drafts.commit_draft = real
+    session.show_flash()
+    text, failed = draft.autosave_status(p)
+    (st.warning if failed else st.caption)(text)
+
+
+def test_a_bulk_action_whose_change_another_tab_overrode_says_so_not_success(ws):
+    """A bulk action on a layer another tab changed meanwhile: no "1 layer(s) → FP16" success for what was not
+    applied; only the conflict. With a second layer that was applied, the message counts that one and says the other."""
+    from tests.fixtures.apptest import LAYER
+
+    def run(names):
+        at = AppTest.from_function(_stale_bulk_script, default_timeout=300)
+        at.query_params["project"] = new_project_id()
+        at.session_state["source"] = {"model": "sample:tiny-cnn", "data": None, "eval_data": None}
+        at.session_state["names"] = names
+        at.run()
+        assert not at.exception, [e.value for e in at.exception]
+        return at
+
+    only = run([LAYER])
+    assert not only.success, [s.value for s in only.success]
+    assert any("Another tab on this project changed" in w.value for w in only.warning)
+    both = run([LAYER, "/conv1/Conv"])
+    (ok,) = both.success
+    assert "by name: 1 layer(s) → FP16" in ok.value and "1 not applied: another tab changed it" in ok.value, ok.value
