@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from core.backends import BACKENDS
-from core.backends.reports import load_engine_report
+from core.backends.reports import LOG_HINT, engine_device, load_engine_report, match_model, node_names
 from core.cli import data as data_command, estimate as estimate_command
 from core.cli.source import source_from_args
 from core.errors import MixprecError
@@ -34,10 +34,11 @@ from core.sensitivity import MODES, RANK_METRICS, rank_layers, sensitivity
 from core.sensitivity.runners import RUNNERS
 from core.model.data_errors import feed_error, is_ort_run_error
 from core.model.kv_cache import describe as describe_kv, kv_cache
+from core.model.load import load_model
 from core.sensitivity.distributed import RAY_ENV, connect
 from core.store.results import cached_ranking, load_gpu_calibration
 from core.store.runs import load_run
-from core.workspace import atomic_write_text, default_root, human_bytes, is_space_error, space_error, take_notes
+from core.workspace import Workspace, atomic_write_text, default_root, human_bytes, is_space_error, space_error, take_notes
 
 
 class Progress:
@@ -434,12 +435,29 @@ def cmd_search(args):
 
 
 def cmd_report(args):
+    """A trtexec report: its layers and reformats, the GPU it says it was built on (``--log``: trtexec's output
+    names it; the layer info and profile never do) and, with ``--model``, how many of its engine layers are layers
+    of that model (by ONNX node name), as the dashboard's report import says them."""
     rep = load_engine_report(args.graph, args.profile)
     doc = rep.to_json()
     rf = doc["reformat"]
     timing = (f", {rf['ms']:.4f} ms of {rf['total_ms']:.4f} ms ({rf['pct']:.1f}% of the per-layer time sum)"
               if rf["ms"] is not None else " (no profile given: no times)")
-    _emit(args, doc, f"{doc['layers']} layers; reformat {rf['count']} layers{timing}")
+    device = engine_device(args.graph, args.profile, args.log)
+    doc["device"] = device.to_json() | {"text": device.text()}
+    lines = [f"{doc['layers']} layers; reformat {rf['count']} layers{timing}",
+             f"GPU: {device.text()}" + ("" if device.named else f". {LOG_HINT}: pass it with --log")]
+    if args.model:
+        model = load_model(args.model, Workspace(default_root()))
+        match = match_model(rep.layers, node_names(model.proto.graph), f"the model ({model.name})")
+        doc["model_match"] = match.to_json() | {"text": match.text()}
+        lines.append(f"Model: {match.text()}" + ("" if match.enough else (
+            f". This report is not of {model.name}: a calibration on it is refused (import the reports of an "
+            "engine built from this model's ONNX)")))
+    else:
+        doc["model_match"] = None
+        lines.append("Model: not checked (--model MODEL.onnx says how many engine layers are layers of the model)")
+    _emit(args, doc, "\n".join(lines))
 
 
 def _add_module_commands(sub) -> None:
@@ -546,6 +564,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("report", help="read trtexec --exportLayerInfo / --exportProfile JSON")
     sp.add_argument("graph")
     sp.add_argument("profile", nargs="?")
+    sp.add_argument("--model", help="the ONNX model (a path or sample:NAME) the engine should be of: says how many "
+                                    "of the report's engine layers are its layers")
+    sp.add_argument("--log", help="trtexec's output of the same run (trtexec … > trtexec.log), or TREx's device JSON: "
+                                  "the GPU it names")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=cmd_report)
     _add_module_commands(sub)

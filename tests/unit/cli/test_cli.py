@@ -157,6 +157,31 @@ def test_report_command(cli, trt_reports_dir, fixture, count, pct):
     assert doc["reformat"]["count"] == count and round(doc["reformat"]["pct"], 1) == pct
 
 
+def test_report_command_says_the_model_match_and_the_gpu(cli, trt_reports_dir, tmp_path):
+    """Issue 23 §4 on the command line: the report is matched to --model (a ResNet-18 with the fixture engine's
+    node names: 23 of 23; the tiny CNN: 0 of 23, not its engine) and the GPU is read from --log where it says it,
+    else the output says the report does not name it and how to give it."""
+    from tests.fixtures.engine_reports import fixture_resnet18
+
+    graph, profile = (str(trt_reports_dir / f"a100-resnet-fp32.{k}.json") for k in ("graph", "profile"))
+    resnet = str(fixture_resnet18(tmp_path / "resnet18.onnx"))
+    doc = json.loads(cli("report", graph, profile, "--model", resnet, "--json").stdout)
+    assert doc["model_match"]["matched"] == doc["model_match"]["named"] == 23 and doc["model_match"]["enough"]
+    assert doc["device"]["name"] == "" and doc["device"]["min_capability"] == [8, 0]
+    text = cli("report", graph, profile, "--model", "sample:tiny-cnn").stdout
+    assert "Model: 0 of 23 engine layers are layers of the model (sample:tiny-cnn)" in text and "is not of sample:tiny-cnn" in text
+    assert "GPU: the report does not name its GPU" in text and "pass it with --log" in text
+    log = tmp_path / "trtexec.log"
+    log.write_text("[12/01/2026-10:00:00] [I] === Device Information ===\n"
+                   "[12/01/2026-10:00:00] [I] Selected Device: NVIDIA A100-SXM4-40GB\n"
+                   "[12/01/2026-10:00:00] [I] Compute Capability: 8.0\n")
+    named = cli("report", graph, profile, "--log", str(log)).stdout
+    assert "GPU: the report names its GPU: NVIDIA A100-SXM4-40GB" in named and "compute capability 8.0" in named
+    assert "Model: not checked" in named
+    bad = cli("report", graph, "--model", str(tmp_path / "missing.onnx"), check=False)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
 def test_rank_json_is_clean_stdout(cli, tiny_cnn):
     doc = json.loads(cli("rank", "sample:tiny-cnn", "--json", "--samples", "4").stdout)
     assert doc["samples"] == 4 and len(doc["layers"]) == len(tiny_cnn.layers)
