@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as NotReady
 
@@ -217,24 +218,49 @@ def section(p: Project, pol: Policy) -> Prediction | None:
     try:
         r = fut.result(timeout=_wait())
     except NotReady:
-        _poll(fut)
+        _poll(fut, p, pol)
         return None
     except Exception as e:  # noqa: BLE001 - an estimate that fails must not break the page
-        st.warning(f"No estimate for this policy: {md(e)}", icon=":material/warning:")
+        _failed(e)
         return None
-    _show(r, c, draft_estimate_caption(p, pol, r, "the draft policy", "the GPU picked here"),
-          f"for {shapes_text(p.input_shapes) or 'static shapes'}, the draft policy ({pol.sha256[:8]})")
+    _draft_shown(p, pol, r, c)
     return r
 
 
+def _failed(e: Exception) -> None:
+    st.warning(f"No estimate for this policy: {md(e)}", icon=":material/warning:")
+
+
+def _draft_shown(p: Project, pol: Policy, r: Prediction, c) -> None:
+    _show(r, c, draft_estimate_caption(p, pol, r, "the draft policy", "the GPU picked here"),
+          f"for {shapes_text(p.input_shapes) or 'static shapes'}, the draft policy ({pol.sha256[:8]})")
+
+
 @st.fragment(run_every=0.5)
-def _poll(fut: Future) -> None:
-    """While the estimate of a new policy is computed in the background: a note, then the page again, from the
-    fragment's own run only (inline in a page run, an ``st.rerun`` would stop that run here and lose the clicks
-    it carries for the widgets below: the Rebuild button)."""
-    if fut.done() and session.fragment_rerun():
+def _poll(fut: Future, p: Project, pol: Policy) -> None:
+    """While the estimate of a new policy is computed in the background: a note; once it is made, the estimate in
+    the note's place, drawn by the fragment's own run, not by a rerun of the whole page (which a click made meanwhile
+    waited behind: issue 23 fault 10), until the page's next run draws it in its own place; if none comes within
+    POLL_AFTER_DONE_S, the page runs once, which ends the polling. With the per-layer chart asked for, the page runs at
+    once instead (a chart redrawn at every poll would cost more). Never ``st.rerun`` inline in a page run: it would
+    stop that run here and lose the clicks it carries for the widgets below (Rebuild)."""
+    if not (fut.done() and session.fragment_rerun()):
+        st.caption("Estimating the TensorRT engine for this policy… (the page stays usable)")
+        return
+    try:
+        r = fut.result(timeout=0)
+    except Exception as e:  # noqa: BLE001 - an estimate that fails must not break the page
+        _failed(e)
+        return
+    first = st.session_state.setdefault(POLL_DONE, {}).setdefault(id(fut), time.monotonic())
+    if st.session_state.get(CHART_ON) or time.monotonic() - first > POLL_AFTER_DONE_S:
+        st.session_state[POLL_DONE] = {}
         st.rerun(scope="app")
-    st.caption("Estimating the TensorRT engine for this policy… (the page stays usable)")
+    _draft_shown(p, pol, r, st.columns([1.6, 1, 1]))
+
+
+POLL_DONE = "estimate_poll_done"  # when the polling fragment first drew each estimate (by its future)
+POLL_AFTER_DONE_S = 10.0
 
 
 def _show(r: Prediction, c, what: str, context: str = "") -> None:

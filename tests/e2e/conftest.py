@@ -28,10 +28,11 @@ class _Dashboard:
     """``streamlit run app.py`` on a free localhost port over its own workspace, its log in ``streamlit.log``
     there. Started in its own process group, so stopping it also stops its estimate and job children."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, estimate_wait: str = "0.25"):
         self.root = root
         self.proc = None
         self.url = ""
+        self.estimate_wait = estimate_wait  # MIXPREC_ESTIMATE_WAIT: how long a page run waits for a new estimate
 
     def start(self) -> None:
         import os
@@ -42,7 +43,7 @@ class _Dashboard:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        env = {**os.environ, "MIXPREC_WORKSPACE": str(self.root), "MIXPREC_ESTIMATE_WAIT": "0.25"}
+        env = {**os.environ, "MIXPREC_WORKSPACE": str(self.root), "MIXPREC_ESTIMATE_WAIT": self.estimate_wait}
         repo = ROOT
         with open(self.root / "streamlit.log", "a") as log:
             self.proc = subprocess.Popen(
@@ -86,19 +87,23 @@ def dashboard(tmp_path_factory, minilm_sample, tiny_cnn_sample, tiny_transformer
     """One dashboard for every browser test, over a workspace of its own (not the samples workspace, where the
     unit tests store rankings). The session's built samples are linked in, so the server never exports MiniLM
     again (the home page's default model)."""
-    import shutil
-
     from core.workspace import Workspace
 
     root = tmp_path_factory.mktemp("e2e-ws")
-    ws = Workspace(root)
-    for paths in (minilm_sample, tiny_cnn_sample, tiny_transformer_sample):
-        folder = Path(paths.model).parent
-        shutil.copytree(folder, ws.samples / folder.name, copy_function=_link_or_copy)
+    link_samples(Workspace(root), minilm_sample, tiny_cnn_sample, tiny_transformer_sample)
     d = _Dashboard(root)
     d.start()
     yield d
     d.stop()
+
+
+def link_samples(ws, *samples) -> None:
+    """The session's built samples linked into the workspace ``ws`` (the server never builds them again)."""
+    import shutil
+
+    for paths in samples:
+        folder = Path(paths.model).parent
+        shutil.copytree(folder, ws.samples / folder.name, copy_function=_link_or_copy)
 
 
 def _link_or_copy(src, dst):

@@ -57,3 +57,48 @@ def test_toggle_a_layer_and_the_estimate_changes_without_a_build(server, browser
     page.get_by_role("heading", name="Estimated TensorRT latency on NVIDIA T4").wait_for()
     idle(page)
     assert "NVIDIA T4" in page.get_by_text("Estimate, not measured", exact=False).first.inner_text()
+
+
+def test_an_estimate_that_lands_after_the_page_is_drawn_in_place_without_a_page_rerun(browser, tmp_path_factory,
+                                                                                       tiny_cnn_sample):
+    """Issue 23 fault 10: a new policy's estimate arrives after the page's run (here always: the page waits 0 s for
+    it, and the first one starts the estimate process); its polling fragment draws it in the "Estimating…" note's
+    place, without a rerun of the whole page, which a click made meanwhile used to wait behind. Counted off the
+    page's websocket: no full run ends between the note and the estimate's metrics."""
+    from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+
+    from core.workspace import Workspace
+    from tests.e2e.conftest import _Dashboard, link_samples
+
+    root = tmp_path_factory.mktemp("e2e-ws-nowait")
+    link_samples(Workspace(root), tiny_cnn_sample)
+    d = _Dashboard(root, estimate_wait="0")
+    d.start()
+    try:
+        full_runs = []
+
+        def frame(payload):
+            if isinstance(payload, str):
+                return
+            msg = ForwardMsg()
+            try:
+                msg.ParseFromString(payload)
+            except Exception:  # noqa: BLE001 - not a ForwardMsg
+                return
+            if msg.WhichOneof("type") == "script_finished" and msg.script_finished == ForwardMsg.FINISHED_SUCCESSFULLY:
+                full_runs.append(msg.script_finished)
+
+        page = new_page(browser, d.url)
+        page.on("websocket", lambda ws: ws.on("framereceived", frame))
+        page.goto(d.url + f"/Precision?model={MODEL}")
+        page.get_by_text("Estimating the TensorRT engine", exact=False).first.wait_for(timeout=120_000)
+        before = len(full_runs)
+        assert before >= 1  # the page's own run drew the note
+        page.get_by_test_id("stMetricLabel").filter(has_text="Estimated TensorRT time").first.wait_for(timeout=120_000)
+        assert len(full_runs) == before, "the estimate was drawn by a rerun of the whole page"
+        p = open_project(MODEL, ws=Workspace(root))
+        default = predict(p.model, p.default_policy(), p.input_shapes, "a100")
+        assert metric_values(page)["Estimated TensorRT time"] == ms_text(default.total_ms)
+        page.context.close()
+    finally:
+        d.stop()
