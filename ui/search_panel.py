@@ -24,6 +24,7 @@ from core.quant.policy import CALIB_METHODS
 from core.search.progress import minutes_text
 from core.search.duration import expected_text, expected_trials, per_trial_seconds
 from core.search.searcher import MAC_SHARE_NOTE, QUICK_NOTE, TRT_ESTIMATE_NOTE, search_objective
+from core.sensitivity.isolated import sensitivity_file
 from core.store.results import searched_gpu_name
 from ui import cluster
 from ui import draft, job_panel, quality_panel, results, saved_project, session, tables
@@ -90,7 +91,11 @@ def _per_trial(p: Project) -> float | None:
 
 
 def _trials(p: Project, methods: tuple[str, ...], smooth: bool, refine: bool) -> int:
-    ranked = sum(results.sensitivity(p, m, "isolated") is not None for m in methods)  # stored: not measured again
+    """The trials the draft's search is expected to run: the isolated rankings stored for its base policy (the
+    project's default under the draft's network default, where the search starts) are not measured again; those of
+    another base are not its (an FP16-default search measures its own)."""
+    base = p.default_policy(draft.policy(p).network_default)
+    ranked = sum(sensitivity_file(p, "isolated", m, base).is_file() for m in methods)
     return expected_trials(sum(1 for l in p.layers if l.eligible), len(methods), smooth, refine, ranked)
 
 

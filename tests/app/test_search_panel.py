@@ -88,3 +88,32 @@ def test_the_search_starts_from_the_drafts_network_default_and_is_kept_per_defau
     assert not [b for b in at.button if b.key == "start_search"]
     p = open_project(model, ws=ws)
     assert at.session_state[policy_key(ws, model)].network_default == "fp16" and p.target == "tensorrt"
+
+
+def test_the_expected_trials_count_only_the_rankings_of_the_searchs_own_base(ws):
+    """A stored isolated ranking is measured on the FP32-default policy; a search from the draft's FP16 network
+    default measures its own, so its expected trials do not count that one as stored (they did: the time was
+    short by a ranking's trials)."""
+    import re
+
+    from core.project import open_project
+
+    p = open_project(MODEL, ws=ws)
+    n = sum(1 for l in p.layers if l.eligible)
+
+    def quick_trials(at) -> int:
+        text = captions_text(at)
+        m = re.search(r"quick (?:search [^(]*\(|one )about (\d+)", text)
+        assert m, text
+        return int(m[1])
+
+    at = ok(page("precision", model=MODEL))
+    unranked = quick_trials(at)
+    at.switch_page("views/sensitivity.py").run()
+    at.button(key="run_isolated").click().run()  # minmax, on the FP32 default
+    wait_all(ws)
+    at.switch_page("views/precision.py").run()
+    assert quick_trials(ok(at)) == unranked - (n + 1)  # its ranking is stored: not measured again
+    at.radio(key="network_default").set_value("fp16").run()
+    assert ok(at).radio(key="network_default").value == "fp16"
+    assert quick_trials(at) == unranked  # from FP16 the search ranks again
