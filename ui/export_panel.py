@@ -5,7 +5,7 @@ shown folded with the whole script a click away."""
 from __future__ import annotations
 
 from concurrent.futures import TimeoutError as NotReady
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import streamlit as st
 
@@ -20,7 +20,7 @@ from core.model.profiles import range_text
 from core.project import Project
 from core.quant.policy import Policy
 from core.store.runs import list_runs, load_run, run_dir, run_policy
-from ui import draft, estimate_panel
+from ui import draft, estimate_panel, saved_project
 from ui.session import code, md
 
 SESSION = "session"  # the picker's entry for the session's own policy
@@ -92,6 +92,30 @@ def _other_shapes(p: Project, run: RunResult | None) -> bool:
     if run is None or not run.input_shapes:
         return False
     return run.input_shapes != {k: [int(d) for d in v] for k, v in p.input_shapes.items()}
+
+
+def project_for(p: Project, choice: Choice) -> Project:
+    """The project the exported files are made for: a run built at other shapes than today's is exported at its own
+    (the engine that was measured and estimated: the compiled ONNX, the scripts' shapes, the bundle), the project
+    opened again at them (today's shapes on the Model page stay); the session's policy, a run at today's shapes, a
+    project with dynamic-shape profiles (exported for those ranges) or one that cannot be opened at the run's shapes
+    (said) at today's."""
+    run = choice.run
+    if not _other_shapes(p, run) or p.profiles:
+        return p
+    src = saved_project.source()
+    try:
+        q = saved_project.open_source(replace(src, shapes={k: tuple(v) for k, v in run.input_shapes.items()},
+                                              dims=None))
+    except MixprecError as e:
+        st.warning(f"Run {md(run.label)} was built at {md(run.shapes_label)}, but the model cannot be opened at those "
+                   f"shapes now ({md(e)}): the files below are for today's shapes, {md(shapes_text(p.input_shapes))}.",
+                   icon=":material/warning:")
+        return p
+    st.info(f"Run {md(run.label)} was built at {md(run.shapes_label)}: the files below are for those shapes, the "
+            f"engine that was measured (today's shapes, {md(shapes_text(p.input_shapes))}, stay on the Model page).",
+            icon=":material/info:")
+    return q
 
 
 def _estimate(p: Project, choice: Choice, wait: bool):

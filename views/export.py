@@ -10,11 +10,12 @@ from ui.session import md
 p = saved_project.project()
 session.show_flash()
 choice = export_panel.pick(p)
-export_panel.summary(p, choice)
-export_panel.estimate(p, choice)
+files_for = export_panel.project_for(p, choice)  # a run's own shapes when it was built at others
+export_panel.summary(files_for, choice)
+export_panel.estimate(files_for, choice)
 version, tf32 = export_panel.options()
-scripts = export_panel.downloads(p, choice, version, tf32)
-export_panel.commands(p, scripts)
+scripts = export_panel.downloads(files_for, choice, version, tf32)
+export_panel.commands(files_for, scripts)
 
 st.subheader("Import a policy")
 st.caption("The policy is validated against the loaded model; every mismatch is listed and nothing is applied "

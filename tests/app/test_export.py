@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from core.estimate.predict import predict
-from core.export import ESTIMATE_NAME, README_NAME, export_bundle
+from core.export import BUNDLE_SCRIPTS, BUNDLE_STEM, ESTIMATE_NAME, README_NAME, export_bundle
 from core.project import open_project
 from tests.fixtures.apptest import LAYER, MODEL, ok, page
 
@@ -76,7 +76,8 @@ def test_the_estimate_of_a_run_chosen_for_export_is_for_its_shapes_and_gpu(ws):
     said = (f"Estimated for 4×3×32×32, policy at batch 4 ({run.policy_sha256[:8]}), {want.gpu_name} (the GPU picked "
             "on the Precision page).")
     assert said in captions_text(at)
-    assert any("was built at 4×3×32×32" in i.value and "today's shapes, 1×3×32×32" in i.value for i in at.info)
+    assert any("was built at 4×3×32×32: the files below are for those shapes" in i.value
+               and "today's shapes, 1×3×32×32, stay on the Model page" in i.value for i in at.info)
     at.button(key="compile").click().run()
     ok(at)
     files = at.session_state["export_bundle"][1].files
@@ -85,7 +86,12 @@ def test_the_estimate_of_a_run_chosen_for_export_is_for_its_shapes_and_gpu(ws):
     assert doc["estimated_for"] == said
     readme = files[README_NAME].decode()
     assert "Estimated for 4×3×32×32, policy at batch 4" in readme and want.estimate_text() in readme
-    assert "the run's shapes (`4×3×32×32`)" in readme and "the project's (`1×3×32×32`)" in readme
+    assert "the project's (`1×3×32×32`)" not in readme  # the files are for the run's shapes: no mismatch to say
+    # the files themselves are for the run's shapes: the build scripts' shapes and the compiled ONNX's input
+    assert "image:4x3x32x32" in files[BUNDLE_SCRIPTS["typed"]].decode()
+    assert "image:1x3x32x32" not in files[BUNDLE_SCRIPTS["typed"]].decode()
+    at.selectbox(key="export_run").select("session").run()  # today's shapes are not changed by the export
+    assert "Estimated for 1×3×32×32 (today's shapes, set on the Model page)" in captions_text(ok(at))
 
 
 def test_the_estimate_of_a_tensorrt_run_chosen_for_export_is_for_the_gpu_it_was_measured_on(ws):
