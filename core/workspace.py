@@ -416,7 +416,6 @@ class Workspace:
                     f"cannot create the workspace folder {root}: {e.strerror}",
                     "set MIXPREC_WORKSPACE to a writable folder",
                 ) from e
-            root = root.resolve()
         _MADE_ROOTS.add(root)
         return cls(root)
 

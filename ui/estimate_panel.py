@@ -252,14 +252,15 @@ def _poll(fut: Future, p: Project, pol: Policy) -> None:
     except Exception as e:  # noqa: BLE001 - an estimate that fails must not break the page
         _failed(e)
         return
-    first = st.session_state.setdefault(POLL_DONE, {}).setdefault(id(fut), time.monotonic())
-    if st.session_state.get(CHART_ON) or time.monotonic() - first > POLL_AFTER_DONE_S:
-        st.session_state[POLL_DONE] = {}
+    if st.session_state.get(POLL_DONE, (None,))[0] != id(fut):
+        st.session_state[POLL_DONE] = (id(fut), time.monotonic())
+    if st.session_state.get(CHART_ON) or time.monotonic() - st.session_state[POLL_DONE][1] > POLL_AFTER_DONE_S:
+        st.session_state.pop(POLL_DONE)
         st.rerun(scope="app")
     _draft_shown(p, pol, r, st.columns([1.6, 1, 1]))
 
 
-POLL_DONE = "estimate_poll_done"  # when the polling fragment first drew each estimate (by its future)
+POLL_DONE = "estimate_poll_done"  # (the estimate's future, when the polling fragment first drew it)
 POLL_AFTER_DONE_S = 10.0
 
 

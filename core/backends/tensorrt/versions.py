@@ -72,19 +72,20 @@ def import_tensorrt():
     return trt
 
 
-_IMPORT_FAILED: list[bool] = []  # non-empty once ``import tensorrt`` has failed in this process (pages ask often)
+_import_failed = False  # ``import tensorrt`` has failed in this process (pages ask often)
 
 
 def tensorrt_available() -> tuple[bool, str]:
     """Whether the TensorRT backend can run here (TensorRT >= 10, Polygraphy, a CUDA device), and why (not)."""
-    if _IMPORT_FAILED and "tensorrt" not in sys.modules:
+    global _import_failed
+    if _import_failed and "tensorrt" not in sys.modules:
         return False, f"TensorRT not installed ({INSTALL})"  # a failed import searches every path again: once
     try:
         import tensorrt as trt
 
         version = str(trt.__version__)
     except Exception:  # noqa: BLE001 - the PyPI stub raises at import
-        _IMPORT_FAILED.append(True)
+        _import_failed = True
         return False, f"TensorRT not installed ({INSTALL})"
     try:
         too_old = parse_version(version) < MIN_VERSION

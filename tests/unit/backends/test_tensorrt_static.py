@@ -158,8 +158,7 @@ def test_module_imports_and_reports_unavailable_without_tensorrt():
             "assert 'tensorrt' not in {k for k, v in sys.modules.items() if v is not None}\n"
             "from core.backends.tensorrt.versions import import_tensorrt\nfrom core.errors import MixprecError\n"
             "try:\n    import_tensorrt()\nexcept MixprecError as e:\n    print(e)\n")
-    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr
+    res = _python(code)
     assert "TensorRT is not installed" in res.stdout and "pip install tensorrt-cu12" in res.stdout
 
 
@@ -179,8 +178,14 @@ def test_a_failed_tensorrt_import_is_tried_once_but_a_module_put_in_later_is_see
             "sys.modules['tensorrt'] = types.SimpleNamespace(__version__='9.0.0')\n"
             "ok3, why3 = tensorrt_available()\n"
             "assert not ok3 and 'is installed but mixprec needs TensorRT 10.0' in why3, why3\n")
+    _python(code)
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    """``code`` run by a fresh interpreter in the repository (its own sys.modules); it must succeed."""
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
+    return res
 
 
 # ---------------------------------------------------------------------------- pure parts
