@@ -25,10 +25,12 @@ def apply(p: Project, names: list[str], precision: str, what: str) -> None:
     before = draft.policy(p)
     new, skipped = set_precision(before, p.layers, names, precision)
     w = draft.set_policy(p, new, what=f"{what}: {len(names) - len(skipped)} layer(s) → {precision.upper()}")
-    conflicts = set(w.conflicts) if w is not None else set()
-    if conflicts:  # another tab changed these meanwhile: its values stay, and draft.CONFLICT says so
-        new = new.with_layers({n: before.layers[n] for n in conflicts if n in before.layers})
-    done = len(names) - len(skipped) - len(conflicts & set(names))
+    # layers another tab changed meanwhile (a bulk action changes only layers): its values stay, and
+    # draft.CONFLICT says so
+    conflicts = w.conflicts if w is not None else ()
+    if conflicts:
+        new = new.with_layers({n: before.layers[n] for n in conflicts})
+    done = len(names) - len(skipped) - len(conflicts)
     changed = change_summary(before, new)
     if conflicts and not done:
         return  # nothing of this action was applied: the conflict note alone speaks (no success message)

@@ -236,6 +236,10 @@ def _draft_shown(p: Project, pol: Policy, r: Prediction, c) -> None:
           f"for {shapes_text(p.input_shapes) or 'static shapes'}, the draft policy ({pol.sha256[:8]})")
 
 
+POLL_DONE = "estimate_poll_done"  # (the estimate's future, when the polling fragment first drew it)
+POLL_AFTER_DONE_S = 10.0
+
+
 @st.fragment(run_every=0.5)
 def _poll(fut: Future, p: Project, pol: Policy) -> None:
     """While the estimate of a new policy is computed in the background: a note; once it is made, the estimate in
@@ -252,16 +256,12 @@ def _poll(fut: Future, p: Project, pol: Policy) -> None:
     except Exception as e:  # noqa: BLE001 - an estimate that fails must not break the page
         _failed(e)
         return
-    if st.session_state.get(POLL_DONE, (None,))[0] != id(fut):
-        st.session_state[POLL_DONE] = (id(fut), time.monotonic())
+    if st.session_state.get(POLL_DONE, (None,))[0] is not fut:
+        st.session_state[POLL_DONE] = (fut, time.monotonic())
     if st.session_state.get(CHART_ON) or time.monotonic() - st.session_state[POLL_DONE][1] > POLL_AFTER_DONE_S:
         st.session_state.pop(POLL_DONE)
         st.rerun(scope="app")
     _draft_shown(p, pol, r, st.columns([1.6, 1, 1]))
-
-
-POLL_DONE = "estimate_poll_done"  # (the estimate's future, when the polling fragment first drew it)
-POLL_AFTER_DONE_S = 10.0
 
 
 def _show(r: Prediction, c, what: str, context: str = "") -> None:
