@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from core.jobs import JobManager
-from tests.fixtures.browser import CHROMIUM, goto, idle, job_appears, new_page, own_jobs, set_label, shot, still
+from tests.fixtures.browser import CHROMIUM, goto, idle, job_appears, new_page, open_expander, own_jobs, set_label, shot, still
 from tests.fixtures.models import dynamic_cnn
 
 LAYER = "/encoder/layer.5/output/dense/MatMul"
@@ -173,7 +173,7 @@ def test_isolated_ranking_search_and_use_this_policy(server, browser, tmp_path):
     page.goto(f"{url}/Precision?model={model}")
     page.get_by_role("heading", name="Precision", exact=True).wait_for()
     idle(page)
-    page.get_by_text("Search under a budget").click()
+    open_expander(page, "Search under a budget")  # opened and at rest: a button moving under the press is no click
     page.get_by_role("button", name="Start the search").click()
     job_appears(server, "search", page=page)
     pareto = page.get_by_test_id("stPlotlyChart").filter(has_text="Pareto front")
